@@ -1,0 +1,146 @@
+"""GPU profiles: the numbers the roofline duration model (trace/) and the simulator (sim/) use.
+
+Every number carries its source. Link and fault numbers are the starting values of DESIGN.md §3 and are
+meant to be replaced by calibrations from ``bench/gpu/`` (the ``calibrated`` field says when that happened).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+from .errors import ConfigError
+
+GB = 1e9
+GiB = 1024**3
+TFLOPS = 1e12
+
+
+@dataclass(frozen=True)
+class GpuProfile:
+    """One GPU + host link. Bandwidths in bytes/s, latencies in seconds, compute in FLOP/s."""
+
+    name: str
+    memory_bytes: int
+    hbm_bw: float
+    flops: dict = field(default_factory=dict)  # dtype -> dense peak FLOP/s (fp32, tf32, bf16, fp16)
+    link_htod_bw: float = 25 * GB  # achieved per direction, large transfers
+    link_dtoh_bw: float = 25 * GB
+    fault_batch_latency_s: float = 45e-6  # per far-fault batch (UVMSmart / G10 simulators)
+    fault_batch_size: int = 256  # fault entries per batch (nvidia-uvm)
+    fault_granule_bytes: int = 64 * 1024  # faults are widened to 64 KB big pages
+    remote_access_bw: float = 0.0  # zero-copy (host-mapped) access bandwidth seen by kernels; 0 = link_htod_bw
+    launch_overhead_s: float = 4e-6  # smallest kernel duration (launch + tail)
+    matmul_efficiency: float = 0.70  # fraction of peak FLOP/s a large GEMM reaches
+    memory_efficiency: float = 0.80  # fraction of HBM bandwidth a streaming kernel reaches
+    calibrated: str = ""  # "" = starting values from the literature; else date + script that measured them
+    sources: str = ""
+
+    def __post_init__(self) -> None:
+        for f in ("memory_bytes", "hbm_bw", "link_htod_bw", "link_dtoh_bw", "fault_batch_size", "fault_granule_bytes"):
+            if not getattr(self, f) > 0:
+                raise ConfigError(f"gpu profile {self.name}: {f} must be positive, got {getattr(self, f)!r}")
+        for f in ("fault_batch_latency_s", "launch_overhead_s", "remote_access_bw"):
+            if getattr(self, f) < 0:
+                raise ConfigError(f"gpu profile {self.name}: {f} must be >= 0, got {getattr(self, f)!r}")
+        for f in ("matmul_efficiency", "memory_efficiency"):
+            if not 0 < getattr(self, f) <= 1:
+                raise ConfigError(f"gpu profile {self.name}: {f} must be in (0, 1], got {getattr(self, f)!r}")
+        if not self.flops or any(v <= 0 for v in self.flops.values()):
+            raise ConfigError(f"gpu profile {self.name}: flops must map dtypes to positive FLOP/s")
+
+    def peak_flops(self, dtype: str) -> float:
+        """Dense peak for ``dtype`` ('fp32', 'tf32', 'bf16', 'fp16'); unknown dtypes fall back to fp32."""
+        return self.flops.get(dtype, self.flops["fp32"])
+
+    def transfer_bw(self, nbytes: float, direction: str = "htod") -> float:
+        """Achieved link bandwidth for one transfer of ``nbytes`` (UVMSmart fit: bw = 2a/pi * atan(0.0729 * KB))."""
+        a = self.link_htod_bw if direction == "htod" else self.link_dtoh_bw
+        kb = max(nbytes, 1) / 1024.0
+        return a * (2.0 / math.pi) * math.atan(0.0729 * kb)
+
+    def transfer_time(self, nbytes: float, direction: str = "htod") -> float:
+        """Seconds to move ``nbytes`` in one transfer."""
+        return nbytes / self.transfer_bw(nbytes, direction) if nbytes > 0 else 0.0
+
+    def with_overrides(self, **kv) -> "GpuProfile":
+        """A copy with some fields replaced (``--gpu-set link_htod_bw=20e9``); unknown fields are an error."""
+        names = {f.name for f in dataclasses.fields(self)}
+        bad = sorted(set(kv) - names)
+        if bad:
+            raise ConfigError(f"unknown gpu profile field(s) {', '.join(bad)}; valid: {', '.join(sorted(names))}")
+        return dataclasses.replace(self, **kv)
+
+
+PROFILES: dict[str, GpuProfile] = {
+    p.name: p
+    for p in [
+        GpuProfile(
+            name="h100-pcie", memory_bytes=80 * GiB, hbm_bw=2.0e12,
+            flops={"fp32": 51 * TFLOPS, "tf32": 378 * TFLOPS, "bf16": 756 * TFLOPS, "fp16": 756 * TFLOPS},
+            link_htod_bw=52 * GB, link_dtoh_bw=52 * GB,
+            sources="NVIDIA H100 datasheet (PCIe, dense); PCIe 5 x16 achieved 50-55 GB/s (DESIGN.md §3)",
+        ),
+        GpuProfile(
+            name="h100-sxm", memory_bytes=80 * GiB, hbm_bw=3.35e12,
+            flops={"fp32": 67 * TFLOPS, "tf32": 494 * TFLOPS, "bf16": 989 * TFLOPS, "fp16": 989 * TFLOPS},
+            link_htod_bw=52 * GB, link_dtoh_bw=52 * GB,
+            sources="NVIDIA H100 datasheet (SXM5, dense); host link is PCIe 5 x16 (DESIGN.md §3)",
+        ),
+        GpuProfile(
+            name="a100-pcie", memory_bytes=80 * GiB, hbm_bw=1.935e12,
+            flops={"fp32": 19.5 * TFLOPS, "tf32": 156 * TFLOPS, "bf16": 312 * TFLOPS, "fp16": 312 * TFLOPS},
+            link_htod_bw=25 * GB, link_dtoh_bw=25 * GB,
+            sources="NVIDIA A100 80GB PCIe datasheet (dense); PCIe 4 x16 achieved ~25 GB/s (DESIGN.md §3)",
+        ),
+        GpuProfile(
+            name="v100-pcie", memory_bytes=32 * GiB, hbm_bw=0.9e12,
+            flops={"fp32": 14 * TFLOPS, "tf32": 14 * TFLOPS, "bf16": 14 * TFLOPS, "fp16": 112 * TFLOPS},
+            link_htod_bw=12 * GB, link_dtoh_bw=12 * GB,
+            sources="NVIDIA V100 PCIe 32GB datasheet (no bf16 tensor cores: bf16 runs at fp32 rate); PCIe 3 ~12 GB/s",
+        ),
+        GpuProfile(
+            name="gh200-c2c", memory_bytes=96 * GiB, hbm_bw=4.0e12,
+            flops={"fp32": 67 * TFLOPS, "tf32": 494 * TFLOPS, "bf16": 989 * TFLOPS, "fp16": 989 * TFLOPS},
+            link_htod_bw=375 * GB, link_dtoh_bw=297 * GB,
+            sources="NVIDIA GH200 datasheet; NVLink-C2C measured ~375 GB/s H2D (DESIGN.md §3), D2H assumed 0.8x",
+        ),
+    ]
+}
+# Handy for the GPU machines this project is lent (an H200 has 141 GB HBM3e at 4.8 TB/s, PCIe 5 host link).
+PROFILES["h200"] = dataclasses.replace(
+    PROFILES["h100-sxm"], name="h200", memory_bytes=141 * GB, hbm_bw=4.8e12,
+    sources="NVIDIA H200 datasheet (SXM); compute as H100 SXM; PCIe 5 host link",
+)
+
+DEFAULT_GPU = "h100-pcie"
+
+
+def get_profile(name: str) -> GpuProfile:
+    """The profile called ``name``.
+
+    Raises
+    ------
+    ConfigError
+        If no profile has that name; the message lists the valid ones.
+    """
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ConfigError(f"unknown GPU profile {name!r}; valid: {', '.join(PROFILES)}") from None
+
+
+def parse_overrides(items: list[str] | None) -> dict:
+    """Turn ``["link_htod_bw=20e9", "fault_batch_latency_s=30e-6"]`` into a dict of floats/ints."""
+    out: dict = {}
+    for item in items or []:
+        key, sep, val = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--gpu-set {item!r}: expected FIELD=VALUE")
+        try:
+            num = float(val)
+        except ValueError:
+            raise ConfigError(f"--gpu-set {item!r}: {val!r} is not a number") from None
+        out[key.strip()] = int(num) if num.is_integer() and key.strip().endswith(("_bytes", "_size")) else num
+    return out
