@@ -1,0 +1,348 @@
+"""Plumbing shared by the ``bench/gpu`` validation scripts.
+
+Every script follows the same shape (DESIGN.md §5): parse arguments, refuse cleanly without a GPU unless
+``--dry-run``, measure, *check* the measurements against their targets, write one JSON file (device name,
+driver, torch version, date, the raw numbers, the checks) and print a Markdown table last, so that the tail
+of a device call's output holds the answer.
+
+Training runs happen in child processes (``train_worker.py``) so that each mode (plain PyTorch, managed
+memory without prefetch, ``deepum``, ``uvmprefetch``) starts from a clean CUDA context and the runtime is
+switched on exactly as a user would switch it on: by environment variables (DESIGN.md §4).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+RESULTS_DIR = REPO / "bench" / "results"
+# Dry runs must not overwrite committed GPU results; /out/ is git-ignored.
+DRYRUN_DIR = REPO / "out" / "gpu-dryrun"
+WORKER = HERE / "train_worker.py"
+
+EXIT_NO_GPU = 5  # uvmprefetch.errors.DeviceError.exit_code
+EXIT_CHECK_FAILED = 1
+
+# Every UVMPREFETCH_* variable of DESIGN.md §4: cleared before a child starts so that only the mode under test
+# decides what is switched on (a stray UVMPREFETCH=1 in the caller's shell would otherwise turn the "plain"
+# baseline into a managed run).
+RUNTIME_VARS = ("UVMPREFETCH", "UVMPREFETCH_BUDGET", "UVMPREFETCH_POLICY", "UVMPREFETCH_WINDOW",
+                "UVMPREFETCH_REPORT", "UVMPREFETCH_TRACE", "UVMPREFETCH_BACKEND", "UVMPREFETCH_LOG")
+
+# mode -> policy the runtime runs. "managed" is managed memory with the driver's demand paging and no prefetch
+# (the "naive UM" baseline of DeepUM/G10); the runtime's budget still evicts so that it feels the same pressure.
+MODES = {"plain": None, "managed": "demand", "deepum": "deepum", "uvmprefetch": "uvmprefetch"}
+
+
+# --------------------------------------------------------------------------------------------------- CLI shape
+
+def parser(name: str, description: str, epilog: str = "") -> argparse.ArgumentParser:
+    """The argument parser every script starts from: ``--dry-run``, ``--out DIR``, ``--seed``."""
+    p = argparse.ArgumentParser(prog=f"bench/gpu/{name}.py", description=description, epilog=epilog,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dry-run", action="store_true",
+                   help="run the same code path on the CPU (tiny model, few iterations, the runtime's dryrun "
+                        "backend, fake timings for calibration) to exercise the script without a GPU")
+    p.add_argument("--out", type=Path, default=None,
+                   help=f"directory for the JSON result (default: bench/results/, or {DRYRUN_DIR.relative_to(REPO)}/ "
+                        "with --dry-run so that committed GPU results are never overwritten)")
+    p.add_argument("--seed", type=int, default=1234, help="seed of model init and data (default 1234)")
+    return p
+
+
+def out_dir(args) -> Path:
+    d = args.out if args.out is not None else (DRYRUN_DIR if args.dry_run else RESULTS_DIR)
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def gpu_visible() -> tuple[bool, str]:
+    """(True, name) when torch sees a CUDA GPU; (False, why) otherwise. Never raises."""
+    try:
+        import torch
+    except Exception as e:  # noqa: BLE001 - any import failure means "no GPU path"
+        return False, f"torch does not import ({type(e).__name__}: {e})"
+    try:
+        if not torch.cuda.is_available():
+            return False, f"torch {torch.__version__} sees no CUDA GPU (torch.cuda.is_available() is False)"
+        return True, torch.cuda.get_device_name(0)
+    except Exception as e:  # noqa: BLE001
+        return False, f"CUDA initialisation failed ({type(e).__name__}: {e})"
+
+
+def require_gpu(args, name: str) -> None:
+    """Exit with one line and code 5 when there is no GPU and ``--dry-run`` was not given."""
+    if args.dry_run:
+        return
+    ok, why = gpu_visible()
+    if not ok:
+        sys.stderr.write(f"{name}: no GPU: {why}; run it on a GPU machine or pass --dry-run\n")
+        sys.exit(EXIT_NO_GPU)
+
+
+def fail(name: str, msg: str, code: int = 2) -> "None":
+    """Bad input or an unusable setup: one line on stderr, non-zero exit, no traceback."""
+    sys.stderr.write(f"{name}: {msg}\n")
+    sys.exit(code)
+
+
+# --------------------------------------------------------------------------------------------- environment
+
+def _run_quiet(cmd: list[str], timeout: float = 15.0) -> str:
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+        return r.stdout.strip() if r.returncode == 0 else ""
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def environment(dry_run: bool) -> dict:
+    """Device name, driver, torch/CUDA/transformers versions, commit and date: the header of every result."""
+    env: dict = {
+        "date_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "dry_run": bool(dry_run),
+        "commit": _run_quiet(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"]) or "unknown",
+    }
+    try:
+        import torch
+        env["torch"] = torch.__version__
+        env["torch_cuda"] = torch.version.cuda or "none"
+    except Exception:  # noqa: BLE001
+        env["torch"] = "missing"
+    try:
+        import transformers
+        env["transformers"] = transformers.__version__
+    except Exception:  # noqa: BLE001
+        env["transformers"] = "missing"
+    try:
+        import uvmprefetch
+        env["uvmprefetch"] = uvmprefetch.__version__
+    except Exception:  # noqa: BLE001
+        env["uvmprefetch"] = "missing"
+    if dry_run:
+        env.update(device="cpu (dry-run)", driver="n/a", gpu_memory_bytes=0)
+        return env
+    line = _run_quiet(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader,nounits"])
+    if line:
+        name, driver, mem = [s.strip() for s in line.splitlines()[0].split(",")][:3]
+        env.update(device=name, driver=driver, gpu_memory_bytes=int(float(mem) * 2**20))
+    else:  # no nvidia-smi: ask torch (the driver version is then unknown)
+        import torch
+        props = torch.cuda.get_device_properties(0)
+        env.update(device=props.name, driver="unknown (no nvidia-smi)", gpu_memory_bytes=int(props.total_memory))
+    try:
+        import torch
+        free, total = torch.cuda.mem_get_info()
+        env.update(gpu_free_bytes_at_start=int(free), gpu_total_bytes=int(total))
+    except Exception:  # noqa: BLE001
+        pass
+    return env
+
+
+# ------------------------------------------------------------------------------------------------ results
+
+@dataclass
+class Check:
+    """One target a script checks. ``ok`` is None when the target does not apply (say, timing in a dry run)."""
+
+    name: str
+    value: object
+    target: str
+    ok: bool | None
+    note: str = ""
+
+    def status(self) -> str:
+        return {True: "PASS", False: "FAIL", None: "n/a"}[self.ok]
+
+
+def md_table(headers: list[str], rows: list[list]) -> str:
+    """A Markdown table (pipes in cells escaped)."""
+    def cell(v) -> str:
+        if isinstance(v, float):
+            v = f"{v:.4g}" if math.isfinite(v) else str(v)
+        return str(v).replace("|", "\\|")
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(" --- " for _ in headers) + "|"]
+    lines += ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def checks_table(checks: list[Check]) -> str:
+    return md_table(["check", "value", "target", "status", "note"],
+                    [[c.name, c.value, c.target, c.status(), c.note] for c in checks])
+
+
+def finish(args, name: str, payload: dict, headers: list[str], rows: list[list], checks: list[Check]) -> int:
+    """Write ``<out>/<name>.json``, print the tables last, return the exit code (1 if any check failed)."""
+    payload = {"script": f"bench/gpu/{name}.py", "env": environment(args.dry_run), **payload,
+               "table": {"headers": headers, "rows": rows}, "checks": [asdict(c) for c in checks]}
+    payload["passed"] = all(c.ok is not False for c in checks)
+    path = out_dir(args) / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=1, default=_json_default) + "\n")
+    env = payload["env"]
+    print(f"\n## {name} — {env.get('device')} (driver {env.get('driver')}, torch {env.get('torch')}, "
+          f"{env['date_utc']}){' [dry-run]' if args.dry_run else ''}")
+    print(f"result: {path}")
+    print(md_table(headers, rows))
+    print()
+    print(checks_table(checks))
+    print(f"{name}: {'PASS' if payload['passed'] else 'FAIL'}")
+    sys.stdout.flush()
+    return 0 if payload["passed"] else EXIT_CHECK_FAILED
+
+
+def _json_default(o):
+    try:
+        import numpy as np
+        if isinstance(o, np.integer):
+            return int(o)
+        if isinstance(o, np.floating):
+            return float(o)
+        if isinstance(o, np.ndarray):
+            return o.tolist()
+    except ImportError:
+        pass
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+# ----------------------------------------------------------------------------------------- training runs
+
+@dataclass
+class Workload:
+    """What ``train_worker.py`` trains. ``config`` names a size of ``model`` (see the worker's CONFIGS)."""
+
+    model: str = "gpt2"
+    config: str = "small"
+    batch: int = 8
+    seq: int = 512
+    iters: int = 20
+    warmup: int = 3
+    dtype: str = "fp32"
+    deterministic: bool = False
+
+    def argv(self) -> list[str]:
+        a = ["--model", self.model, "--config", self.config, "--batch", str(self.batch), "--seq", str(self.seq),
+             "--iters", str(self.iters), "--dtype", self.dtype]
+        return a + (["--deterministic"] if self.deterministic else [])
+
+    def label(self) -> str:
+        return f"{self.model}-{self.config} b{self.batch} s{self.seq} {self.dtype}"
+
+
+def tiny_workload(iters: int = 3, **kv) -> Workload:
+    """The dry-run model: a 2-layer GPT-2 that trains an iteration in well under a second on one CPU core."""
+    return Workload(**{"model": "gpt2", "config": "tiny", "batch": 2, "seq": 32, "iters": iters, "warmup": 1, **kv})
+
+
+def run_training(mode: str, work: Workload, workdir: Path, case: str, *, seed: int, dry_run: bool,
+                 budget: int | None = None, trace: bool = False, timeout: float = 600.0,
+                 extra_env: dict | None = None) -> dict:
+    """Train ``work`` in a child process in ``mode`` and return the worker's result dict.
+
+    The result has ``losses`` (floats), ``losses_hex`` (exact), ``iter_s`` (per-iteration wall time), ``peak_*``
+    memory figures, and what this function adds: ``mode``, ``case``, ``returncode``, ``stderr_tail``,
+    ``report`` (the runtime's JSON report, or None) and ``runtime_active`` (True when the runtime wrote its
+    report, i.e. it really ran: a missing start-up hook would otherwise make a "uvmprefetch" run a plain one
+    and every comparison would pass vacuously).
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; valid: {', '.join(MODES)}")
+    workdir.mkdir(parents=True, exist_ok=True)
+    out = workdir / f"{case}.worker.json"
+    report = workdir / f"{case}.report.json"
+    trace_path = workdir / f"{case}.uvmt"
+    for p in (out, report, trace_path):
+        p.unlink(missing_ok=True)
+    env = {k: v for k, v in os.environ.items() if k not in RUNTIME_VARS}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    if work.deterministic:
+        env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"  # cuBLAS refuses deterministic mode without it
+    policy = MODES[mode]
+    if policy is not None:
+        env.update(UVMPREFETCH="1", UVMPREFETCH_POLICY=policy, UVMPREFETCH_REPORT=str(report),
+                   UVMPREFETCH_BACKEND="dryrun" if dry_run else "cuda")
+        if budget is not None:
+            env["UVMPREFETCH_BUDGET"] = str(int(budget))
+        if trace:
+            env["UVMPREFETCH_TRACE"] = str(trace_path)
+    env.update(extra_env or {})
+    cmd = [sys.executable, str(WORKER), *work.argv(), "--seed", str(seed), "--out", str(out),
+           "--device", "cpu" if dry_run else "cuda"]
+    t0 = time.perf_counter()
+    try:
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+        rc, err = r.returncode, r.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, err = 124, (e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or ""))
+        err += f"\n[timed out after {timeout:.0f} s]"
+    res: dict = {}
+    if rc == 0 and out.exists():
+        res = json.loads(out.read_text())
+    res.update(mode=mode, case=case, policy=policy, budget=budget, returncode=rc, wall_s=time.perf_counter() - t0,
+               stderr_tail=err[-2000:], workload=asdict(work))
+    res["report"] = json.loads(report.read_text()) if report.exists() else None
+    res["runtime_active"] = res["report"] is not None
+    res["trace"] = str(trace_path) if trace and trace_path.exists() else None
+    return res
+
+
+def run_ok(res: dict) -> tuple[bool, str]:
+    """Did a training run do what its mode says? (exit 0, finite losses, runtime active iff it should be)."""
+    if res["returncode"] != 0:
+        last = [ln for ln in res["stderr_tail"].splitlines() if ln.strip()]
+        return False, f"exit {res['returncode']}: {last[-1] if last else 'no stderr'}"
+    if not res.get("losses") or not all(math.isfinite(x) for x in res["losses"]):
+        return False, "non-finite or missing losses"
+    if res["policy"] is not None and not res["runtime_active"]:
+        return False, "runtime not active: UVMPREFETCH=1 wrote no report (start-up hook missing?)"
+    return True, ""
+
+
+def steady_median(iter_s: list[float], warmup: int) -> float:
+    """Median iteration time after the first ``warmup`` iterations (optimizer state, autotuning, learning)."""
+    xs = iter_s[warmup:] if len(iter_s) > warmup else iter_s
+    return statistics.median(xs) if xs else float("nan")
+
+
+def report_get(report: dict | None, *keys, default=None):
+    """The first of ``keys`` present in the runtime report (its field names are the runtime's contract)."""
+    if not report:
+        return default
+    for k in keys:
+        cur = report
+        for part in k.split("."):
+            if isinstance(cur, dict) and part in cur:
+                cur = cur[part]
+            else:
+                break
+        else:
+            return cur
+    return default
+
+
+def geomean(xs: list[float]) -> float:
+    xs = [x for x in xs if x > 0 and math.isfinite(x)]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def which(prog: str) -> str | None:
+    return shutil.which(prog)
