@@ -40,7 +40,7 @@ EXIT_CHECK_FAILED = 1
 # decides what is switched on (a stray UVMPREFETCH=1 in the caller's shell would otherwise turn the "plain"
 # baseline into a managed run).
 RUNTIME_VARS = ("UVMPREFETCH", "UVMPREFETCH_BUDGET", "UVMPREFETCH_POLICY", "UVMPREFETCH_WINDOW",
-                "UVMPREFETCH_REPORT", "UVMPREFETCH_TRACE", "UVMPREFETCH_BACKEND", "UVMPREFETCH_LOG")
+                "UVMPREFETCH_REPORT", "UVMPREFETCH_TRACE", "UVMPREFETCH_BACKEND", "UVMPREFETCH_LOG", "UVMPREFETCH_GPU")
 
 # mode -> policy the runtime runs. "managed" is managed memory with the driver's demand paging and no prefetch
 # (the "naive UM" baseline of DeepUM/G10); the runtime's budget still evicts so that it feels the same pressure.
@@ -337,6 +337,15 @@ def report_get(report: dict | None, *keys, default=None):
         else:
             return cur
     return default
+
+
+def working_set_bytes(res: dict) -> int:
+    """Bytes a training run needs on the device: CUDA peak reserved (what the caching allocator took, i.e. the
+    managed allocation under the runtime), else the runtime report's peak managed bytes (dry run), else the
+    parameter/gradient/AdamW state alone."""
+    ws = res.get("peak_reserved_bytes") or report_get(res.get("report"), "peak_managed_bytes", "managed.peak_bytes",
+                                                      "peak_bytes")
+    return int(ws or res.get("state_bytes") or 0)
 
 
 def geomean(xs: list[float]) -> float:

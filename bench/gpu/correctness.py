@@ -29,13 +29,6 @@ examples:
 """
 
 
-def working_set_bytes(res: dict) -> int:
-    """Bytes the run needed on the device: CUDA peak reserved, else the runtime's peak managed, else the state."""
-    ws = res.get("peak_reserved_bytes") or C.report_get(res.get("report"), "peak_managed_bytes", "managed.peak_bytes",
-                                                         "peak_bytes")
-    return int(ws or res.get("state_bytes") or 0)
-
-
 def compare(ref: dict, other: dict) -> tuple[bool, float]:
     """(bitwise equal, max relative difference) of two runs' losses."""
     if len(ref["losses"]) != len(other["losses"]):
@@ -78,7 +71,7 @@ def main(argv=None) -> int:
     runs += [run("managed", "managed"), run("uvmprefetch", "uvmprefetch")]
     budget = None
     if args.pressure:
-        ws = working_set_bytes(runs[0] if runs[0].get("peak_reserved_bytes") else runs[3])
+        ws = C.working_set_bytes(runs[0] if runs[0].get("peak_reserved_bytes") else runs[3])
         budget = int(ws / args.pressure) if ws else None
         if budget:
             runs.append(run("uvmprefetch", f"uvmprefetch-budget", budget=budget))
