@@ -48,6 +48,26 @@ def atan_shape(nbytes: float) -> float:
     return (2.0 / math.pi) * math.atan(0.0729 * max(nbytes, 1) / 1024.0)
 
 
+def fault_model(nblocks: int, pattern: str, link_htod_bw: float, batch_size: int = 256,
+                granule: int = GRANULE) -> tuple[int, float]:
+    """(fault batches, link seconds) the simulator charges for one launch that faults ``nblocks`` 2 MB blocks.
+
+    Mirrors ``uvmprefetch/sim/engine.py`` (``GpuModel._service_faults``): a faulted 2 MB block costs
+    ``ceil(DENSITY * 32)`` fault entries (the driver's density prefetcher takes the whole block once 51 % of
+    its 64 KB pages faulted), entries are serviced in batches of ``fault_batch_size``, and the block's data
+    moves in 64 KB granules. A sparse touch (one element per block) is one entry and one granule per block.
+    """
+    try:
+        from uvmprefetch.sim.engine import DENSITY
+    except ImportError:  # the simulator is optional for calibration; 0.51 is nvidia-uvm's default threshold
+        DENSITY = 0.51
+    granules = MB2 // granule
+    t_granule = granule / (link_htod_bw * atan_shape(granule))
+    if pattern == "full":
+        return math.ceil(nblocks * math.ceil(DENSITY * granules) / batch_size), nblocks * granules * t_granule
+    return math.ceil(nblocks / batch_size), nblocks * t_granule
+
+
 # ------------------------------------------------------------------------------------------ timing sources
 
 class CudaProbe:
@@ -223,11 +243,11 @@ class FakeProbe:
         return self._n(self._xfer(nbytes, self.TRUTH[f"link_{direction}_bw"]))
 
     def touch(self, nblocks, pattern):
+        # Follows the simulator's fault model (see fault_model): the fit must invert it exactly.
         t = self.TRUTH
         res = t["launch_overhead_s"] + (nblocks * MB2 if pattern == "full" else nblocks * 4) / t["hbm_bw"]
-        moved = MB2 if pattern == "full" else GRANULE
-        fault = res + nblocks * (t["fault_batch_latency_s"] + self._xfer(moved, t["link_htod_bw"]))
-        return self._n(fault), self._n(res), True
+        batches, link = fault_model(nblocks, pattern, t["link_htod_bw"])
+        return self._n(res + batches * t["fault_batch_latency_s"] + link), self._n(res), True
 
     def prefetch_call_s(self, calls):
         return self._n(self.TRUTH["prefetch_call_overhead_s"])
@@ -311,7 +331,7 @@ def measure(probe, reps: int, log) -> dict:
     return raw
 
 
-def fit(raw: dict) -> dict:
+def fit(raw: dict, batch_size: int = 256, granule: int = GRANULE) -> dict:
     """Measurements -> profile overrides and the extra figures (pure arithmetic: tested on the fake probe)."""
     out: dict = {"residuals": {}}
     for kind in ("prefetch", "pinned"):
@@ -324,7 +344,7 @@ def fit(raw: dict) -> dict:
             else:  # the ceiling: bandwidth of the largest pinned copy
                 n, t = max(pts)
                 out[f"pinned_{d}_bw"] = n / t
-    for pattern, moved in (("full", MB2), ("sparse", GRANULE)):
+    for pattern in ("full", "sparse"):
         pts = raw["touch"][pattern]
         xs = [float(nb) for nb, _, _ in pts]
         ys = [tf - tr for _, tf, tr in pts]
@@ -332,12 +352,14 @@ def fit(raw: dict) -> dict:
         out[f"fault_{pattern}_s_per_block"] = slope
         out[f"fault_{pattern}_intercept_s"] = icpt
         out[f"fault_{pattern}_r2"] = r2
-        # The slope is the cost of one 2 MB block's demand migration (full) or of one far fault (sparse). Minus
-        # the time the link needs for the bytes moved, what is left is the fault-handling latency that the
-        # simulator charges per fault batch: a sequential kernel's 32 64-KB faults of one block arrive together
-        # and fit one 256-entry batch, so one block = one batch.
-        xfer = moved / (out["link_htod_bw"] * atan_shape(moved))
-        out[f"fault_{pattern}_latency_s"] = max(0.0, slope - xfer)
+        # Invert the simulator's own fault model: measured extra time = batches(N) * L + link(N). With the
+        # link part known from the prefetch fit, L is a one-parameter least-squares fit over the N tried.
+        model = [fault_model(int(nb), pattern, out["link_htod_bw"], batch_size, granule) for nb, _, _ in pts]
+        num = sum(b * (y - link) for (b, link), y in zip(model, ys))
+        den = sum(b * b for b, _ in model)
+        out[f"fault_{pattern}_latency_s"] = max(0.0, num / den)
+        pred = [b * out[f"fault_{pattern}_latency_s"] + link for b, link in model]
+        out["residuals"][f"fault_{pattern}"] = [(y - q) / y if y > 0 else math.inf for y, q in zip(ys, pred)]
     out["fault_batch_latency_s"] = out["fault_full_latency_s"]
     out["launch_overhead_s"] = raw["launch_s"]
     out["prefetch_call_overhead_s"] = raw["prefetch_call_s"]
@@ -376,10 +398,10 @@ def main(argv=None) -> int:
         raw = measure(probe, args.reps, log)
     finally:
         probe.close()
-    f = fit(raw)
     env_device = "dry-run" if args.dry_run else C.environment(False)["device"]
     base_name = base_profile_for(env_device)
     base = get_profile(base_name)
+    f = fit(raw, base.fault_batch_size, base.fault_granule_bytes)
     overrides = {k: f[k] for k in ("link_htod_bw", "link_dtoh_bw", "fault_batch_latency_s", "launch_overhead_s")}
     date = C.environment(args.dry_run)["date_utc"][:10]
     overrides["calibrated"] = f"{date} bench/gpu/calibrate.py on {env_device}"
@@ -404,6 +426,9 @@ def main(argv=None) -> int:
         slope, r2 = f[f"fault_{pattern}_s_per_block"], f[f"fault_{pattern}_r2"]
         checks.append(C.Check(f"fault cost ({pattern} touch) linear in blocks", f"{slope * 1e6:.1f} us/block, "
                               f"R^2 {r2:.3f}", "slope > 0, R^2 >= 0.9", slope > 0 and r2 >= 0.9))
+    worst_fault = max(abs(r) for r in f["residuals"]["fault_full"])
+    checks.append(C.Check("simulator fault model fits the full touch", f"max |resid| {worst_fault:.1%}", "<= 25 %",
+                          worst_fault <= 0.25, "if FAIL the simulator's fault model misses a cost: see docs"))
     if args.dry_run:  # the fake source follows a known profile: the fit must give it back
         for k in ("link_htod_bw", "link_dtoh_bw", "fault_batch_latency_s", "launch_overhead_s",
                   "prefetch_call_overhead_s"):
