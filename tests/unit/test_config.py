@@ -1,0 +1,65 @@
+"""UVMPREFETCH_* parsing: every variable validated, one clear error naming it (DESIGN.md §4)."""
+
+import pytest
+
+from uvmprefetch.config import Budget, RuntimeConfig, from_env, parse_budget, parse_window
+from uvmprefetch.errors import ConfigError
+
+
+def test_defaults_when_unset():
+    cfg = from_env({})
+    assert cfg == RuntimeConfig()
+    assert not cfg.enabled and cfg.backend == "cuda" and cfg.budget is None and cfg.window is None
+
+
+@pytest.mark.parametrize("text,expect", [
+    ("20GiB", Budget(nbytes=20 * 1024**3)),
+    ("512MB", Budget(nbytes=512 * 10**6)),
+    ("3e9", Budget(nbytes=3 * 10**9)),
+    ("0.5", Budget(fraction=0.5)),
+    ("50%", Budget(fraction=0.5)),
+    ("1", Budget(fraction=1.0)),
+    ("1048576", Budget(nbytes=1048576)),
+])
+def test_budget_forms(text, expect):
+    assert parse_budget(text) == expect
+
+
+def test_budget_resolve():
+    assert Budget(fraction=0.25).resolve(8 << 30) == 2 << 30
+    assert Budget(nbytes=123).resolve(8 << 30) == 123
+
+
+@pytest.mark.parametrize("var,value", [
+    ("UVMPREFETCH", "maybe"),
+    ("UVMPREFETCH_BACKEND", "rocm"),
+    ("UVMPREFETCH_BUDGET", "lots"),
+    ("UVMPREFETCH_BUDGET", "-1GiB"),
+    ("UVMPREFETCH_BUDGET", "150%"),
+    ("UVMPREFETCH_BUDGET", "2.5"),
+    ("UVMPREFETCH_WINDOW", "0"),
+    ("UVMPREFETCH_WINDOW", "wide"),
+    ("UVMPREFETCH_LOG", "loud"),
+    ("UVMPREFETCH_REPORT", "/no/such/folder/report.json"),
+    ("UVMPREFETCH_TRACE", "/no/such/folder/run.uvmt"),
+    ("UVMPREFETCH_POLICY", "no-such-policy"),
+    ("UVMPREFETCH_GPU", "voodoo5"),
+])
+def test_invalid_value_names_the_variable(var, value):
+    with pytest.raises(ConfigError) as e:
+        from_env({"UVMPREFETCH": "1", var: value})
+    msg = str(e.value)
+    assert var in msg and "\n" not in msg
+    assert "accepted" in msg or "valid" in msg
+
+
+def test_window_forms():
+    assert parse_window("auto") is None and parse_window("") is None and parse_window("16") == 16
+
+
+def test_env_round_trip(tmp_path):
+    cfg = from_env({"UVMPREFETCH": "yes", "UVMPREFETCH_BACKEND": "dryrun", "UVMPREFETCH_BUDGET": "0.25",
+                    "UVMPREFETCH_WINDOW": "8", "UVMPREFETCH_REPORT": str(tmp_path / "r.json"),
+                    "UVMPREFETCH_LOG": "info"})
+    assert cfg.enabled and cfg.backend == "dryrun" and cfg.budget == Budget(fraction=0.25) and cfg.window == 8
+    assert from_env(cfg.to_env()) == cfg

@@ -1,0 +1,229 @@
+"""The ``UVMPREFETCH_*`` environment variables (DESIGN.md §4), parsed and validated in one place.
+
+The start-up hook, ``uvmprefetch run`` and ``uvmprefetch.enable()`` all go through ``from_env`` /
+``RuntimeConfig``, so an invalid value is reported the same way everywhere: one ``ConfigError`` that names the
+variable and its accepted forms. Parsing imports nothing heavy (no torch, no numpy) because the start-up hook
+runs it in every Python process that has ``UVMPREFETCH`` set.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from .errors import ConfigError
+from .units import SIZE_FORMS, parse_size
+
+BACKENDS = ("cuda", "dryrun")
+LOG_LEVELS = ("quiet", "warning", "info", "debug")
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("", "0", "false", "no", "off")
+
+# Every variable we read, with its accepted forms: the error messages and `doctor` quote this table.
+VARIABLES: dict[str, str] = {
+    "UVMPREFETCH": "1/true/yes/on to enable, 0/false/no/off or unset to disable",
+    "UVMPREFETCH_BACKEND": "cuda (real GPU, the default) or dryrun (CPU run driving the simulated GPU)",
+    "UVMPREFETCH_BUDGET": f"{SIZE_FORMS}; or a fraction of device memory: 0.5, 50%",
+    "UVMPREFETCH_POLICY": "a policy name, optionally with parameters: uvmprefetch, deepum:window=16",
+    "UVMPREFETCH_WINDOW": "auto or a positive integer (launches the prefetcher looks ahead)",
+    "UVMPREFETCH_REPORT": "path of the JSON run report written at exit (its folder must exist)",
+    "UVMPREFETCH_TRACE": "path of a trace file (.uvmt) recording the live run (its folder must exist)",
+    "UVMPREFETCH_LOG": "quiet, warning (default), info or debug",
+    "UVMPREFETCH_GPU": "dryrun only: the simulated GPU profile, e.g. h100-pcie (default)",
+}
+
+
+@dataclass(frozen=True)
+class Budget:
+    """GPU-resident managed memory allowed: an absolute byte count or a fraction of device memory."""
+
+    nbytes: int | None = None
+    fraction: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.nbytes is None) == (self.fraction is None):
+            raise ConfigError("budget: give exactly one of a byte count or a fraction")
+        if self.nbytes is not None and self.nbytes <= 0:
+            raise ConfigError(f"budget: {self.nbytes} bytes must be positive")
+        if self.fraction is not None and not 0 < self.fraction <= 1:
+            raise ConfigError(f"budget: fraction {self.fraction} must be in (0, 1]")
+
+    def resolve(self, device_bytes: int) -> int:
+        """Bytes allowed on a device with ``device_bytes`` of memory."""
+        if self.nbytes is not None:
+            return int(self.nbytes)
+        return int(self.fraction * device_bytes)
+
+    def __str__(self) -> str:
+        if self.nbytes is not None:
+            from .units import format_size
+            return format_size(self.nbytes)
+        return f"{self.fraction:.0%} of device memory"
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """Everything the live runtime reads from the environment, validated.
+
+    ``budget`` None means "no budget": the driver's own eviction under real oversubscription (cuda), or
+    the profile's full memory (dryrun).
+    """
+
+    enabled: bool = False
+    backend: str = "cuda"
+    budget: Budget | None = None
+    policy: str = ""  # "" = the best registered policy (see runtime.session.default_policy)
+    window: int | None = None  # None = auto
+    report: str | None = None
+    trace: str | None = None
+    log: str = "warning"
+    gpu: str = "h100-pcie"
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise _bad("UVMPREFETCH_BACKEND", self.backend)
+        if self.log not in LOG_LEVELS:
+            raise _bad("UVMPREFETCH_LOG", self.log)
+        if self.window is not None and (not isinstance(self.window, int) or self.window <= 0):
+            raise _bad("UVMPREFETCH_WINDOW", self.window)
+
+    def to_env(self) -> dict[str, str]:
+        """The environment that reproduces this config in a child process (``uvmprefetch run``)."""
+        env = {"UVMPREFETCH": "1" if self.enabled else "0", "UVMPREFETCH_BACKEND": self.backend,
+               "UVMPREFETCH_LOG": self.log, "UVMPREFETCH_GPU": self.gpu,
+               "UVMPREFETCH_WINDOW": "auto" if self.window is None else str(self.window)}
+        if self.budget is not None:
+            env["UVMPREFETCH_BUDGET"] = (str(self.budget.nbytes) if self.budget.nbytes is not None
+                                         else repr(self.budget.fraction))
+        if self.policy:
+            env["UVMPREFETCH_POLICY"] = self.policy
+        if self.report:
+            env["UVMPREFETCH_REPORT"] = self.report
+        if self.trace:
+            env["UVMPREFETCH_TRACE"] = self.trace
+        return env
+
+
+def _bad(var: str, value) -> ConfigError:
+    return ConfigError(f"{var}={value!r} is invalid; accepted: {VARIABLES[var]}")
+
+
+def parse_bool(var: str, text: str) -> bool:
+    t = text.strip().lower()
+    if t in _TRUE:
+        return True
+    if t in _FALSE:
+        return False
+    raise _bad(var, text)
+
+
+def parse_budget(text: str, var: str = "UVMPREFETCH_BUDGET") -> Budget:
+    """``"20GiB"`` -> bytes; ``"0.5"`` or ``"50%"`` -> a fraction of device memory.
+
+    A bare number up to 1 is a fraction (nobody means a 1-byte budget); a bare number above 1 is bytes.
+
+    Raises
+    ------
+    ConfigError
+        Naming ``var`` and the accepted forms.
+    """
+    t = str(text).strip()
+    try:
+        if t.endswith("%"):
+            frac = float(t[:-1]) / 100.0
+            if not 0 < frac <= 1:
+                raise ValueError
+            return Budget(fraction=frac)
+        try:
+            num = float(t)
+        except ValueError:
+            return Budget(nbytes=parse_size(t, var))
+        if 0 < num <= 1:
+            return Budget(fraction=num)
+        if num > 1 and num.is_integer():
+            return Budget(nbytes=int(num))
+        raise ValueError
+    except (ValueError, ConfigError):
+        raise _bad(var, text) from None
+
+
+def parse_window(text: str, var: str = "UVMPREFETCH_WINDOW") -> int | None:
+    t = str(text).strip().lower()
+    if t in ("", "auto"):
+        return None
+    try:
+        n = int(t)
+    except ValueError:
+        raise _bad(var, text) from None
+    if n <= 0:
+        raise _bad(var, text)
+    return n
+
+
+def _parse_path(var: str, text: str) -> str | None:
+    t = text.strip()
+    if not t:
+        return None
+    folder = os.path.dirname(os.path.abspath(t))
+    if not os.path.isdir(folder):
+        raise ConfigError(f"{var}={text!r} is invalid: folder {folder} does not exist; accepted: {VARIABLES[var]}")
+    if os.path.isdir(t):
+        raise ConfigError(f"{var}={text!r} is invalid: it is a folder; accepted: {VARIABLES[var]}")
+    return os.path.abspath(t)
+
+
+def parse_policy(text: str, var: str = "UVMPREFETCH_POLICY") -> str:
+    """Check that ``text`` names a registered policy with valid parameters (builds it once, throws it away).
+
+    Raises
+    ------
+    ConfigError
+        Unknown policy or parameter; the message starts with ``var``.
+    """
+    t = text.strip()
+    if not t:
+        return ""
+    from .policy import make_policy  # lazy: the policy package imports numpy
+    try:
+        make_policy(t)
+    except ConfigError as e:
+        raise ConfigError(f"{var}={text!r} is invalid: {e}") from None
+    return t
+
+
+def from_env(environ=None, *, check_policy: bool = True) -> RuntimeConfig:
+    """Read and validate every ``UVMPREFETCH_*`` variable.
+
+    Parameters
+    ----------
+    environ
+        A mapping (default ``os.environ``).
+    check_policy
+        Build the policy once to validate its name and parameters (imports numpy; the start-up hook
+        does this only when ``UVMPREFETCH`` is on).
+
+    Raises
+    ------
+    ConfigError
+        The first invalid variable, named, with its accepted forms.
+    """
+    env = os.environ if environ is None else environ
+    get = lambda k, d="": env.get(k, d)  # noqa: E731
+    enabled = parse_bool("UVMPREFETCH", get("UVMPREFETCH"))
+    backend = get("UVMPREFETCH_BACKEND", "cuda").strip().lower() or "cuda"
+    if backend not in BACKENDS:
+        raise _bad("UVMPREFETCH_BACKEND", get("UVMPREFETCH_BACKEND"))
+    budget_text = get("UVMPREFETCH_BUDGET").strip()
+    budget = parse_budget(budget_text) if budget_text else None
+    policy = parse_policy(get("UVMPREFETCH_POLICY")) if check_policy else get("UVMPREFETCH_POLICY").strip()
+    window = parse_window(get("UVMPREFETCH_WINDOW"))
+    log = get("UVMPREFETCH_LOG", "warning").strip().lower() or "warning"
+    if log not in LOG_LEVELS:
+        raise _bad("UVMPREFETCH_LOG", get("UVMPREFETCH_LOG"))
+    gpu = get("UVMPREFETCH_GPU", "h100-pcie").strip() or "h100-pcie"
+    from .gpus import PROFILES
+    if gpu not in PROFILES:
+        raise ConfigError(f"UVMPREFETCH_GPU={gpu!r} is invalid; accepted: one of {', '.join(PROFILES)}")
+    return RuntimeConfig(enabled=enabled, backend=backend, budget=budget, policy=policy, window=window,
+                         report=_parse_path("UVMPREFETCH_REPORT", get("UVMPREFETCH_REPORT")),
+                         trace=_parse_path("UVMPREFETCH_TRACE", get("UVMPREFETCH_TRACE")), log=log, gpu=gpu)

@@ -1,0 +1,166 @@
+"""The LD_PRELOAD shim (``kernels/uvmshim.c``): build it on first use, find it, read it through ctypes.
+
+The shim is built from source into a cache folder keyed by the source's hash, so an edited shim is rebuilt
+and two versions never collide. Reading it in-process works because ``ctypes.CDLL`` on the path of an
+already preloaded library returns that same library (same ring, same counters).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from ..errors import ShimError
+
+LIB_NAME = "libuvmshim.so"
+ABI = 1  # must equal UVMSHIM_ABI in uvmshim.c
+
+
+def source_dir() -> Path:
+    """Folder holding ``uvmshim.c`` and its Makefile (the repository's ``kernels/``)."""
+    here = Path(__file__).resolve().parent
+    for cand in (here.parents[1] / "kernels", here.parent / "_kernels"):
+        if (cand / "uvmshim.c").is_file():
+            return cand
+    raise ShimError(f"shim source kernels/uvmshim.c not found next to the package ({here.parents[1]})")
+
+
+def _source_hash(src: Path) -> str:
+    h = hashlib.sha256()
+    for name in ("uvmshim.c", "Makefile"):
+        h.update((src / name).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def cache_dir() -> Path:
+    """Where built shims live: ``$UVMPREFETCH_SHIM_DIR``, else ``$XDG_CACHE_HOME/uvmprefetch``, else
+    ``~/.cache/uvmprefetch``."""
+    d = os.environ.get("UVMPREFETCH_SHIM_DIR")
+    if d:
+        return Path(d)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "uvmprefetch"
+
+
+def built_path() -> Path:
+    """Path the shim for the current source has (or will have) once built."""
+    src = source_dir()
+    return cache_dir() / f"shim-{_source_hash(src)}" / LIB_NAME
+
+
+def shim_path(build: bool = True) -> Path:
+    """The shim's path, building it first if needed (and ``build``).
+
+    Raises
+    ------
+    ShimError
+        No C compiler / make, the build failed (the compiler's last lines are in the message), or the shim
+        is not built and ``build`` is False.
+    """
+    out = built_path()
+    if out.is_file():
+        return out
+    if not build:
+        raise ShimError(f"shim not built yet ({out}); run `uvmprefetch shim-path` to build it")
+    for tool in ("make", os.environ.get("CC", "cc")):
+        if shutil.which(tool) is None:
+            raise ShimError(f"building the shim needs `{tool}` on PATH (a C compiler and make; no CUDA needed)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / ".lock", "w") as lock:  # two processes starting at once build it once
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not out.is_file():
+            r = subprocess.run(["make", "-s", "-C", str(source_dir()), f"O={out.parent}"],
+                               capture_output=True, text=True)
+            if r.returncode != 0 or not out.is_file():
+                tail = " | ".join((r.stderr or r.stdout).strip().splitlines()[-3:])
+                raise ShimError(f"building the shim failed (make exit {r.returncode}): {tail}")
+    return out
+
+
+# ------------------------------------------------------------------------------------------ ctypes view
+
+
+class Stats(ctypes.Structure):
+    """Mirror of ``struct uvmshim_stats``."""
+
+    _fields_ = [(n, ctypes.c_uint64) for n in (
+        "abi", "managed_enabled", "managed_bytes", "peak_managed_bytes", "limit_bytes", "n_alloc", "n_free",
+        "n_refused", "n_errors", "n_launches", "n_launches_dropped", "cudart_found")]
+
+    def as_dict(self) -> dict:
+        return {n: int(getattr(self, n)) for n, _ in self._fields_}
+
+
+class LaunchRecord(ctypes.Structure):
+    """Mirror of ``struct uvmshim_launch``."""
+
+    _fields_ = [("index", ctypes.c_uint64), ("func", ctypes.c_uint64), ("stream", ctypes.c_uint64),
+                ("t_ns", ctypes.c_uint64), ("grid", ctypes.c_uint32 * 3), ("block", ctypes.c_uint32 * 3),
+                ("shared_mem", ctypes.c_uint64), ("status", ctypes.c_int32), ("_pad", ctypes.c_int32)]
+
+
+class Shim:
+    """The shim loaded in this process (normally already there through ``LD_PRELOAD``).
+
+    Raises
+    ------
+    ShimError
+        The library cannot be loaded or has another ABI version.
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        try:
+            self.lib = ctypes.CDLL(str(path))
+        except OSError as e:
+            raise ShimError(f"cannot load the shim {path}: {e}") from None
+        try:
+            abi = self.lib.uvmshim_abi()
+        except AttributeError:
+            raise ShimError(f"{path} is not the uvmprefetch shim (no uvmshim_abi)") from None
+        if abi != ABI:
+            raise ShimError(f"shim {path} has ABI {abi}, this package needs {ABI}: rebuild it")
+        self.lib.uvmshim_ring_read.restype = ctypes.c_size_t
+        self.lib.uvmshim_ring_read.argtypes = [ctypes.POINTER(LaunchRecord), ctypes.c_size_t,
+                                               ctypes.POINTER(ctypes.c_uint64)]
+        self.lib.uvmshim_segments.restype = ctypes.c_size_t
+        self.lib.uvmshim_segments.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64),
+                                              ctypes.c_size_t]
+        self._cursor = ctypes.c_uint64(0)
+        self._buf = (LaunchRecord * 4096)()
+
+    def stats(self) -> dict:
+        s = Stats()
+        self.lib.uvmshim_get_stats(ctypes.byref(s))
+        return s.as_dict()
+
+    def read_launches(self) -> list[LaunchRecord]:
+        """Launch records published since the last call (oldest first)."""
+        out = []
+        while True:
+            n = self.lib.uvmshim_ring_read(self._buf, len(self._buf), ctypes.byref(self._cursor))
+            out.extend(LaunchRecord.from_buffer_copy(self._buf[i]) for i in range(n))
+            if n < len(self._buf):
+                return out
+
+    def segments(self) -> list[tuple[int, int]]:
+        """Live managed allocations as sorted ``(ptr, size)`` pairs."""
+        n = 1024
+        while True:
+            ptrs, sizes = (ctypes.c_uint64 * n)(), (ctypes.c_uint64 * n)()
+            total = self.lib.uvmshim_segments(ptrs, sizes, n)
+            if total <= n:
+                return sorted(zip((int(p) for p in ptrs[:total]), (int(s) for s in sizes[:total])))
+            n = total + 64
+
+
+def preloaded() -> str | None:
+    """Path of the shim if this process was started with it in ``LD_PRELOAD``."""
+    for part in os.environ.get("LD_PRELOAD", "").replace(":", " ").split():
+        if os.path.basename(part) == LIB_NAME:
+            return part
+    return None
