@@ -1,0 +1,134 @@
+"""``oracle``: the limit with perfect knowledge of the future (offline; needs the trace's layout).
+
+- Eviction is Belady's: the resident block whose next use is farthest away goes first, and only for a
+  block that is needed *before* it (never-used-again blocks are the farthest of all).
+- Prefetch is scheduled as early as capacity and the link allow: at every launch the planner walks
+  forward from the first launch not yet covered (the *horizon*) and queues each upcoming launch's missing
+  blocks, in order of need, while free room or a Belady victim used later than that launch exists.
+  The H2D queue is FIFO, so queueing in order of need is what keeps the earliest needs first.
+
+It is the reference every real policy is compared with. It is not a proof of optimality: Belady
+minimises misses, not write-backs, and the simulator's timing adds queueing effects, but it is the best
+schedule a prefetcher with perfect knowledge and the driver's mechanisms could reasonably reach.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from ..errors import ConfigError
+from .base import EMPTY, Decision, LaunchInfo, Params, Policy, PolicyContext, ResidencyView
+
+
+@dataclass(frozen=True)
+class OracleParams(Params):
+    lookahead: int = 0  # launches ahead the planner may prefetch for (0 = as far as capacity allows)
+    prefetch: bool = True  # False: Belady eviction only (faults bring data in)
+
+    def __post_init__(self) -> None:
+        if self.lookahead < 0:
+            raise ConfigError(f"oracle: lookahead must be >= 0, got {self.lookahead}")
+
+
+class OraclePolicy(Policy):
+    """Belady eviction + perfect-knowledge prefetch (offline)."""
+
+    name: ClassVar[str] = "oracle"
+    offline: ClassVar[bool] = True
+    Params: ClassVar[type] = OracleParams
+    description: ClassVar[str] = "perfect knowledge: Belady eviction + prefetch as early as capacity allows"
+
+    def on_start(self, ctx: PolicyContext) -> None:
+        super().on_start(ctx)
+        lay = ctx.layout
+        if lay is None:
+            raise ConfigError("oracle is an offline policy: it needs the whole trace (use it with replay/bench)")
+        self.lay = lay
+        self.L = lay.n_launches
+        self.ptr = lay.ptr
+        self.nxt = lay.next_use()
+        self.nu = lay.first_use()  # per block: the next launch (from now) that touches it
+        self.horizon = 0
+        self.scheduled = np.zeros(lay.max_blocks, dtype=bool)
+        self.n_prefetched = 0
+        self.n_evicted = 0
+
+    def on_launch(self, info: LaunchInfo, state: ResidencyView) -> Decision | None:
+        i = info.index
+        lay, ptr = self.lay, self.ptr
+        if i > 0:  # launch i-1 ran: its blocks' next use moves on
+            a, b = ptr[i - 1], ptr[i]
+            self.nu[lay.blocks[a:b]] = self.nxt[a:b]
+        if not self.params.prefetch:
+            return None
+        present = state.resident | state.in_flight
+        free = state.capacity_blocks - state.used_blocks
+        victims = _Victims(state.resident, self.nu, i)
+        pf, ev = [], []
+        h = i
+        while h < self.L:
+            if h > i and self.params.lookahead and h - i > self.params.lookahead:
+                break
+            blk = lay.blocks[ptr[h]:ptr[h + 1]]
+            need = blk[~present[blk] & ~self.scheduled[blk]]
+            k = need.shape[0]
+            take = min(max(free, 0), k)
+            rem = k - take
+            if rem:
+                v = victims.take(rem, later_than=h)
+                if v is None:
+                    if h > i:
+                        break
+                    v = victims.take_any(rem)  # launch i: as much as possible; the engine faults the rest
+                    need = need[: take + v.shape[0]]
+                ev.append(v)
+            free -= take
+            if need.size:
+                pf.append(need)
+                self.scheduled[need] = True
+            h = max(h + 1, self.horizon) if h == i else h + 1
+        self.horizon = max(self.horizon, h)
+        prefetch = np.concatenate(pf) if pf else EMPTY
+        evict = np.concatenate(ev) if ev else EMPTY
+        self.scheduled[prefetch] = False
+        self.n_prefetched += prefetch.shape[0]
+        self.n_evicted += evict.shape[0]
+        return Decision(prefetch=prefetch, evict=evict)
+
+    def report(self) -> dict:
+        return {"prefetched_blocks": self.n_prefetched, "evicted_blocks": self.n_evicted, "horizon": self.horizon}
+
+
+class _Victims:
+    """Resident blocks in Belady order (farthest next use first), sorted lazily."""
+
+    def __init__(self, resident: np.ndarray, nu: np.ndarray, now: int) -> None:
+        self.resident, self.nu, self.now = resident, nu, now
+        self.order: np.ndarray | None = None
+        self.pos = 0
+
+    def _ensure(self, n: int) -> None:
+        if self.order is None:  # sorted once per launch, only when room is needed
+            cand = np.flatnonzero(self.resident)
+            cand = cand[self.nu[cand] > self.now]  # blocks of the running launch are never victims
+            self.order = cand[np.argsort(-self.nu[cand], kind="stable")]
+
+    def take(self, k: int, later_than: int) -> np.ndarray | None:
+        """``k`` victims all used after launch ``later_than``, or None (nothing is taken)."""
+        self._ensure(self.pos + k)
+        if self.pos + k > self.order.shape[0]:
+            return None
+        v = self.order[self.pos:self.pos + k]
+        if self.nu[v[-1]] <= later_than:
+            return None
+        self.pos += k
+        return v
+
+    def take_any(self, k: int) -> np.ndarray:
+        self._ensure(self.pos + k)
+        v = self.order[self.pos:self.pos + k]
+        self.pos += v.shape[0]
+        return v

@@ -1,0 +1,600 @@
+"""The simulated GPU: unified memory in blocks, a compute stream, two copy engines, the driver's fault path.
+
+``GpuModel`` is stateful and steppable: the replay driver (``sim/replay.py``) feeds it a trace launch by
+launch, and the live runtime's ``dryrun`` backend feeds it live observations through the same four calls
+(``free``, ``launch``, ``end_iteration``, ``result``). The model and every number in it are described in
+``docs/simulator.md``; the short version:
+
+- Memory is ``max_blocks`` blocks of ``block_size`` bytes, each *on the host*, *in flight* to the GPU
+  (with an arrival time), or *resident*, plus flags *dirty* (written since it arrived), *dead* (its
+  allocation was freed: contents do not matter), *touched* (ever used) and an ``Advice``.
+- Capacity counts resident + in-flight blocks + evicted dirty blocks whose write-back has not finished
+  (their room is freed when the write-back completes). It is never exceeded.
+- The compute stream runs launches in order. Launch ``i`` starts at the end of ``i-1``, or later if some
+  of its blocks are still in flight (late prefetch) or missing (faults).
+- Host-to-device (H2D) and device-to-host (D2H) copy engines are separate FIFO queues; one block moves in
+  ``gpu.transfer_time(bytes)`` (the UVMSmart size curve); a prefetch of consecutive blocks moves as one
+  transfer. Fault migrations go to the front of the H2D queue (the driver services faults first): queued
+  prefetches are pushed back by the link time the faults take.
+- Missing blocks fault: ``ceil(entries / fault_batch_size)`` batches of ``fault_batch_latency_s`` each plus
+  the transfers. A faulted 2 MiB block costs ``ceil(0.51 * 32) = 17`` fault entries (the driver's density
+  prefetcher upgrades to the whole block once 51 % of its 64 KiB pages faulted); with 64 KiB blocks each
+  block is one entry and the density prefetcher is modelled explicitly over its 2 MiB region.
+- When room is needed and the policy left none, the model evicts by the driver's rule: the least recently
+  *migrated* resident block, never one of the running launch. Evicting a dirty live block writes it back
+  on D2H; a clean or dead one is dropped for free (``writeback_clean=True`` models a driver without dirty
+  tracking: every live non-read-mostly block is written back).
+- A dead block (its memory was freed) comes back without a transfer (zero-filled), but still faults.
+- ``Advice.READ_MOSTLY``: a write to such a block invalidates the host copy (one fault-batch latency per
+  launch that writes any). ``Advice.PREFER_HOST``: the block stays in host memory and the kernel reads it
+  over the link: ``blocks * block_size / remote_bw`` is added to the launch's duration.
+- A policy with ``ideal = True`` gets infinite memory: every launch starts when the previous one ends.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..gpus import GpuProfile
+from ..policy.base import EMPTY, Advice, Decision, LaunchInfo, Policy, PolicyContext
+
+DENSITY = 0.51  # nvidia-uvm tree prefetcher threshold (uvm_perf_prefetch.c, default 51 %)
+REGION = 2 << 20  # the driver's VA block: the density prefetcher's scope
+
+
+class SimError(RuntimeError):
+    """The model cannot go on (a launch needs more blocks than the capacity, a policy broke the contract)."""
+
+
+class _Queue:
+    """A growable FIFO of (block, value) pairs in NumPy arrays (head/tail indices, compacted when half empty)."""
+
+    def __init__(self, vdtype) -> None:
+        self.blk = np.zeros(1024, dtype=np.int64)
+        self.val = np.zeros(1024, dtype=vdtype)
+        self.head = 0
+        self.tail = 0
+
+    def __len__(self) -> int:
+        return self.tail - self.head
+
+    def push(self, blocks: np.ndarray, values) -> None:
+        n = blocks.shape[0]
+        if self.tail + n > self.blk.shape[0]:
+            live = self.tail - self.head
+            cap = max(2 * (live + n), 1024)
+            blk = np.zeros(cap, dtype=np.int64)
+            val = np.zeros(cap, dtype=self.val.dtype)
+            blk[:live] = self.blk[self.head:self.tail]
+            val[:live] = self.val[self.head:self.tail]
+            self.blk, self.val, self.head, self.tail = blk, val, 0, live
+        self.blk[self.tail:self.tail + n] = blocks
+        self.val[self.tail:self.tail + n] = values
+        self.tail += n
+
+    def view(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.blk[self.head:self.tail], self.val[self.head:self.tail]
+
+
+def _fifo_finish(start: float, rooms: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """Finish times of transfers served in order by one engine free at ``start``; transfer ``k`` takes
+    ``times[k]`` and cannot start before ``rooms[k]`` (when its room on the GPU is free).
+
+    s_k = max(e_{k-1}, r_k), e_k = s_k + t_k  =>  e_k = C_k + max(start, max_{j<=k}(r_j - C_{j-1})).
+    """
+    c = np.cumsum(times)
+    return c + np.maximum(start, np.maximum.accumulate(rooms - (c - times)))
+
+
+class GpuModel:
+    """One simulated GPU driven launch by launch. See the module docstring for the model.
+
+    Parameters
+    ----------
+    gpu
+        Link, fault and capacity numbers (``uvmprefetch.gpus``).
+    capacity_bytes
+        GPU memory available to managed data; rounded down to whole blocks.
+    block_size
+        Bytes per block (2 MiB: the driver's VA block; 64 KiB: its big page).
+    max_blocks
+        Block ids are ``0 <= b < max_blocks``.
+    policy
+        The policy driven through the hooks of ``uvmprefetch.policy.base``; ``on_start`` is called here.
+    timeline
+        Record per-event intervals for ``timeline()`` (Perfetto export, plots). Costs memory.
+    trace, layout
+        Given to the policy's context when it is ``offline`` (planners, the oracle).
+    writeback_clean
+        Model a driver without dirty tracking: evicting any live block that is not read-mostly writes it back.
+    check
+        Verify invariants after every launch (capacity, counters): for tests; O(max_blocks) per launch.
+
+    Raises
+    ------
+    ConfigError
+        If the capacity is under one block or the block size is not positive.
+    """
+
+    def __init__(self, gpu: GpuProfile, capacity_bytes: int, block_size: int, max_blocks: int, policy: Policy,
+                 *, timeline: bool = False, trace=None, layout=None, writeback_clean: bool = False,
+                 check: bool = False) -> None:
+        if block_size <= 0:
+            raise ConfigError(f"block size must be positive, got {block_size}")
+        self.gpu = gpu
+        self.block_size = int(block_size)
+        self.ideal = bool(getattr(policy, "ideal", False))
+        cap = int(capacity_bytes) // self.block_size
+        if cap < 1 and not self.ideal:
+            raise ConfigError(f"capacity {capacity_bytes} bytes is less than one {block_size}-byte block")
+        self.capacity_blocks = cap if not self.ideal else max(cap, int(max_blocks))
+        self.max_blocks = int(max_blocks)
+        self.policy = policy
+        # The naive driver never learns that PyTorch freed memory; a policy says so with invalidates_frees=False.
+        self.invalidate_frees = bool(getattr(policy, "invalidates_frees", True))
+        self.writeback_clean = writeback_clean
+        self.check = check
+        self._timeline = timeline
+        n = self.max_blocks
+        self.resident = np.zeros(n, dtype=bool)
+        self.in_flight = np.zeros(n, dtype=bool)
+        self.arrive = np.zeros(n, dtype=np.float64)
+        self.dirty = np.zeros(n, dtype=bool)
+        self.dead = np.zeros(n, dtype=bool)
+        self.touched = np.zeros(n, dtype=bool)
+        self.advice = np.zeros(n, dtype=np.int8)
+        self.pf_pending = np.zeros(n, dtype=bool)
+        self.mig_seq = np.zeros(n, dtype=np.int64)
+        self._protect = np.zeros(n, dtype=bool)
+        self._seq = 0
+        self._lrm = _Queue(np.int64)  # resident blocks in migration order (lazy deletion by mig_seq)
+        self._inflight = _Queue(np.float64)  # in-flight blocks in H2D order, with arrival times
+        self._wb = _Queue(np.float64)  # evicted blocks whose write-back holds a slot until the given time
+        self.n_resident = 0
+        self.n_inflight = 0
+        # Clocks.
+        self.now = 0.0  # the compute stream: end of the last launch
+        self.t_h2d = 0.0
+        self.t_d2h = 0.0
+        # Per-block transfer and fault costs.
+        bs = self.block_size
+        self.t_blk_h2d = gpu.transfer_time(bs, "htod")
+        self.t_blk_d2h = gpu.transfer_time(bs, "dtoh")
+        # Faulted data moves in fault-granule pieces (64 KiB), slower than one large prefetch copy.
+        g = min(gpu.fault_granule_bytes, bs)
+        self.t_fault_blk = gpu.transfer_time(g, "htod") * (bs / g)
+        granules = max(1, bs // gpu.fault_granule_bytes)
+        self.entries_per_block = math.ceil(DENSITY * granules) if granules > 1 else 1
+        self.region_blocks = max(1, REGION // bs)
+        self.remote_bw = gpu.remote_access_bw or gpu.link_htod_bw
+        # Metrics.
+        self.m = dict(launches=0, block_accesses=0, stall_s=0.0, fault_stall_s=0.0, late_stall_s=0.0, faults=0,
+                      fault_entries=0, fault_batches=0, late_blocks=0, bytes_htod=0, bytes_dtoh=0,
+                      prefetch_issued_bytes=0, prefetch_useful_bytes=0, prefetch_wasted_bytes=0,
+                      prefetch_dropped_blocks=0, driver_prefetch_bytes=0, zero_fill_blocks=0, evictions=0,
+                      policy_evictions=0, writebacks=0, drops=0, discards=0, remote_bytes=0, remote_s=0.0,
+                      invalidations=0, peak_used_blocks=0, cold_first_touch_bytes=0, cold_first_touch_s=0.0,
+                      compute_s=0.0)
+        self.iter_ends: list[tuple[int, float]] = []
+        self.events: dict[str, list] = {"compute": [], "h2d": [], "d2h": [], "fault": [], "resident": []}
+        ctx = PolicyContext(block_size=bs, capacity_blocks=self.capacity_blocks, max_blocks=n, gpu=gpu,
+                            live=False, trace=trace if policy.offline else None,
+                            layout=layout if policy.offline else None)
+        policy.on_start(ctx)
+
+    # ------------------------------------------------------------------------------------ ResidencyView
+    @property
+    def used_blocks(self) -> int:
+        """Resident + in flight + evicted blocks still being written back (all hold GPU room)."""
+        return self.n_resident + self.n_inflight + len(self._wb)
+
+    # ------------------------------------------------------------------------------------------- API
+    def free(self, blocks: np.ndarray) -> None:
+        """Blocks that became wholly dead (their allocations were freed) before the next launch.
+
+        Calls ``policy.on_free``; unless the policy models a driver that never learns of frees
+        (``invalidates_frees = False``), touched blocks are marked dead: evicting them is free and they
+        come back without a transfer. Resident dead blocks keep their room until evicted.
+        """
+        blocks = self._ids(blocks, "free")
+        if not blocks.size:
+            return
+        self.policy.on_free(blocks)
+        if self.invalidate_frees and not self.ideal:
+            self.dead[blocks] = self.touched[blocks]
+
+    def launch(self, info: LaunchInfo) -> dict:
+        """Run launch ``info`` on the compute stream: ``on_launch`` -> apply the Decision -> faults -> run.
+
+        Returns a dict with ``start``, ``end``, ``stall`` (seconds the compute stream waited),
+        ``faults`` (blocks faulted) and ``late`` (blocks that were still in flight).
+
+        Raises
+        ------
+        SimError
+            If the launch touches more blocks than the capacity, or a block id is out of range.
+        """
+        now = self.now
+        blocks = self._ids(info.blocks, "launch blocks")
+        writes = self._ids(info.write_blocks, "launch write_blocks")
+        nb = blocks.shape[0]
+        m = self.m
+        m["launches"] += 1
+        m["block_accesses"] += nb
+        first = blocks[~self.touched[blocks]]
+        if first.size:
+            m["cold_first_touch_bytes"] += first.size * self.block_size
+            m["cold_first_touch_s"] += (first.size * self.t_fault_blk + self.gpu.fault_batch_latency_s *
+                                        math.ceil(first.size * self.entries_per_block / self.gpu.fault_batch_size))
+        if self.ideal:
+            self.policy.on_launch(info, self)
+            start = now
+            n_fault = n_late = 0
+            extra = 0.0
+        else:
+            self._advance(now)
+            if nb > self.capacity_blocks:
+                raise SimError(f"launch {info.index} touches {nb} blocks but the capacity is "
+                               f"{self.capacity_blocks} blocks: raise the capacity")
+            self._protect[blocks] = True
+            dec = self.policy.on_launch(info, self)
+            if dec is not None and not dec.is_empty():
+                self._apply(dec, now)
+            far = self.advice[blocks] == Advice.PREFER_HOST
+            need = blocks[~far] if far.any() else blocks
+            missing = need[~self.resident[need] & ~self.in_flight[need]]
+            fault_done = now
+            n_fault = int(missing.size)
+            if n_fault:
+                self.policy.on_fault(info, missing)
+                fault_done = self._service_faults(missing, now)
+            inf = need[self.in_flight[need]]
+            n_late = int(inf.size)
+            wait = float(self.arrive[inf].max()) if n_late else now
+            start = max(now, fault_done, wait)
+            m["fault_stall_s"] += fault_done - now
+            m["late_stall_s"] += start - max(now, fault_done)
+            m["late_blocks"] += n_late
+            pf = need[self.pf_pending[need]]
+            if pf.size:
+                m["prefetch_useful_bytes"] += pf.size * self.block_size
+                self.pf_pending[pf] = False
+            # Remote reads of host-preferred blocks and read-mostly invalidations stretch the launch.
+            extra = 0.0
+            if far.any():
+                nbytes = int(far.sum()) * self.block_size
+                extra += nbytes / self.remote_bw
+                m["remote_bytes"] += nbytes
+                m["remote_s"] += nbytes / self.remote_bw
+            if writes.size:
+                wr = writes[self.advice[writes] != Advice.PREFER_HOST]
+                if (self.advice[wr] == Advice.READ_MOSTLY).any():
+                    extra += self.gpu.fault_batch_latency_s
+                    m["invalidations"] += 1
+                self.dirty[wr] = True
+            self.dead[blocks] = False
+            self._protect[blocks] = False
+        self.touched[blocks] = True
+        end = start + float(info.duration) + extra
+        m["compute_s"] += float(info.duration)
+        m["stall_s"] += start - now
+        self.now = end
+        if self._timeline:
+            self.events["compute"].append((start, end, info.index, info.name))
+            self.events["resident"].append((start, self.n_resident + self.n_inflight))
+        if self.check:
+            self._check_invariants()
+        return {"start": start, "end": end, "stall": start - now, "faults": n_fault, "late": n_late}
+
+    def end_iteration(self, k: int) -> None:
+        """Iteration ``k`` ended with the last launch given; calls ``policy.on_iteration(k)``."""
+        self.iter_ends.append((int(k), self.now))
+        self.policy.on_iteration(int(k))
+
+    def result(self) -> dict:
+        """The metrics so far (DESIGN.md §4 fields that the engine knows; ``replay`` adds the rest)."""
+        m = dict(self.m)
+        m["time_s"] = self.now
+        issued, useful = m["prefetch_issued_bytes"], m["prefetch_useful_bytes"]
+        m["accuracy"] = useful / issued if issued else None
+        served = useful // self.block_size
+        m["coverage"] = served / (served + m["faults"]) if served + m["faults"] else None
+        m["capacity_blocks"] = self.capacity_blocks
+        m["block_size"] = self.block_size
+        m["resident_blocks_end"] = self.n_resident
+        times, prev = [], 0.0
+        for _, t in self.iter_ends:
+            times.append(t - prev)
+            prev = t
+        m["iteration_times_s"] = times
+        return m
+
+    def timeline(self) -> dict:
+        """Recorded intervals (when built with ``timeline=True``): lists of tuples per track, seconds.
+
+        ``compute``: (start, end, launch index, name id); ``h2d``/``d2h``: (start, end, blocks, kind);
+        ``fault``: (time, blocks, batches); ``resident``: (time, used blocks)."""
+        return self.events
+
+    # ------------------------------------------------------------------------------------ internals
+    def _ids(self, blocks, what: str) -> np.ndarray:
+        b = np.asarray(blocks, dtype=np.int64)
+        if b.size and (b.min() < 0 or b.max() >= self.max_blocks):
+            raise SimError(f"{what}: block id out of range 0..{self.max_blocks - 1} "
+                           f"(got {int(b.min())}..{int(b.max())})")
+        return b
+
+    def _advance(self, t: float) -> None:
+        """Arrivals and write-back completions up to time ``t`` take effect."""
+        q = self._inflight
+        if len(q):
+            blk, arr = q.view()
+            k = int(np.searchsorted(arr, t, side="right"))
+            if k:
+                done = blk[:k].copy()
+                q.head += k
+                self.in_flight[done] = False
+                self.resident[done] = True
+                self.n_inflight -= k
+                self.n_resident += k
+                self._lrm.push(done, self.mig_seq[done])
+        w = self._wb
+        if len(w):
+            _, rel = w.view()
+            w.head += int(np.searchsorted(rel, t, side="right"))
+
+    def _note_used(self) -> None:
+        u = self.used_blocks
+        if u > self.m["peak_used_blocks"]:
+            self.m["peak_used_blocks"] = u
+
+    def _migrated(self, blocks: np.ndarray) -> None:
+        n = blocks.shape[0]
+        self.mig_seq[blocks] = np.arange(self._seq + 1, self._seq + n + 1)
+        self._seq += n
+
+    def _evict(self, victims: np.ndarray, now: float) -> np.ndarray:
+        """Take resident ``victims`` off the GPU; returns when each one's room is free (write-back end)."""
+        if self.check:
+            assert self.resident[victims].all(), "evicting a block that is not resident"
+        n = victims.shape[0]
+        m = self.m
+        live = ~self.dead[victims]
+        if self.writeback_clean:
+            wb = live & ((self.advice[victims] != Advice.READ_MOSTLY) | self.dirty[victims])
+        else:
+            wb = live & self.dirty[victims]
+        rel = np.full(n, now)
+        k = int(wb.sum())
+        if k:
+            start = max(self.t_d2h, now)
+            ends = start + self.t_blk_d2h * np.arange(1, k + 1)
+            rel[wb] = ends
+            self.t_d2h = float(ends[-1])
+            m["bytes_dtoh"] += k * self.block_size
+            m["writebacks"] += k
+            if self._timeline:
+                self.events["d2h"].append((start, self.t_d2h, k, "writeback"))
+        m["drops"] += n - k
+        m["evictions"] += n
+        wasted = self.pf_pending[victims]
+        if wasted.any():
+            m["prefetch_wasted_bytes"] += int(wasted.sum()) * self.block_size
+            self.pf_pending[victims] = False
+        self.resident[victims] = False
+        self.dirty[victims] = False
+        self.n_resident -= n
+        return rel
+
+    def _lrm_victims(self, k: int) -> np.ndarray:
+        """Up to ``k`` least-recently-migrated resident blocks that are not protected (driver's choice)."""
+        q = self._lrm
+        out = []
+        got = 0
+        pos = q.head
+        while got < k and pos < q.tail:
+            stop = min(q.tail, pos + max(4 * (k - got), 256))
+            blk = q.blk[pos:stop]
+            valid = self.resident[blk] & (self.mig_seq[blk] == q.val[pos:stop])
+            if pos == q.head:  # drop stale entries at the front for good
+                lead = int(np.argmax(valid)) if valid.any() else blk.shape[0]
+                q.head += lead
+            cand = blk[valid & ~self._protect[blk]]
+            if cand.size:
+                cand = cand[: k - got]
+                out.append(cand)
+                got += cand.shape[0]
+            pos = stop
+        return np.concatenate(out) if out else EMPTY
+
+    def _make_room(self, n: int, now: float, can_wait: bool) -> np.ndarray:
+        """Reserve room for ``n`` incoming blocks; returns the sorted times each slot is free (may be fewer
+        than ``n`` when ``can_wait`` is False and nothing more can be evicted)."""
+        free = self.capacity_blocks - self.used_blocks
+        rooms = [np.full(min(max(free, 0), n), now)]
+        r = n - rooms[0].shape[0]
+        if r > 0 and len(self._wb):  # slots of pre-evicted blocks still being written back
+            _, rel = self._wb.view()
+            k = min(r, rel.shape[0])
+            rooms.append(rel[:k].copy())
+            self._wb.head += k
+            r -= k
+        if r > 0:
+            victims = self._lrm_victims(r)
+            if victims.size:
+                rooms.append(self._evict(victims, now))
+                self.policy.on_evict(victims)
+                r -= victims.shape[0]
+        while r > 0 and can_wait and len(self._inflight):
+            # Only in-flight or protected blocks hold the room: wait for the next arrival, then evict it.
+            blk, arr = self._inflight.view()
+            t = float(arr[0])
+            self._advance(t)
+            victims = self._lrm_victims(r)
+            if victims.size:
+                rooms.append(np.maximum(self._evict(victims, t), t))
+                self.policy.on_evict(victims)
+                r -= victims.shape[0]
+        return np.sort(np.concatenate(rooms))
+
+    def _apply(self, dec: Decision, now: float) -> None:
+        m = self.m
+        if dec.discard.size:
+            b = np.unique(self._ids(dec.discard, "Decision.discard"))
+            b = b[~self._protect[b] & ~self.in_flight[b]]
+            m["discards"] += b.size
+            res = b[self.resident[b]]
+            if res.size:
+                self.dead[res] = True  # dropped: no write-back
+                self._evict(res, now)
+            self.dead[b] = self.touched[b]
+        if dec.evict.size:
+            b = np.unique(self._ids(dec.evict, "Decision.evict"))
+            b = b[self.resident[b] & ~self._protect[b]]
+            if b.size:
+                self._evict_to_host(b, now)
+        for blocks, adv in dec.advise:
+            b = np.unique(self._ids(blocks, "Decision.advise"))
+            self.advice[b] = int(Advice(adv))
+            if Advice(adv) == Advice.PREFER_HOST:
+                res = b[self.resident[b] & ~self._protect[b]]
+                if res.size:
+                    self._evict_to_host(res, now)
+        if dec.prefetch.size:
+            self._prefetch(self._ids(dec.prefetch, "Decision.prefetch"), now)
+
+    def _evict_to_host(self, b: np.ndarray, now: float) -> None:
+        rel = self._evict(b, now)
+        self.m["policy_evictions"] += b.shape[0]
+        pending = rel > now
+        if pending.any():
+            self._wb.push(b[pending], rel[pending])
+
+    def _prefetch(self, b: np.ndarray, now: float) -> None:
+        _, first = np.unique(b, return_index=True)
+        b = b[np.sort(first)]  # unique, in the order given
+        b = b[~self.resident[b] & ~self.in_flight[b] & (self.advice[b] != Advice.PREFER_HOST)]
+        if not b.size:
+            return
+        rooms = self._make_room(b.shape[0], now, can_wait=False)
+        if rooms.shape[0] < b.shape[0]:
+            self.m["prefetch_dropped_blocks"] += b.shape[0] - rooms.shape[0]
+            b = b[: rooms.shape[0]]
+            if not b.size:
+                return
+        times = self._transfer_times(b)
+        start = max(self.t_h2d, now)
+        arr = _fifo_finish(start, rooms, times)
+        self._issue(b, arr)
+        self.t_h2d = float(arr[-1])
+        nbytes = b.shape[0] * self.block_size
+        moved = int((times > 0).sum()) * self.block_size
+        self.m["prefetch_issued_bytes"] += nbytes
+        self.m["bytes_htod"] += moved
+        self.pf_pending[b] = True
+        if self._timeline:
+            self.events["h2d"].append((start, self.t_h2d, b.shape[0], "prefetch"))
+
+    def _transfer_times(self, b: np.ndarray) -> np.ndarray:
+        """Link time per block: dead blocks need none (zero-filled on the GPU); a run of consecutive live
+        blocks moves as one transfer (its time shared evenly), which matters for 64 KiB blocks."""
+        live = ~self.dead[b]
+        t = np.zeros(b.shape[0])
+        if self.region_blocks == 1:
+            t[live] = self.t_blk_h2d
+            return t
+        brk = np.ones(b.shape[0], dtype=bool)
+        brk[1:] = (b[1:] != b[:-1] + 1) | (live[1:] != live[:-1])
+        run_id = np.cumsum(brk) - 1
+        run_bytes = np.bincount(run_id) * self.block_size
+        per = run_bytes / self._bw_vec(run_bytes) / np.bincount(run_id)
+        t = per[run_id]
+        t[~live] = 0.0
+        return t
+
+    def _bw_vec(self, nbytes: np.ndarray) -> np.ndarray:
+        kb = np.maximum(nbytes, 1) / 1024.0
+        return self.gpu.link_htod_bw * (2.0 / math.pi) * np.arctan(0.0729 * kb)
+
+    def _issue(self, b: np.ndarray, arrive: np.ndarray) -> None:
+        self.in_flight[b] = True
+        self.arrive[b] = arrive
+        self.n_inflight += b.shape[0]
+        self._migrated(b)
+        self._inflight.push(b, arrive)
+        self._note_used()
+
+    def _service_faults(self, missing: np.ndarray, now: float) -> float:
+        """Migrate ``missing`` on demand (with the driver's density prefetch at small block sizes);
+        returns when the last one is on the GPU. Faults go ahead of queued prefetches."""
+        m = self.m
+        gpu = self.gpu
+        n = missing.shape[0]
+        entries = n * self.entries_per_block
+        batches = math.ceil(entries / gpu.fault_batch_size)
+        extra = EMPTY
+        if self.region_blocks > 1:
+            extra = self._density_prefetch(missing)
+        blocks = np.concatenate([missing, extra]) if extra.size else missing
+        total = blocks.shape[0]
+        rooms = self._make_room(total, now, can_wait=True)
+        if rooms.shape[0] < total:
+            raise SimError(f"cannot make room for {total} faulted blocks (capacity {self.capacity_blocks})")
+        times = np.zeros(total)
+        live = ~self.dead[blocks]
+        times[:n][live[:n]] = self.t_fault_blk
+        if extra.size:
+            times[n:] = self._transfer_times(extra)
+        link = float(times.sum())
+        ends = _fifo_finish(now + batches * gpu.fault_batch_latency_s, rooms, times)
+        done = float(ends[-1])
+        # Faults preempt the H2D queue: everything queued after now slips by the link time they took.
+        if link > 0 and len(self._inflight):
+            blk, arr = self._inflight.view()
+            late = arr > now
+            arr[late] += link
+            self.arrive[blk[late]] = arr[late]
+        self.t_h2d = max(self.t_h2d + link if self.t_h2d > now else now, done)
+        self.resident[blocks] = True
+        self.n_resident += total
+        self._migrated(blocks)
+        self._lrm.push(blocks, self.mig_seq[blocks])
+        self._note_used()
+        nz = int((~live).sum())
+        m["zero_fill_blocks"] += nz
+        m["faults"] += n
+        m["fault_entries"] += entries
+        m["fault_batches"] += batches
+        moved_fault = int(live[:n].sum()) * self.block_size
+        moved_extra = int(live[n:].sum()) * self.block_size
+        m["bytes_htod"] += moved_fault + moved_extra
+        m["driver_prefetch_bytes"] += moved_extra
+        if self._timeline:
+            self.events["fault"].append((now, n, batches))
+            self.events["h2d"].append((now, done, total, "fault"))
+        return done
+
+    def _density_prefetch(self, missing: np.ndarray) -> np.ndarray:
+        """The driver's tree prefetcher, at its coarsest level: when more than 51 % of a 2 MiB region would
+        be on the GPU after these faults, the rest of the region comes along (host-preferred blocks excepted)."""
+        rb = self.region_blocks
+        regions = np.unique(missing // rb)
+        idx = (regions[:, None] * rb + np.arange(rb)[None, :]).ravel()
+        idx = idx[idx < self.max_blocks]
+        present = self.resident[idx] | self.in_flight[idx]
+        present[np.isin(idx, missing, assume_unique=False)] = True
+        reg_of = idx // rb
+        frac = np.bincount(np.searchsorted(regions, reg_of), weights=present, minlength=regions.size) / rb
+        dense = frac[np.searchsorted(regions, reg_of)] > DENSITY
+        extra = idx[dense & ~present & (self.advice[idx] != Advice.PREFER_HOST)]
+        return extra
+
+    def _check_invariants(self) -> None:
+        assert self.used_blocks <= self.capacity_blocks, (self.used_blocks, self.capacity_blocks)
+        assert self.n_resident == int(self.resident.sum()), (self.n_resident, int(self.resident.sum()))
+        assert self.n_inflight == int(self.in_flight.sum())
+        assert not (self.resident & self.in_flight).any()
+        assert len(self._inflight) == self.n_inflight
