@@ -339,6 +339,20 @@ def report_get(report: dict | None, *keys, default=None):
     return default
 
 
+def iteration_times(res: dict, dry_run: bool) -> tuple[list[float], str]:
+    """Per-iteration times of a run and where they come from.
+
+    On a GPU: the worker's wall clock (what a user sees). In a dry run under the runtime: the simulated GPU's
+    per-iteration times from the dryrun backend's report when it has them (CPU wall time says nothing about
+    a GPU), else the CPU wall clock, labelled as such.
+    """
+    if dry_run and res.get("report"):
+        sim = report_get(res["report"], "iteration_times_s", "sim.iteration_times_s", "simulated.iteration_times_s")
+        if sim:
+            return [float(x) for x in sim], "simulated GPU (dryrun report)"
+    return list(res.get("iter_s", [])), "CPU wall clock" if dry_run else "GPU wall clock"
+
+
 def working_set_bytes(res: dict) -> int:
     """Bytes a training run needs on the device: CUDA peak reserved (what the caching allocator took, i.e. the
     managed allocation under the runtime), else the runtime report's peak managed bytes (dry run), else the

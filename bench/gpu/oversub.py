@@ -1,0 +1,164 @@
+"""Oversubscription under a budget: managed-without-prefetch vs deepum vs uvmprefetch (issue 6, item 4).
+
+A plain PyTorch run measures the training working set (peak bytes reserved by the caching allocator, which
+under the runtime is the managed allocation). For each ratio (default 1.5 and 2) the budget is
+``working set / ratio``: the runtime keeps GPU-resident managed memory under it by evicting to the host, so
+the GPU is oversubscribed by that ratio while the total managed allocation (the working set) stays below the
+card's free memory (DESIGN.md §5; the script refuses a working set above 90 % of the free memory).
+
+Each (ratio, mode) trains ``--iters`` iterations in its own process; iteration time is the median of the
+steady-state iterations (after ``--warmup``, which covers the prefetcher's learning). Headline: speed-up of
+uvmprefetch over managed-without-prefetch (DeepUM reports 3.06x geomean over naive UM), and over deepum.
+``--trace`` also records each run (``UVMPREFETCH_TRACE``) for ``fidelity.py --from``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import _common as C
+
+NAME = "oversub"
+EPILOG = """\
+examples:
+  python bench/gpu/oversub.py                           # GPT-2 large, batch 8, seq 1024, bf16, 1.5x and 2x
+  python bench/gpu/oversub.py --config xl --batch 4 --ratios 1.5
+  python bench/gpu/oversub.py --model llama --config 1b --batch 4
+  python bench/gpu/oversub.py --trace && python bench/gpu/fidelity.py --from bench/results/oversub.json
+  python bench/gpu/oversub.py --dry-run
+"""
+POLICY_MODES = ("managed", "deepum", "uvmprefetch")
+DEEPUM_REPORTED = 3.06
+
+
+def main(argv=None) -> int:
+    p = C.parser(NAME, __doc__.split("\n\n")[0], EPILOG)
+    p.add_argument("--model", default="gpt2", choices=["gpt2", "llama"])
+    p.add_argument("--config", default="large")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--dtype", default="bf16", choices=["fp32", "bf16"])
+    p.add_argument("--iters", type=int, default=8)
+    p.add_argument("--warmup", type=int, default=3, help="iterations left out of the median (default 3)")
+    p.add_argument("--ratios", default="1.5,2", help="working set / budget ratios (default 1.5,2)")
+    p.add_argument("--modes", default=",".join(POLICY_MODES), help=f"subset of {','.join(POLICY_MODES)}")
+    p.add_argument("--trace", action="store_true", help="record each run's trace (UVMPREFETCH_TRACE) for fidelity.py")
+    p.add_argument("--work-dir", type=Path, default=None,
+                   help="where runs, reports and traces go (default: <out>/oversub-runs)")
+    p.add_argument("--timeout", type=float, default=240.0, help="seconds allowed per training run (default 240)")
+    p.add_argument("--deadline", type=float, default=560.0,
+                   help="seconds for the whole script; cases not started by then are skipped (default 560, "
+                        "inside one 10-minute device call)")
+    args = p.parse_args(argv)
+    C.require_gpu(args, NAME)
+    try:
+        ratios = [float(x) for x in args.ratios.split(",") if x.strip()]
+    except ValueError:
+        C.fail(NAME, f"--ratios {args.ratios!r}: expected numbers like 1.5,2")
+    if not ratios or any(r <= 1.0 for r in ratios):
+        C.fail(NAME, f"--ratios {args.ratios!r}: every ratio must be > 1 (1 = no oversubscription)")
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not modes or any(m not in POLICY_MODES for m in modes):
+        C.fail(NAME, f"--modes {args.modes!r}: choose from {', '.join(POLICY_MODES)}")
+    if args.iters <= args.warmup:
+        C.fail(NAME, "--iters must be larger than --warmup")
+
+    start = time.monotonic()
+    if args.dry_run:
+        work = C.tiny_workload(iters=4)
+    else:
+        work = C.Workload(args.model, args.config, args.batch, args.seq, args.iters, args.warmup, args.dtype)
+    wdir = args.work_dir or (C.out_dir(args) / "oversub-runs")
+
+    def run(mode, case, **kw):
+        return C.run_training(mode, work, wdir, case, seed=args.seed, dry_run=args.dry_run, timeout=args.timeout,
+                              trace=args.trace and mode != "plain", **kw)
+
+    plain = run("plain", "plain")
+    ok, why = C.run_ok(plain)
+    if not ok:
+        C.fail(NAME, f"the plain PyTorch run failed ({why}): the workload must fit the GPU to measure its "
+                     "working set; pick a smaller --config/--batch", 1)
+    if args.dry_run:
+        # The CPU has no allocator figures: the runtime's report of an unbudgeted run gives the managed peak.
+        probe = run("uvmprefetch", "probe")
+        ws = C.working_set_bytes(probe)
+    else:
+        ws = C.working_set_bytes(plain)
+        free = C.environment(False).get("gpu_free_bytes_at_start", 0)
+        if ws > 0.9 * free:
+            C.fail(NAME, f"working set {ws / 2**30:.1f} GiB exceeds 90 % of the {free / 2**30:.1f} GiB free: "
+                         "managed memory must stay under free memory (DESIGN.md §5)", 1)
+    t_plain = C.steady_median(plain["iter_s"], work.warmup)
+    if args.dry_run:  # plain ran on the CPU: its simulated-GPU equivalent is the unbudgeted runtime run
+        t_plain = C.steady_median(C.iteration_times(probe, True)[0], work.warmup)
+
+    runs = [plain]
+    skipped = []
+    for ratio in ratios:
+        budget = int(ws / ratio)
+        for mode in modes:
+            case = f"{mode}@{ratio:g}x"
+            if time.monotonic() - start > args.deadline:
+                skipped.append(case)
+                continue
+            r = run(mode, case.replace("@", "-at-"), budget=budget)
+            r.update(ratio=ratio, case=case)
+            runs.append(r)
+
+    checks: list[C.Check] = []
+    rows = []
+    med: dict = {}
+    for r in runs[1:]:
+        ok, why = C.run_ok(r)
+        times, source = C.iteration_times(r, args.dry_run)
+        t = C.steady_median(times, work.warmup) if ok else float("nan")
+        med[(r["ratio"], r["mode"])] = t
+        peak_res = C.report_get(r["report"], "peak_resident_bytes", "budget.peak_resident_bytes",
+                                "peak_gpu_resident_bytes")
+        rows.append([r["case"], r["budget"], t * 1e3, t / t_plain if ok else float("nan"),
+                     C.report_get(r["report"], "faults", default="-"),
+                     C.report_get(r["report"], "bytes_htod", default="-"),
+                     C.report_get(r["report"], "accuracy", default="-"),
+                     C.report_get(r["report"], "coverage", default="-"), why])
+        checks.append(C.Check(f"{r['case']} ran", "ok" if ok else why, "ok, runtime active", ok))
+        if ok and peak_res is not None:
+            checks.append(C.Check(f"{r['case']} budget held", f"peak resident {peak_res}", f"<= {r['budget']}",
+                                  peak_res <= r["budget"]))
+    for case in skipped:
+        checks.append(C.Check(f"{case} ran", "skipped: --deadline reached", "ok", False))
+    speedups, vs_deepum = [], []
+    for ratio in ratios:
+        m, d, u = (med.get((ratio, k), float("nan")) for k in POLICY_MODES)
+        if m == m and u == u:
+            speedups.append(m / u)
+            rows.append([f"speed-up uvmprefetch vs managed @{ratio:g}x", "-", "-", m / u, "-", "-", "-", "-", ""])
+        if d == d and u == u:
+            vs_deepum.append(d / u)
+            rows.append([f"speed-up uvmprefetch vs deepum @{ratio:g}x", "-", "-", d / u, "-", "-", "-", "-", ""])
+    head = C.geomean(speedups)
+    timing = None if args.dry_run else True
+    checks.append(C.Check("headline: uvmprefetch over managed (geomean)", f"{head:.2f}x",
+                          f"> 1 (DeepUM reports {DEEPUM_REPORTED}x)", None if timing is None else head > 1.0,
+                          "dry-run: CPU times, informational" if args.dry_run else ""))
+    if vs_deepum:
+        g = C.geomean(vs_deepum)
+        checks.append(C.Check("uvmprefetch over deepum (geomean)", f"{g:.2f}x", ">= 1", None if timing is None
+                              else g >= 1.0, "dry-run: CPU times, informational" if args.dry_run else ""))
+    rows.insert(0, ["plain (fits)", "-", t_plain * 1e3, 1.0, "-", "-", "-", "-", ""])
+    sources = sorted({C.iteration_times(r, args.dry_run)[1] for r in runs[1:]})
+    payload = {"workload": work.__dict__, "working_set_bytes": ws, "time_source": sources, "ratios": ratios, "plain_s": t_plain,
+               "median_s": {f"{m}@{r:g}x": v for (r, m), v in med.items()}, "speedup_vs_managed": speedups,
+               "headline_speedup": head, "speedup_vs_deepum": vs_deepum, "skipped": skipped,
+               "work_dir": str(wdir),
+               "runs": [{k: v for k, v in r.items() if k != "stderr_tail" or not C.run_ok(r)[0]} for r in runs]}
+    return C.finish(args, NAME, payload, ["case", "budget B", "median ms/iter", "x plain", "faults", "bytes H2D",
+                                          "accuracy", "coverage", "problem"], rows, checks)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
