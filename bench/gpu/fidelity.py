@@ -1,0 +1,171 @@
+"""Simulator fidelity: predicted vs measured iteration time for the same runs (issue 6, item 5).
+
+Each live run under the runtime is recorded (``UVMPREFETCH_TRACE``) and then replayed in the simulator
+(``uvmprefetch.sim.replay.replay``) with the same policy and a capacity equal to the run's budget, on the GPU
+profile calibrated by ``calibrate.py`` (``--profile``). The steady-state median iteration time the simulator
+predicts is compared with the one measured; the error per case is ``predicted / measured - 1``.
+Target: within +-20 %. Where a case misses it, the table's fault/transfer columns (replay vs runtime report)
+show which cost the model gets wrong.
+
+Runs come from ``--from bench/results/oversub.json`` (an ``oversub.py --trace`` result: no new GPU time) or
+are made here (``--config``, ``--ratios``, ``--modes``). In ``--dry-run`` the "measured" side is the dryrun
+backend's simulated GPU driven live, so the check is that the live runtime path and the offline replay agree.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import _common as C
+
+NAME = "fidelity"
+EPILOG = """\
+examples:
+  python bench/gpu/fidelity.py --profile bench/results/calibrate.json            # own runs, GPT-2 medium
+  python bench/gpu/fidelity.py --from bench/results/oversub.json --profile bench/results/calibrate.json
+  python bench/gpu/fidelity.py --dry-run
+"""
+TARGET = 0.20
+
+
+def load_profile(path: Path | None, device: str, dry_run: bool):
+    """(GpuProfile, description): the calibrated profile from calibrate.json, or the uncalibrated default."""
+    from uvmprefetch.gpus import get_profile
+    import calibrate
+    if dry_run and path is None:
+        # The dryrun backend simulates UVMPREFETCH_GPU (default h100-pcie): replay must use the same numbers.
+        return get_profile("h100-pcie"), "h100-pcie (the dryrun backend's profile)"
+    if path is None:
+        name = calibrate.base_profile_for(device)
+        return get_profile(name), f"{name} (UNCALIBRATED: no --profile given)"
+    try:
+        cal = json.loads(Path(path).read_text())
+        base = get_profile(cal["base_profile"])
+        return base.with_overrides(**cal["profile_overrides"]), f"{base.name} calibrated by {path}"
+    except (OSError, ValueError, KeyError) as e:
+        C.fail(NAME, f"--profile {path}: not a calibrate.py result ({type(e).__name__}: {e})")
+
+
+def predict(run: dict, profile, warmup: int) -> dict:
+    """Replay ``run``'s trace with its policy and budget; the steady-state median iteration time and figures."""
+    from uvmprefetch.sim.replay import replay
+    from uvmprefetch.trace.format import load
+    trace = load(run["trace"])
+    t0 = time.perf_counter()
+    res = replay(trace, run["policy"], gpu=profile, capacity_bytes=int(run["budget"]))
+    times = res.get("iteration_times_s") or []
+    return {"predicted_s": C.steady_median(times, warmup), "replay_iters": len(times), "replay_wall_s":
+            time.perf_counter() - t0, **{k: res.get(k) for k in ("faults", "bytes_htod", "bytes_dtoh", "stall_s",
+                                                                  "accuracy", "coverage", "oversub")}}
+
+
+def main(argv=None) -> int:
+    p = C.parser(NAME, __doc__.split("\n\n")[0], EPILOG)
+    p.add_argument("--profile", type=Path, default=None, help="calibrate.py's JSON (bench/results/calibrate.json)")
+    p.add_argument("--from", dest="from_", type=Path, default=None,
+                   help="an oversub.py --trace result JSON: replay its runs instead of making new ones")
+    p.add_argument("--model", default="gpt2", choices=["gpt2", "llama"])
+    p.add_argument("--config", default="medium")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--dtype", default="bf16", choices=["fp32", "bf16"])
+    p.add_argument("--iters", type=int, default=8)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--ratios", default="1.5,2")
+    p.add_argument("--modes", default="managed,uvmprefetch", help="subset of managed,deepum,uvmprefetch")
+    p.add_argument("--timeout", type=float, default=240.0, help="seconds allowed per training run")
+    args = p.parse_args(argv)
+    C.require_gpu(args, NAME)
+    env = C.environment(args.dry_run)
+    profile, prof_desc = load_profile(args.profile, env.get("device", ""), args.dry_run)
+
+    if args.from_ is not None:
+        try:
+            src = json.loads(args.from_.read_text())
+            runs = [r for r in src["runs"] if r.get("policy")]
+            warmup = src["workload"]["warmup"]
+        except (OSError, ValueError, KeyError) as e:
+            C.fail(NAME, f"--from {args.from_}: not an oversub.py result ({type(e).__name__}: {e})")
+        if src.get("env", {}).get("dry_run", False) != args.dry_run:
+            C.fail(NAME, f"--from {args.from_}: made {'with' if not args.dry_run else 'without'} --dry-run, "
+                         "unlike this run")
+        if not any(r.get("trace") for r in runs):
+            C.fail(NAME, f"--from {args.from_}: its runs have no traces; run oversub.py with --trace")
+        work_desc = src["workload"]
+    else:
+        try:
+            ratios = [float(x) for x in args.ratios.split(",") if x.strip()]
+        except ValueError:
+            C.fail(NAME, f"--ratios {args.ratios!r}: expected numbers like 1.5,2")
+        if not ratios or any(r <= 1 for r in ratios):
+            C.fail(NAME, f"--ratios {args.ratios!r}: each must be > 1")
+        modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+        if not modes or any(m not in ("managed", "deepum", "uvmprefetch") for m in modes):
+            C.fail(NAME, f"--modes {args.modes!r}: choose from managed, deepum, uvmprefetch")
+        work = C.tiny_workload(iters=4) if args.dry_run else C.Workload(
+            args.model, args.config, args.batch, args.seq, args.iters, args.warmup, args.dtype)
+        warmup = work.warmup
+        work_desc = work.__dict__
+        wdir = C.out_dir(args) / "fidelity-runs"
+        run = lambda mode, case, **kw: C.run_training(mode, work, wdir, case, seed=args.seed, dry_run=args.dry_run,
+                                                     timeout=args.timeout, **kw)
+        if args.dry_run:
+            ws = C.working_set_bytes(run("uvmprefetch", "probe"))
+        else:
+            plain = run("plain", "plain")
+            if not C.run_ok(plain)[0]:
+                C.fail(NAME, f"plain run failed ({C.run_ok(plain)[1]}); pick a smaller workload", 1)
+            ws = C.working_set_bytes(plain)
+        runs = []
+        for ratio in ratios:
+            for mode in modes:
+                r = run(mode, f"{mode}-at-{ratio:g}x", budget=int(ws / ratio), trace=True)
+                r.update(ratio=ratio, case=f"{mode}@{ratio:g}x")
+                runs.append(r)
+
+    checks, rows, cases = [], [], []
+    for r in runs:
+        ok, why = C.run_ok(r) if "returncode" in r else (True, "")
+        if ok and not (r.get("trace") and Path(r["trace"]).exists()):
+            ok, why = False, "no trace recorded (UVMPREFETCH_TRACE wrote nothing)"
+        if not ok:
+            checks.append(C.Check(f"{r['case']} prediction", why, f"within +-{TARGET:.0%}", False))
+            rows.append([r["case"], r.get("budget"), "-", "-", "-", "-", "-", why])
+            continue
+        times, source = C.iteration_times(r, args.dry_run)
+        measured = C.steady_median(times, warmup)
+        try:
+            pred = predict(r, profile, warmup)
+        except Exception as e:  # noqa: BLE001 - one bad replay is a finding for that case, not a crash
+            checks.append(C.Check(f"{r['case']} prediction", f"replay failed: {type(e).__name__}: {e}",
+                                  f"within +-{TARGET:.0%}", False))
+            rows.append([r["case"], r.get("budget"), measured * 1e3, "-", "-", "-", "-", f"replay: {e}"])
+            continue
+        err = pred["predicted_s"] / measured - 1.0
+        rep_faults = C.report_get(r.get("report"), "faults", default="-")
+        rows.append([r["case"], r["budget"], measured * 1e3, pred["predicted_s"] * 1e3, f"{err:+.1%}",
+                     f"{pred['faults']} / {rep_faults}",
+                     f"{pred['bytes_htod']} / {C.report_get(r.get('report'), 'bytes_htod', default='-')}", source])
+        checks.append(C.Check(f"{r['case']} prediction", f"{err:+.1%}", f"within +-{TARGET:.0%}",
+                              abs(err) <= TARGET))
+        cases.append({"case": r["case"], "policy": r["policy"], "budget": r["budget"], "measured_s": measured,
+                      "measured_source": source, "error": err, **pred, "report": r.get("report")})
+    if not runs:
+        checks.append(C.Check("cases", 0, ">= 1", False))
+    errs = [abs(c["error"]) for c in cases]
+    payload = {"profile": prof_desc, "profile_fields": {k: getattr(profile, k) for k in (
+                   "link_htod_bw", "link_dtoh_bw", "fault_batch_latency_s", "launch_overhead_s", "calibrated")},
+               "workload": work_desc, "cases": cases, "target": TARGET,
+               "max_abs_error": max(errs) if errs else None,
+               "median_abs_error": statistics.median(errs) if errs else None}
+    rows.append(["profile", prof_desc, "-", "-", "-", "-", "-", ""])
+    return C.finish(args, NAME, payload, ["case", "budget B", "measured ms/iter", "predicted ms/iter", "error",
+                                          "faults sim / live", "bytes H2D sim / live", "measured by"], rows, checks)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
