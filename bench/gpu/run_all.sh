@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Run the GPU validation on a lent GPU machine, in parts that each fit one 10-minute device command.
+#
+#   bench/gpu/run_all.sh part1     # calibrate + correctness + overhead            (~6 min on an H100)
+#   bench/gpu/run_all.sh part2     # oversub --trace + fidelity --from oversub     (~8 min)
+#   bench/gpu/run_all.sh fidelity  # fidelity alone, its own runs (if part2 ran out of time)
+#   bench/gpu/run_all.sh summary   # gpu-summary.md from whatever results exist
+#   bench/gpu/run_all.sh dry-run   # every script with --dry-run, on any machine (CPU)
+#
+# Results go to bench/results/ and, when $OUT is set (the device tool), are copied there too: at most
+# 8 files per call come back (DESIGN: results JSON + gpu-summary.md + one log). part2's fidelity uses
+# bench/results/calibrate.json when it is in the tree: bring part1's files back into bench/results/ first.
+# docs/gpu-validation.md has the exact device-tool command lines.
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit 2
+PART=${1:-}
+RES=bench/results
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+PY=${PYTHON:-python3}
+LOG=/tmp/uvmp-run_all-${PART:-none}.log
+STATUS=0
+
+log() { echo "[run_all $(date -u +%H:%M:%S)] $*" | tee -a "$LOG" >&2; }
+
+setup() {
+    # The image has torch, transformers and cuda-bindings but no network: install this package itself without
+    # dependencies (its pins name the CPU torch of the dev machines) so that the UVMPREFETCH=1 start-up hook
+    # is installed; fall back to PYTHONPATH (then only `uvmprefetch run` / explicit enable work).
+    if ! "$PY" -m pip install -q --no-deps --no-build-isolation --no-index -e . >>"$LOG" 2>&1; then
+        log "pip install -e . failed (see log); using PYTHONPATH"
+    fi
+    export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+    "$PY" - <<'EOF' 2>&1 | tee -a "$LOG"
+import importlib, torch
+print("torch", torch.__version__, "cuda", torch.version.cuda, "gpu", torch.cuda.is_available() and torch.cuda.get_device_name(0))
+for m in ("transformers", "cuda.bindings", "uvmprefetch"):
+    try:
+        mod = importlib.import_module(m); print(m, getattr(mod, "__version__", "ok"))
+    except Exception as e:
+        print(m, "MISSING:", e)
+EOF
+    nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv 2>&1 | tee -a "$LOG"
+    command -v uvmprefetch >/dev/null && uvmprefetch doctor 2>&1 | tee -a "$LOG"
+}
+
+# step NAME SECONDS CMD...: run one script under a hard time limit; its exit code is remembered, never fatal.
+step() {
+    local name=$1 limit=$2; shift 2
+    log "start $name (limit ${limit}s): $*"
+    timeout --signal=TERM --kill-after=10 "$limit" "$@" 2>&1 | tee -a "$LOG"
+    local rc=${PIPESTATUS[0]}
+    log "end $name rc=$rc"
+    [ "$rc" -eq 0 ] || STATUS=1
+}
+
+collect() {
+    "$PY" bench/gpu/summarize.py --results "$RES" >/dev/null 2>>"$LOG" || log "summarize found nothing"
+    if [ -n "${OUT:-}" ]; then
+        for f in "$@" gpu-summary.md; do
+            [ -f "$RES/$f" ] && cp "$RES/$f" "$OUT/"
+        done
+        cp "$LOG" "$OUT/run_all-$PART.log"
+    fi
+    tail -n 40 "$RES/gpu-summary.md" 2>/dev/null
+}
+
+case "$PART" in
+part1)
+    setup
+    step calibrate 120 "$PY" bench/gpu/calibrate.py --quiet
+    step correctness 210 "$PY" bench/gpu/correctness.py --iters 20 --timeout 90
+    step overhead 210 "$PY" bench/gpu/overhead.py --iters 20 --warmup 5 --rounds 2 --timeout 60
+    collect calibrate.json correctness.json overhead.json
+    ;;
+part2)
+    setup
+    PROFILE=()
+    [ -f "$RES/calibrate.json" ] && PROFILE=(--profile "$RES/calibrate.json")
+    step oversub 450 "$PY" bench/gpu/oversub.py --trace --work-dir /tmp/uvmp-oversub --deadline 380 --timeout 150
+    step fidelity 100 "$PY" bench/gpu/fidelity.py --from "$RES/oversub.json" "${PROFILE[@]}"
+    collect oversub.json fidelity.json
+    ;;
+fidelity)
+    setup
+    PROFILE=()
+    [ -f "$RES/calibrate.json" ] && PROFILE=(--profile "$RES/calibrate.json")
+    step fidelity 540 "$PY" bench/gpu/fidelity.py "${PROFILE[@]}" --timeout 120
+    collect fidelity.json
+    ;;
+summary)
+    collect
+    ;;
+dry-run)
+    RES=out/gpu-dryrun
+    step calibrate 120 "$PY" bench/gpu/calibrate.py --dry-run --quiet
+    step correctness 300 "$PY" bench/gpu/correctness.py --dry-run
+    step overhead 300 "$PY" bench/gpu/overhead.py --dry-run --rounds 1
+    step oversub 300 "$PY" bench/gpu/oversub.py --dry-run --trace
+    step fidelity 300 "$PY" bench/gpu/fidelity.py --dry-run --from "$RES/oversub.json"
+    "$PY" bench/gpu/summarize.py --dry-run | tail -n 12
+    ;;
+*)
+    echo "usage: bench/gpu/run_all.sh part1|part2|fidelity|summary|dry-run" >&2
+    exit 2
+    ;;
+esac
+log "done $PART status=$STATUS"
+exit $STATUS
