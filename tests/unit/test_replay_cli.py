@@ -1,0 +1,70 @@
+"""``uvmprefetch replay``: GIVEN a saved synthetic trace WHEN replayed from the CLI THEN the JSON result has
+DESIGN.md §4's fields, the timeline files are written, and bad input is one clear error line."""
+
+import json
+
+import pytest
+
+from uvmprefetch.cli import main
+from uvmprefetch.sim.synthetic import training_trace
+from uvmprefetch.trace import save
+
+FIELDS = ("policy", "gpu", "capacity_bytes", "oversub", "time_s", "ideal_s", "slowdown", "stall_s", "faults",
+          "bytes_htod", "bytes_dtoh", "prefetch_issued_bytes", "prefetch_useful_bytes", "accuracy", "coverage",
+          "events_per_s", "block_accesses_per_s", "iteration_times_s", "cold_first_touch_s", "policy_report")
+
+
+@pytest.fixture(scope="module")
+def trace_path(tmp_path_factory):
+    p = tmp_path_factory.mktemp("t") / "syn.uvmt"
+    save(training_trace(layers=4, param_bytes=4 << 20, act_bytes=4 << 20), p)
+    return p
+
+
+def test_json_result_has_the_contract_fields(trace_path, capsys):
+    assert main(["replay", str(trace_path), "--oversub", "2", "--policy", "demand", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    for f in FIELDS:
+        assert f in r, f
+    assert r["policy"] == "demand" and r["gpu"] == "h100-pcie"
+    assert r["oversub"] == pytest.approx(2.0, rel=0.05)
+    assert r["slowdown"] > 1 and r["faults"] > 0 and len(r["iteration_times_s"]) == 2
+
+
+def test_capacity_and_human_output(trace_path, capsys):
+    assert main(["replay", str(trace_path), "--capacity", "40MiB", "--policy", "oracle"]) == 0
+    out = capsys.readouterr().out
+    assert "slowdown" in out and "oracle" in out
+
+
+def test_perfetto_and_plot(trace_path, tmp_path, capsys):
+    pj, png = tmp_path / "t.json", tmp_path / "t.png"
+    assert main(["replay", str(trace_path), "--oversub", "1.5", "--policy", "demand", "--perfetto", str(pj),
+                 "--plot", str(png), "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert "timeline" not in r
+    ev = json.loads(pj.read_text())["traceEvents"]
+    assert {e["ph"] for e in ev} >= {"M", "X", "C", "i"}
+    assert sum(1 for e in ev if e["ph"] == "X" and e.get("tid") == 1) == r["n_launches"]
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["--oversub", "0"], "--oversub"),
+    (["--oversub", "1000"], "largest launch"),
+    (["--capacity", "lots"], "--capacity"),
+    (["--oversub", "2", "--policy", "nosuch"], "unknown policy"),
+    (["--oversub", "2", "--gpu", "tpu"], "unknown GPU profile"),
+    (["--oversub", "2", "--block-size", "3MiB"], "block size"),
+    (["--oversub", "2", "--gpu-set", "warp=3"], "unknown gpu profile field"),
+])
+def test_bad_input_is_one_line(trace_path, capsys, args, msg):
+    rc = main(["replay", str(trace_path), "--policy", "demand", *args] if "--policy" not in args
+              else ["replay", str(trace_path), *args])
+    err = capsys.readouterr().err
+    assert rc != 0 and msg in err and len(err.strip().splitlines()) == 1
+
+
+def test_missing_trace(tmp_path, capsys):
+    assert main(["replay", str(tmp_path / "none.uvmt"), "--oversub", "2", "--policy", "demand"]) == 3
+    assert "no such trace" in capsys.readouterr().err

@@ -1,0 +1,190 @@
+"""Golden tests: micro-traces whose exact time, faults and bytes are derived by hand below.
+
+Notation (h100-pcie profile, 2 MiB blocks): ``d`` the launch duration, ``lat`` = 45 us per fault batch,
+``a`` = 52e9 B/s, and the UVMSmart size curve bw(n) = a * 2/pi * atan(0.0729 * n / 1024). Then
+
+- ``T``  = 2 MiB / bw(2 MiB): one block prefetched (one 2 MiB copy) H2D; ``Td`` the same D2H;
+- ``Tf`` = 32 * 64 KiB / bw(64 KiB): one faulted block (faulted data moves in 64 KiB pieces);
+- one faulted 2 MiB block is ceil(0.51 * 32) = 17 fault entries, so up to 15 blocks fit one 256-entry batch.
+
+The expected values are computed from these formulas here, independently of the engine's code paths.
+"""
+
+import math
+
+import pytest
+
+from uvmprefetch.gpus import get_profile
+from uvmprefetch.policy import make_policy
+from uvmprefetch.policy.base import Advice, Decision, Policy
+from uvmprefetch.sim.engine import GpuModel
+from uvmprefetch.sim.replay import replay
+from uvmprefetch.trace import READ, WRITE, TraceBuilder
+
+MiB = 1 << 20
+GPU = get_profile("h100-pcie")
+A = 52e9
+LAT = 45e-6
+D = 1e-3
+
+
+def bw(n):
+    return A * 2 / math.pi * math.atan(0.0729 * n / 1024)
+
+
+T = 2 * MiB / bw(2 * MiB)
+TD = T  # h100-pcie: same bandwidth both ways
+TF = 32 * (64 * 1024) / bw(64 * 1024)
+
+
+class Quiet(Policy):
+    """No decisions, but (unlike ``demand``) learns of frees: freed blocks become dead."""
+    name = "quiet"
+
+
+def three_blocks(first_mode, free_a=False):
+    """A, B, C: 2 MiB each (one block each, blocks 0, 1, 2). L0 touches A (first_mode), L1 reads B,
+    L2 reads C. With ``free_a`` A is freed before L2."""
+    b = TraceBuilder()
+    a, bb, c = (b.alloc(2 * MiB, "activation") for _ in range(3))
+    b.launch("l0", [(a, 0, 2 * MiB, first_mode)], duration=D)
+    b.launch("l1", [(bb, 0, 2 * MiB, READ)], duration=D)
+    if free_a:
+        b.free(a)
+    b.launch("l2", [(c, 0, 2 * MiB, READ)], duration=D)
+    return b.build()
+
+
+def test_single_fault_cold_start():
+    """One 4 MiB tensor = 2 blocks, written by one launch, capacity 4 blocks, demand paging.
+
+    2 blocks fault: 34 entries = 1 batch. time = lat + 2 Tf + d. H2D = 4 MiB, no D2H. The cold
+    first-touch cost is exactly that stall: lat + 2 Tf.
+    """
+    b = TraceBuilder()
+    x = b.alloc(4 * MiB, "activation")
+    b.launch("k", [(x, 0, 4 * MiB, WRITE)], duration=D)
+    r = replay(b.build(), "demand", GPU, capacity_bytes=8 * MiB, check=True)
+    assert r["time_s"] == pytest.approx(LAT + 2 * TF + D, rel=1e-12)
+    assert r["faults"] == 2 and r["fault_batches"] == 1 and r["fault_entries"] == 34
+    assert r["bytes_htod"] == 4 * MiB and r["bytes_dtoh"] == 0
+    assert r["cold_first_touch_s"] == pytest.approx(LAT + 2 * TF, rel=1e-12)
+    assert r["ideal_s"] == D and r["slowdown"] == pytest.approx((LAT + 2 * TF + D) / D)
+
+
+def test_dirty_block_is_written_back():
+    """Capacity 2 blocks. L0 writes A, L1 reads B, L2 reads C -> C needs room; the least recently
+    migrated block is A, dirty -> written back on D2H from end1 to end1 + Td; C's fault batch starts at
+    end1, its copy can start at max(end1 + lat, end1 + Td).
+
+    end0 = lat + Tf + d;  end1 = 2 (lat + Tf + d);  end2 = end1 + max(lat, Td) + Tf + d.
+    Faults 3 (3 batches), H2D 6 MiB, D2H 2 MiB (one write-back), no drop.
+    """
+    r = replay(three_blocks(WRITE), "demand", GPU, capacity_bytes=4 * MiB, check=True)
+    end1 = 2 * (LAT + TF + D)
+    assert r["time_s"] == pytest.approx(end1 + max(LAT, TD) + TF + D, rel=1e-12)
+    assert (r["faults"], r["fault_batches"], r["bytes_htod"], r["bytes_dtoh"]) == (3, 3, 6 * MiB, 2 * MiB)
+    assert (r["evictions"], r["writebacks"], r["drops"]) == (1, 1, 0)
+
+
+def test_clean_block_is_dropped():
+    """Same, but L0 only reads A: A is clean, dropped for free; C's copy starts right after its batch.
+
+    end2 = 3 (lat + Tf + d). D2H 0 bytes, one drop.
+    """
+    r = replay(three_blocks(READ), "demand", GPU, capacity_bytes=4 * MiB, check=True)
+    assert r["time_s"] == pytest.approx(3 * (LAT + TF + D), rel=1e-12)
+    assert r["bytes_dtoh"] == 0 and (r["writebacks"], r["drops"]) == (0, 1)
+
+
+def test_clean_block_written_back_without_dirty_tracking():
+    """``writeback_clean``: a driver without dirty tracking writes A back although it is clean: the dirty
+    case's numbers."""
+    r = replay(three_blocks(READ), "demand", GPU, capacity_bytes=4 * MiB, check=True, writeback_clean=True)
+    assert r["time_s"] == pytest.approx(2 * (LAT + TF + D) + max(LAT, TD) + TF + D, rel=1e-12)
+    assert r["bytes_dtoh"] == 2 * MiB
+
+
+def test_dead_block_is_dropped_not_written_back():
+    """L0 writes A, A is freed before L2. A policy that learns of frees marks A dead: evicting it is a
+    drop (no D2H), end2 = 3 (lat + Tf + d). ``demand`` (the driver never learns of frees) still writes
+    it back: the dirty case's numbers."""
+    t = three_blocks(WRITE, free_a=True)
+    r = replay(t, Quiet(), GPU, capacity_bytes=4 * MiB, check=True)
+    assert r["time_s"] == pytest.approx(3 * (LAT + TF + D), rel=1e-12)
+    assert r["bytes_dtoh"] == 0 and r["drops"] == 1
+    r = replay(t, "demand", GPU, capacity_bytes=4 * MiB, check=True)
+    assert r["bytes_dtoh"] == 2 * MiB
+    assert r["time_s"] == pytest.approx(2 * (LAT + TF + D) + max(LAT, TD) + TF + D, rel=1e-12)
+
+
+def test_oracle_prefetch_timing():
+    """Capacity 2 blocks, L0 reads A, L1 reads B. The oracle prefetches A then B at t=0 (FIFO on H2D):
+    A arrives at T, B at 2T. L0 starts at T (late-prefetch stall T), ends T + d; L1 starts at
+    max(T + d, 2T). No faults; H2D 4 MiB; accuracy = coverage = 1."""
+    b = TraceBuilder()
+    a, bb = b.alloc(2 * MiB), b.alloc(2 * MiB)
+    b.launch("l0", [(a, 0, 2 * MiB, READ)], duration=D)
+    b.launch("l1", [(bb, 0, 2 * MiB, READ)], duration=D)
+    r = replay(b.build(), "oracle", GPU, capacity_bytes=4 * MiB, check=True)
+    assert r["time_s"] == pytest.approx(max(T + D, 2 * T) + D, rel=1e-12)
+    assert r["faults"] == 0 and r["bytes_htod"] == 4 * MiB
+    assert r["accuracy"] == 1 and r["coverage"] == 1
+    assert r["late_stall_s"] == pytest.approx(T, rel=1e-12)
+
+
+def test_small_tensors_share_a_block():
+    """Three 100 KiB tensors are packed into one 2 MiB small-pool segment: one block, one fault."""
+    b = TraceBuilder()
+    xs = [b.alloc(100 * 1024) for _ in range(3)]
+    b.launch("k", [(x, 0, 100 * 1024, READ) for x in xs], duration=D)
+    r = replay(b.build(), "demand", GPU, capacity_bytes=4 * MiB, check=True)
+    assert r["faults"] == 1 and r["footprint_bytes"] == 2 * MiB
+    assert r["time_s"] == pytest.approx(LAT + TF + D, rel=1e-12)
+
+
+def test_prefer_host_reads_over_the_link():
+    """A policy advising PREFER_HOST for block 0: no fault, no migration; the launch takes
+    d + 2 MiB / a (remote reads at link bandwidth)."""
+
+    class Remote(Policy):
+        name = "remote"
+
+        def on_launch(self, info, state):
+            return Decision(advise=((info.blocks, Advice.PREFER_HOST),))
+
+    b = TraceBuilder()
+    x = b.alloc(2 * MiB)
+    b.launch("k", [(x, 0, 2 * MiB, READ)], duration=D)
+    r = replay(b.build(), Remote(), GPU, capacity_bytes=4 * MiB, check=True)
+    assert r["faults"] == 0 and r["bytes_htod"] == 0
+    assert r["time_s"] == pytest.approx(D + 2 * MiB / A, rel=1e-12)
+
+
+def test_policy_pre_eviction_frees_room_after_write_back():
+    """Stepping the GpuModel directly (the dryrun backend's API). Capacity 1 block. L0 writes block 0
+    (fault: lat + Tf, ends at e0 = lat + Tf + d). Before L1 (block 1) the policy evicts block 0 (dirty:
+    write-back e0 .. e0 + Td) and prefetches block 1: its room is free at e0 + Td, so it arrives at
+    e0 + Td + T and L1 ends there + d."""
+    import numpy as np
+    from uvmprefetch.policy.base import LaunchInfo
+
+    class Swap(Policy):
+        name = "swap"
+
+        def on_launch(self, info, state):
+            if info.index == 1:
+                return Decision(evict=np.array([0]), prefetch=np.array([1]))
+            return None
+
+    m = GpuModel(GPU, 2 * MiB, 2 * MiB, 2, Swap(), check=True)
+    r0 = m.launch(LaunchInfo(0, 0, 0, 0, 0, D, np.array([0]), np.array([0])))
+    e0 = LAT + TF + D
+    assert r0["end"] == pytest.approx(e0, rel=1e-12) and r0["faults"] == 1
+    r1 = m.launch(LaunchInfo(1, 0, 0, 0, 0, D, np.array([1]), np.array([], dtype=np.int64)))
+    assert r1["faults"] == 0 and r1["late"] == 1
+    assert r1["end"] == pytest.approx(e0 + TD + T + D, rel=1e-12)
+    m.end_iteration(0)
+    res = m.result()
+    assert res["bytes_dtoh"] == 2 * MiB and res["policy_evictions"] == 1 and res["peak_used_blocks"] == 1
+    assert res["iteration_times_s"] == [pytest.approx(e0 + TD + T + D)]

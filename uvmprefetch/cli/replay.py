@@ -1,0 +1,122 @@
+"""``uvmprefetch replay``: replay a trace against a simulated GPU under one policy."""
+
+from __future__ import annotations
+
+NAME = "replay"
+HELP = "replay a trace against a simulated GPU under a policy"
+DESCRIPTION = ("Replay a recorded trace against a simulated GPU with a given memory capacity (or oversubscription "
+               "= working footprint / capacity) under one policy, and print time, slowdown against infinite "
+               "memory, faults, bytes moved and prefetch accuracy/coverage. The model (driver fault path, copy "
+               "engines, eviction) is described in docs/simulator.md.")
+EPILOG = """\
+examples:
+  uvmprefetch replay gpt2l.uvmt --gpu h100-pcie --oversub 2 --policy demand
+  uvmprefetch replay gpt2l.uvmt --capacity 24GiB --policy oracle --json
+  uvmprefetch replay gpt2l.uvmt --oversub 1.5 --policy deepum:window=32 --perfetto run.json --plot run.png
+  uvmprefetch replay gpt2l.uvmt --oversub 2 --block-size 64KiB --gpu-set fault_batch_latency_s=30e-6
+"""
+
+
+def add_gpu_arguments(p) -> None:
+    """--gpu / --gpu-set / --block-size / --writeback-clean, shared with ``bench``."""
+    from ..gpus import DEFAULT_GPU, PROFILES
+    p.add_argument("--gpu", default=DEFAULT_GPU, metavar="NAME",
+                   help=f"GPU profile ({', '.join(PROFILES)}; default {DEFAULT_GPU})")
+    p.add_argument("--gpu-set", action="append", metavar="FIELD=VALUE",
+                   help="override a profile number, e.g. link_htod_bw=20e9 (repeatable)")
+    p.add_argument("--block-size", default="2MiB", metavar="SIZE",
+                   help="simulated block: 2MiB (the driver's VA block, default) or 64KiB (its big page)")
+    p.add_argument("--writeback-clean", action="store_true",
+                   help="model a driver without dirty tracking: every evicted live block is written back")
+
+
+def gpu_from_args(args):
+    """The GpuProfile that ``--gpu`` / ``--gpu-set`` name (ConfigError on a bad one)."""
+    from ..gpus import get_profile, parse_overrides
+    gpu = get_profile(args.gpu)
+    over = parse_overrides(args.gpu_set)
+    return gpu.with_overrides(**over) if over else gpu
+
+
+def block_size_from_args(args) -> int:
+    from ..units import parse_size
+    return parse_size(args.block_size, "--block-size")
+
+
+def add_arguments(p) -> None:
+    from ..policy import DEFAULT_POLICY
+    p.add_argument("trace", metavar="TRACE", help="trace file (.uvmt) from `uvmprefetch record`")
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--capacity", metavar="SIZE", help="GPU memory for managed data, e.g. 24GiB")
+    g.add_argument("--oversub", type=float, metavar="X",
+                   help="working footprint / capacity (1.0 = everything fits, 2.0 = half fits)")
+    p.add_argument("--policy", default=DEFAULT_POLICY, metavar="NAME[:k=v,...]",
+                   help=f"policy and parameters (default {DEFAULT_POLICY}); see the policy list in --help of bench")
+    add_gpu_arguments(p)
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    p.add_argument("--perfetto", metavar="OUT.json", help="write a Chrome-trace timeline for ui.perfetto.dev")
+    p.add_argument("--plot", metavar="OUT.png", help="plot GPU memory in use and stalls over time")
+
+
+def run(args) -> int:
+    from ..policy import make_policy
+    from ..sim.replay import replay
+    from ..trace.format import load
+    from ..units import parse_size
+    gpu = gpu_from_args(args)
+    bs = block_size_from_args(args)
+    cap = parse_size(args.capacity, "--capacity") if args.capacity is not None else None
+    policy = make_policy(args.policy)
+    trace = load(args.trace)
+    want_tl = bool(args.perfetto or args.plot)
+    res = replay(trace, policy, gpu, capacity_bytes=cap, oversub=args.oversub, block_size=bs, timeline=want_tl,
+                 writeback_clean=args.writeback_clean)
+    res["trace"] = str(args.trace)
+    if args.perfetto:
+        from ..sim.timeline import write_perfetto
+        write_perfetto(res, args.perfetto, trace.names)
+    if args.plot:
+        from ..sim.timeline import plot_timeline
+        plot_timeline(res, args.plot)
+    res.pop("timeline", None)
+    if args.json:
+        from . import emit_json
+        emit_json(res)
+    else:
+        print(format_result(res))
+    return 0
+
+
+def _fmt(v, unit: str = "") -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}{unit}"
+    return f"{v}{unit}"
+
+
+def format_result(r: dict) -> str:
+    """A short human-readable summary of one replay result."""
+    from ..units import format_size
+    lines = [
+        f"trace      {r.get('trace', '-')}  ({r['n_launches']} launches, {r['iterations']} iterations)",
+        f"gpu        {r['gpu']}  capacity {format_size(r['capacity_bytes'])}  footprint "
+        f"{format_size(r['footprint_bytes'])}  oversub {r['oversub']:.3f}  block {format_size(r['block_size'])}",
+        f"policy     {r['policy']}",
+        f"time       {r['time_s'] * 1e3:.3f} ms  (ideal {r['ideal_s'] * 1e3:.3f} ms, slowdown {r['slowdown']:.3f}x)",
+        f"stall      {r['stall_s'] * 1e3:.3f} ms  (faults {r['fault_stall_s'] * 1e3:.3f} ms, late prefetch "
+        f"{r['late_stall_s'] * 1e3:.3f} ms)",
+        f"faults     {r['faults']} blocks in {r['fault_batches']} batches",
+        f"moved      H2D {format_size(r['bytes_htod'])}  D2H {format_size(r['bytes_dtoh'])}  "
+        f"(evictions {r['evictions']}: {r['writebacks']} written back, {r['drops']} dropped)",
+        f"prefetch   issued {format_size(r['prefetch_issued_bytes'])}  useful "
+        f"{format_size(r['prefetch_useful_bytes'])}  accuracy {_fmt(r['accuracy'])}  coverage {_fmt(r['coverage'])}",
+        f"cold       first-touch {format_size(r['cold_first_touch_bytes'])}, {r['cold_first_touch_s'] * 1e3:.3f} ms "
+        f"on demand",
+    ]
+    its = r.get("iteration_times_s") or []
+    if its:
+        lines.append("iterations " + "  ".join(f"{t * 1e3:.3f}" for t in its) + " ms")
+    lines.append(f"replay     {r['wall_s']:.2f} s wall, {_fmt(r['events_per_s'])} launches/s, "
+                 f"{_fmt(r['block_accesses_per_s'])} block accesses/s")
+    return "\n".join(lines)
