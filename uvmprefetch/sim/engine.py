@@ -43,6 +43,8 @@ from ..policy.base import EMPTY, Advice, Decision, LaunchInfo, Policy, PolicyCon
 
 DENSITY = 0.51  # nvidia-uvm tree prefetcher threshold (uvm_perf_prefetch.c, default 51 %)
 REGION = 2 << 20  # the driver's VA block: the density prefetcher's scope
+_READ_MOSTLY = int(Advice.READ_MOSTLY)  # plain ints: enum attribute lookups are slow in the per-launch path
+_PREFER_HOST = int(Advice.PREFER_HOST)
 
 
 class SimError(RuntimeError):
@@ -243,7 +245,7 @@ class GpuModel:
             dec = self.policy.on_launch(info, self)
             if dec is not None and not dec.is_empty():
                 self._apply(dec, now)
-            far = self.advice[blocks] == Advice.PREFER_HOST
+            far = self.advice[blocks] == _PREFER_HOST
             need = blocks[~far] if far.any() else blocks
             missing = need[~self.resident[need] & ~self.in_flight[need]]
             fault_done = now
@@ -270,8 +272,8 @@ class GpuModel:
                 m["remote_bytes"] += nbytes
                 m["remote_s"] += nbytes / self.remote_bw
             if writes.size:
-                wr = writes[self.advice[writes] != Advice.PREFER_HOST]
-                if (self.advice[wr] == Advice.READ_MOSTLY).any():
+                wr = writes[self.advice[writes] != _PREFER_HOST]
+                if (self.advice[wr] == _READ_MOSTLY).any():
                     extra += self.gpu.fault_batch_latency_s
                     m["invalidations"] += 1
                 self.dirty[wr] = True
@@ -364,7 +366,7 @@ class GpuModel:
         m = self.m
         live = ~self.dead[victims]
         if self.writeback_clean:
-            wb = live & ((self.advice[victims] != Advice.READ_MOSTLY) | self.dirty[victims])
+            wb = live & ((self.advice[victims] != _READ_MOSTLY) | self.dirty[victims])
         else:
             wb = live & self.dirty[victims]
         rel = np.full(n, now)
@@ -459,7 +461,7 @@ class GpuModel:
         for blocks, adv in dec.advise:
             b = np.unique(self._ids(blocks, "Decision.advise"))
             self.advice[b] = int(Advice(adv))
-            if Advice(adv) == Advice.PREFER_HOST:
+            if int(adv) == _PREFER_HOST:
                 res = b[self.resident[b] & ~self._protect[b]]
                 if res.size:
                     self._evict_to_host(res, now)
@@ -476,7 +478,7 @@ class GpuModel:
     def _prefetch(self, b: np.ndarray, now: float) -> None:
         _, first = np.unique(b, return_index=True)
         b = b[np.sort(first)]  # unique, in the order given
-        b = b[~self.resident[b] & ~self.in_flight[b] & (self.advice[b] != Advice.PREFER_HOST)]
+        b = b[~self.resident[b] & ~self.in_flight[b] & (self.advice[b] != _PREFER_HOST)]
         if not b.size:
             return
         rooms = self._make_room(b.shape[0], now, can_wait=False)
@@ -589,7 +591,7 @@ class GpuModel:
         reg_of = idx // rb
         frac = np.bincount(np.searchsorted(regions, reg_of), weights=present, minlength=regions.size) / rb
         dense = frac[np.searchsorted(regions, reg_of)] > DENSITY
-        extra = idx[dense & ~present & (self.advice[idx] != Advice.PREFER_HOST)]
+        extra = idx[dense & ~present & (self.advice[idx] != _PREFER_HOST)]
         return extra
 
     def _check_invariants(self) -> None:

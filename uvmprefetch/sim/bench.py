@@ -1,0 +1,230 @@
+"""The trace-replay benchmark: traces x policies x oversubscription levels -> table, CSV, plot.
+
+Used by ``uvmprefetch bench`` and ``bench/replay_bench.py``. Each trace's layout and durations are built
+once and shared by all its replays; ``ideal`` does not depend on the capacity, so it is replayed once per
+trace and reported at every level.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..gpus import GpuProfile
+from ..policy import make_policy
+from ..trace.format import Trace, load
+from .layout import build_layout
+from .replay import launch_durations, replay
+
+DEFAULT_OVERSUB = (1.0, 1.25, 1.5, 2.0, 3.0)
+CSV_FIELDS = ("trace", "policy", "gpu", "oversub_target", "oversub", "capacity_bytes", "time_s", "ideal_s",
+              "slowdown", "stall_s", "faults", "fault_batches", "bytes_htod", "bytes_dtoh", "prefetch_issued_bytes",
+              "prefetch_useful_bytes", "accuracy", "coverage", "cold_first_touch_s", "evictions", "writebacks",
+              "drops", "n_launches", "block_accesses", "wall_s", "events_per_s", "block_accesses_per_s", "error")
+
+
+def standard_trace_set() -> list[tuple[str, Trace]]:
+    """The standard traces: ``uvmprefetch.trace.standard.standard_traces()`` when it exists, else the
+    ``.uvmt`` files shipped in ``traces/``.
+
+    Raises
+    ------
+    ConfigError
+        If neither is available (the message says how to get traces).
+    """
+    try:
+        from ..trace.standard import standard_traces
+    except ImportError:
+        standard_traces = None
+    if standard_traces is not None:
+        got = standard_traces()
+        items = got.items() if isinstance(got, dict) else ((None, x) for x in got)
+        out = []
+        for name, x in items:
+            if isinstance(x, Trace):
+                out.append((name or x.meta.get("name") or x.meta.get("model") or f"trace{len(out)}", x))
+            else:
+                out.append((name or Path(x).stem, load(x)))
+        if out:
+            return out
+    shipped = sorted((Path(__file__).resolve().parents[2] / "traces").glob("*.uvmt"))
+    if shipped:
+        return [(p.stem, load(p)) for p in shipped]
+    raise ConfigError("no standard traces available (uvmprefetch.trace.standard is missing and traces/ has no "
+                      ".uvmt files): pass trace files, e.g. `uvmprefetch bench my.uvmt`, or record one with "
+                      "`uvmprefetch record`")
+
+
+def parse_oversub_list(text: str) -> list[float]:
+    """``"1,1.5,2"`` -> [1.0, 1.5, 2.0]. Raises ConfigError naming ``--oversub`` on a bad value."""
+    vals = []
+    for part in filter(None, (p.strip() for p in str(text).split(","))):
+        try:
+            v = float(part)
+        except ValueError:
+            raise ConfigError(f"--oversub: {part!r} is not a number (expected e.g. 1,1.25,1.5,2,3)") from None
+        if not (math.isfinite(v) and v > 0):
+            raise ConfigError(f"--oversub: {part!r} must be a positive number")
+        vals.append(v)
+    if not vals:
+        raise ConfigError("--oversub: empty list (expected e.g. 1,1.25,1.5,2,3)")
+    return vals
+
+
+def run_bench(traces: list[tuple[str, Trace]], policies: list[str], oversubs: list[float], gpu: GpuProfile,
+              block_size: int = 2 << 20, writeback_clean: bool = False, progress: bool = True) -> list[dict]:
+    """Replay every trace under every policy at every oversubscription level.
+
+    A combination the capacity cannot hold (a launch wider than the capacity) becomes a row with ``error``
+    set instead of stopping the benchmark.
+    """
+    from tqdm import tqdm
+    for p in policies:  # fail early on a bad policy spec
+        make_policy(p)
+    total = sum(1 + (len(policies) - ("ideal" in policies)) * len(oversubs) for _ in traces)
+    bar = tqdm(total=total, desc="bench", unit="replay", disable=not progress, leave=False)
+    rows: list[dict] = []
+    try:
+        for tname, t in traces:
+            bar.set_postfix_str(f"{tname}: layout")
+            lay = build_layout(t, block_size)
+            dur = launch_durations(t, gpu)
+            ideal = replay(t, "ideal", gpu, oversub=1.0, layout=lay, durations=dur)
+            bar.update(1)
+            for p in policies:
+                for ov in oversubs:
+                    if make_policy(p).ideal:
+                        r = dict(ideal)
+                        r["oversub"] = ov
+                        r["capacity_bytes"] = math.ceil(lay.footprint_blocks / ov - 1e-9) * lay.block_size
+                    else:
+                        bar.set_postfix_str(f"{tname}: {p} @ {ov}")
+                        try:
+                            r = replay(t, p, gpu, oversub=ov, layout=lay, durations=dur,
+                                       writeback_clean=writeback_clean)
+                        except ConfigError as e:
+                            r = {"policy": p, "gpu": gpu.name, "oversub": ov, "error": str(e),
+                                 "ideal_s": ideal["ideal_s"]}
+                        bar.update(1)
+                    r["trace"] = tname
+                    r["oversub_target"] = ov
+                    rows.append(r)
+    finally:
+        bar.close()
+    return rows
+
+
+def _cell(v) -> str:
+    return "—" if v is None else f"{v:.2f}"
+
+
+def markdown(rows: list[dict], oversubs: list[float]) -> str:
+    """Slowdown table (rows: trace x policy, columns: oversubscription) and replay throughput per policy."""
+    head = "| trace | policy | " + " | ".join(f"{o:g}x" for o in oversubs) + " |"
+    sep = "|---|---|" + "---:|" * len(oversubs)
+    lines = ["Slowdown vs. ideal (time / sum of kernel durations) by oversubscription (footprint / capacity):",
+             "", head, sep]
+    seen: dict[tuple, dict] = {}
+    for r in rows:
+        seen.setdefault((r["trace"], r["policy"]), {})[r["oversub_target"]] = r
+    for (tname, pol), by in seen.items():
+        cells = [_cell(by.get(o, {}).get("slowdown")) for o in oversubs]
+        lines.append(f"| {tname} | {pol} | " + " | ".join(cells) + " |")
+    lines += ["", "Replay throughput (this machine):", "",
+              "| policy | replays | launches/s | block accesses/s | wall s |", "|---|---:|---:|---:|---:|"]
+    pols: dict[str, list[dict]] = {}
+    for r in rows:
+        if r.get("error") is None and r["policy"] != "ideal" or (r["policy"] == "ideal" and r["oversub_target"] == oversubs[0]):
+            pols.setdefault(r["policy"], []).append(r)
+    for pol, rs in pols.items():
+        wall = sum(r["wall_s"] for r in rs)
+        launches = sum(r["n_launches"] for r in rs)
+        acc = sum(r["block_accesses"] for r in rs)
+        lines.append(f"| {pol} | {len(rs)} | {launches / wall:,.0f} | {acc / wall:,.0f} | {wall:.2f} |"
+                     if wall > 0 else f"| {pol} | {len(rs)} | — | — | 0 |")
+    return "\n".join(lines)
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: r.get(k) for k in CSV_FIELDS})
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """One panel per trace: slowdown vs. oversubscription, one line per policy (log y)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    traces = list(dict.fromkeys(r["trace"] for r in rows))
+    n = len(traces)
+    cols = min(n, 3)
+    nrows = math.ceil(n / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.5 * cols, 3.4 * nrows), squeeze=False)
+    for ax, tname in zip(axes.ravel(), traces):
+        by: dict[str, list] = {}
+        for r in rows:
+            if r["trace"] == tname and r.get("slowdown") is not None:
+                by.setdefault(r["policy"], []).append((r["oversub_target"], r["slowdown"]))
+        for pol, pts in by.items():
+            pts.sort()
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=pol)
+        ax.set_yscale("log")
+        ax.set_title(tname, fontsize=9)
+        ax.set_xlabel("oversubscription")
+        ax.set_ylabel("slowdown vs ideal")
+        ax.grid(alpha=0.3, which="both")
+        if by:
+            ax.legend(fontsize=7)
+    for ax in axes.ravel()[n:]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def save_outputs(rows: list[dict], oversubs: list[float], out: Path, meta: dict) -> dict:
+    """Write ``results.csv``, ``results.json``, ``slowdown.png`` and ``table.md`` under ``out``."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        write_csv(rows, out / "results.csv")
+        (out / "results.json").write_text(json.dumps({"meta": meta, "results": rows}, indent=1, default=_json))
+        table = markdown(rows, oversubs)
+        (out / "table.md").write_text(table + "\n")
+        plot(rows, out / "slowdown.png")
+    except OSError as e:
+        raise ConfigError(f"--out {out}: cannot write ({e.strerror})") from None
+    return {"csv": str(out / "results.csv"), "json": str(out / "results.json"), "plot": str(out / "slowdown.png"),
+            "table": str(out / "table.md")}
+
+
+def _json(o):
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, np.floating):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(type(o).__name__)
+
+
+def load_traces(paths: list[str]) -> list[tuple[str, Trace]]:
+    """Load trace files given on the command line (TraceError names the bad one)."""
+    return [(Path(p).stem, load(p)) for p in paths]
+
+
+def bench_meta(gpu: GpuProfile, block_size: int, wall: float) -> dict:
+    import platform
+
+    from .. import __version__
+    return {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "gpu": gpu.name, "block_size": block_size,
+            "uvmprefetch": __version__, "python": platform.python_version(), "machine": platform.machine(),
+            "wall_s": wall}
