@@ -93,8 +93,8 @@ def main(argv=None) -> int:
         if src.get("env", {}).get("dry_run", False) != args.dry_run:
             C.fail(NAME, f"--from {args.from_}: made {'with' if not args.dry_run else 'without'} --dry-run, "
                          "unlike this run")
-        if not any(r.get("trace") for r in runs):
-            C.fail(NAME, f"--from {args.from_}: its runs have no traces; run oversub.py with --trace")
+        if not src.get("traced"):
+            C.fail(NAME, f"--from {args.from_}: made without --trace; run oversub.py with --trace")
         work_desc = src["workload"]
     else:
         try:

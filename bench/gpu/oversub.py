@@ -154,7 +154,7 @@ def main(argv=None) -> int:
     payload = {"workload": work.__dict__, "working_set_bytes": ws, "time_source": sources, "ratios": ratios, "plain_s": t_plain,
                "median_s": {f"{m}@{r:g}x": v for (r, m), v in med.items()}, "speedup_vs_managed": speedups,
                "headline_speedup": head, "speedup_vs_deepum": vs_deepum, "skipped": skipped,
-               "work_dir": str(wdir),
+               "traced": bool(args.trace), "work_dir": str(wdir),
                "runs": [{k: v for k, v in r.items() if k != "stderr_tail" or not C.run_ok(r)[0]} for r in runs]}
     return C.finish(args, NAME, payload, ["case", "budget B", "median ms/iter", "x plain", "faults", "bytes H2D",
                                           "accuracy", "coverage", "problem"], rows, checks)
