@@ -1,0 +1,79 @@
+"""act (live, simulated): the ``dryrun`` backend.
+
+The user's script runs on the CPU, unchanged; every launch the observer sees drives the simulator's
+``GpuModel`` live, with the budget as the model's GPU capacity. The whole runtime path (start-up hook,
+dispatcher observation, tensor deaths, policy hooks, budget, report, trace) therefore runs in CI, and the
+report says what the run would have cost on the modelled GPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ..gpus import get_profile
+from ..policy.base import LaunchInfo, Policy
+
+BLOCK_SIZE = 2 << 20  # the driver's VA block
+
+
+def _host_memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 64 << 30
+
+
+class DryrunBackend:
+    """Drives ``uvmprefetch.sim.engine.GpuModel`` from live observations.
+
+    Parameters
+    ----------
+    cfg
+        The runtime config: ``gpu`` names the modelled profile; ``budget`` (bytes or a fraction of the
+        profile's memory) is the model's capacity; none = the profile's whole memory.
+    policy
+        The policy; ``GpuModel`` calls its hooks.
+    """
+
+    name = "dryrun"
+    virtual_addresses = True
+    device_type = "cpu"
+
+    def __init__(self, cfg, policy: Policy) -> None:
+        from ..sim.engine import GpuModel
+        self.gpu = get_profile(cfg.gpu)
+        self.block_size = BLOCK_SIZE
+        self.capacity_bytes = (cfg.budget.resolve(self.gpu.memory_bytes) if cfg.budget is not None
+                               else self.gpu.memory_bytes)
+        self.capacity_bytes = max(self.capacity_bytes, self.block_size)
+        # Virtual addresses grow with the peak of live bytes (first fit reuses holes); host memory bounds it.
+        self.max_blocks = max(_host_memory_bytes(), 4 * self.capacity_bytes) // self.block_size + 1
+        self.model = GpuModel(self.gpu, self.capacity_bytes, self.block_size, self.max_blocks, policy)
+        self.last: dict = {}
+
+    def block_ids(self, start: int, length: int) -> np.ndarray:
+        return np.arange(start // self.block_size, (start + max(length, 1) - 1) // self.block_size + 1,
+                         dtype=np.int64)
+
+    def free(self, blocks: np.ndarray) -> None:
+        self.model.free(blocks)
+
+    def launch(self, info: LaunchInfo) -> None:
+        self.last = self.model.launch(info)
+
+    def end_iteration(self, k: int) -> None:
+        self.model.end_iteration(k)
+
+    def resident_bytes(self) -> int:
+        return int(self.model.used_blocks) * self.block_size
+
+    def result(self) -> dict:
+        r = self.model.result()
+        r["peak_resident_bytes"] = int(r.get("peak_used_blocks", 0)) * self.block_size
+        r["gpu"] = self.gpu.name
+        return r
+
+    def close(self) -> None:
+        pass

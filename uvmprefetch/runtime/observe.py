@@ -1,0 +1,260 @@
+"""observe (live): what a running PyTorch program launches, what each launch touches, which tensors die,
+and how far the GPU has got.
+
+- **Launches and accesses** come from the PyTorch dispatcher through a ``TorchDispatchMode`` entered on the
+  main thread. Backward is covered: on the CPU the autograd engine runs backward on the calling thread; on
+  CUDA it runs on a device thread, and the engine carries the caller's thread-local state (the dispatch-mode
+  stack included) over to it. A launch's phase is ``backward`` when ``torch._C._current_autograd_node()`` is
+  set, ``optimizer`` between the global optimizer step pre/post hooks, ``forward`` otherwise; each optimizer
+  step ends an iteration.
+- **Tensor deaths** come from finalizers on storages (PyTorch keeps one Python object per live storage, so a
+  ``weakref.finalize`` fires when the storage itself dies). Finalizers run on whatever thread drops the last
+  reference, so they only append to a queue; the session drains it before the next launch (hook order:
+  ``on_free`` before ``on_launch``).
+- **Addresses.** The cuda backend uses real device addresses (managed memory). The dryrun backend runs on
+  the CPU, whose allocator hands out addresses unlike PyTorch's CUDA caching allocator, so storages get
+  addresses from ``VirtualLayout``: a first-fit allocator over one address space that reuses freed ranges the
+  way the caching allocator reuses its segments.
+- **GPU progress** (cuda): ``GpuProgress`` records a CUDA event after each observed launch; the launches
+  whose events have not completed are queued on the GPU, and their blocks are never evicted.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import threading
+import weakref
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..trace.format import PHASE, READ, WRITE
+
+ALIGN = 512  # the CUDA caching allocator rounds every request up to 512 bytes
+
+
+class VirtualLayout:
+    """First-fit address allocator with coalescing: stable, reusing addresses for the dryrun backend."""
+
+    def __init__(self) -> None:
+        self._free: list[tuple[int, int]] = []  # sorted (start, size) holes below the top
+        self.top = 0
+        self.peak_top = 0
+
+    def alloc(self, size: int) -> int:
+        size = max(ALIGN, -(-int(size) // ALIGN) * ALIGN)
+        for i, (start, hole) in enumerate(self._free):
+            if hole >= size:
+                if hole == size:
+                    del self._free[i]
+                else:
+                    self._free[i] = (start + size, hole - size)
+                return start
+        start = self.top
+        self.top += size
+        self.peak_top = max(self.peak_top, self.top)
+        return start
+
+    def free(self, start: int, size: int) -> None:
+        size = max(ALIGN, -(-int(size) // ALIGN) * ALIGN)
+        i = bisect.bisect_left(self._free, (start, 0))
+        self._free.insert(i, (start, size))
+        # coalesce with the right and the left neighbour
+        if i + 1 < len(self._free) and start + size == self._free[i + 1][0]:
+            self._free[i] = (start, size + self._free[i + 1][1])
+            del self._free[i + 1]
+        if i > 0 and self._free[i - 1][0] + self._free[i - 1][1] == start:
+            self._free[i - 1] = (self._free[i - 1][0], self._free[i - 1][1] + self._free[i][1])
+            del self._free[i]
+        if self._free and sum(self._free[-1]) == self.top:  # give the last hole back to the top
+            self.top = self._free.pop()[0]
+
+
+@dataclass
+class Storage:
+    """One live storage as the runtime sees it."""
+
+    id: int  # allocation id (dense, in first-sight order; also the trace's allocation id)
+    key: int  # the storage's data_ptr when first seen
+    base: int  # address in the backend's address space
+    nbytes: int
+
+
+class StorageTracker:
+    """Live storages -> addresses and per-block reference counts; deaths queued for the session.
+
+    ``address_of`` picks the address space: ``None`` = ``VirtualLayout`` (dryrun); a callable
+    ``storage -> int`` = real addresses (cuda).
+    """
+
+    def __init__(self, block_size: int, virtual: bool) -> None:
+        self.block_size = block_size
+        self.layout = VirtualLayout() if virtual else None
+        self.live: dict[int, Storage] = {}
+        self.dead: collections.deque = collections.deque()  # Storage objects, appended by finalizers
+        self.next_id = 0
+        self.live_bytes = 0
+        self.peak_live_bytes = 0
+        self.block_refs: dict[int, int] = collections.Counter()
+        self._lock = threading.Lock()
+
+    def lookup(self, storage) -> Storage | None:
+        """The ``Storage`` for a torch ``UntypedStorage``, registering it on first sight."""
+        nbytes = storage.nbytes()
+        if nbytes <= 0:
+            return None
+        key = storage.data_ptr()
+        s = self.live.get(key)
+        if s is not None and s.nbytes == nbytes:
+            return s
+        with self._lock:
+            base = self.layout.alloc(nbytes) if self.layout is not None else key
+            s = Storage(self.next_id, key, base, nbytes)
+            self.next_id += 1
+            self.live[key] = s
+            self.live_bytes += nbytes
+            self.peak_live_bytes = max(self.peak_live_bytes, self.live_bytes)
+            for b in self.blocks_of(base, nbytes):
+                self.block_refs[b] += 1
+        weakref.finalize(storage, self.dead.append, s)
+        return s
+
+    def blocks_of(self, start: int, length: int) -> range:
+        return range(start // self.block_size, (start + max(length, 1) - 1) // self.block_size + 1)
+
+    def drain_dead(self) -> tuple[list[Storage], list[int]]:
+        """Storages that died since the last call, and the blocks no live storage touches any more."""
+        died, freed = [], []
+        while self.dead:
+            s = self.dead.popleft()
+            with self._lock:
+                if self.live.get(s.key) is s:
+                    del self.live[s.key]
+                self.live_bytes -= s.nbytes
+                for b in self.blocks_of(s.base, s.nbytes):
+                    self.block_refs[b] -= 1
+                    if self.block_refs[b] <= 0:
+                        del self.block_refs[b]
+                        freed.append(b)
+                if self.layout is not None:
+                    self.layout.free(s.base, s.nbytes)
+            died.append(s)
+        return died, freed
+
+
+# Ops that launch no kernel: views and allocation-only factories.
+_NO_KERNEL = {"aten::empty.memory_format", "aten::empty_strided", "aten::empty_like", "aten::lift_fresh",
+              "aten::_local_scalar_dense", "aten::set_.source_Storage_storage_offset"}
+
+
+def tensor_extent(t) -> tuple[int, int]:
+    """(byte offset in its storage, byte length) a strided tensor spans."""
+    es = t.element_size()
+    if t.numel() == 0:
+        return t.storage_offset() * es, 0
+    span = 1 + sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()))
+    return t.storage_offset() * es, span * es
+
+
+def accesses_of(func, args, kwargs, out, device_type: str):
+    """``[(tensor, mode)]`` for one dispatched op: inputs READ (WRITE too when the schema marks the argument
+    mutable), outputs WRITE. Only strided tensors on ``device_type``."""
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    res = []
+    schema = func._schema
+    mutable = set()
+    for i, a in enumerate(schema.arguments):
+        if a.alias_info is not None and a.alias_info.is_write:
+            mutable.add(a.name)
+            mutable.add(i)
+    for i, a in enumerate(args):
+        mode = READ | WRITE if i in mutable else READ
+        for t in tree_flatten(a)[0]:
+            if isinstance(t, torch.Tensor):
+                res.append((t, mode))
+    for k, a in (kwargs or {}).items():
+        mode = READ | WRITE if k in mutable else READ
+        for t in tree_flatten(a)[0]:
+            if isinstance(t, torch.Tensor):
+                res.append((t, mode))
+    for t in tree_flatten(out)[0]:
+        if isinstance(t, torch.Tensor):
+            res.append((t, WRITE))
+    return [(t, m) for t, m in res if t.layout == torch.strided and t.device.type == device_type]
+
+
+def make_mode(session):
+    """A ``TorchDispatchMode`` that reports every kernel-launching op to ``session.on_op`` after it ran.
+
+    Reporting after the op lets outputs be seen; on a GPU the kernel is only queued by then, and the policy's
+    prefetches target the launches after it, so nothing is lost. Any exception inside the runtime is handed
+    to ``session.fail`` (log once, degrade) and never reaches the user's program.
+    """
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    current_node = torch._C._current_autograd_node
+
+    class UvmPrefetchMode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if session.active and not func.is_view and func._schema.name not in _NO_KERNEL \
+                    and str(func._schema) and _not_skipped(func):
+                try:
+                    backward = current_node() is not None
+                    session.on_op(func, args, kwargs, out, backward)
+                except Exception as e:  # noqa: BLE001 - the prefetcher never kills training
+                    session.fail("observer", e)
+            return out
+
+    return UvmPrefetchMode()
+
+
+def _not_skipped(func) -> bool:
+    ns = func.namespace
+    return ns not in ("profiler", "prim")
+
+
+class GpuProgress:
+    """Which observed launches the GPU has finished (cuda backend).
+
+    One CUDA event per launch, recorded on the current stream right after it was queued; events are reused
+    from a pool once completed. ``queued()`` gives the launches still in flight, whose blocks the runtime must
+    not evict.
+    """
+
+    def __init__(self) -> None:
+        import torch
+        self._torch = torch
+        self._pool: list = []
+        self._pending: collections.deque = collections.deque()  # (launch index, blocks, event)
+        self.completed = -1
+
+    def record(self, index: int, blocks: np.ndarray) -> None:
+        ev = self._pool.pop() if self._pool else self._torch.cuda.Event()
+        ev.record()
+        self._pending.append((index, blocks, ev))
+
+    def poll(self) -> int:
+        """Advance ``completed`` past every launch whose event has completed; returns it."""
+        while self._pending and self._pending[0][2].query():
+            index, _, ev = self._pending.popleft()
+            self.completed = index
+            self._pool.append(ev)
+        return self.completed
+
+    def queued_blocks(self) -> np.ndarray:
+        """Blocks of launches dispatched but not finished on the GPU (sorted, unique)."""
+        self.poll()
+        if not self._pending:
+            return np.zeros(0, dtype=np.int64)
+        return np.unique(np.concatenate([b for _, b, _ in self._pending]))
+
+    def depth(self) -> int:
+        return len(self._pending)
+
+
+PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER = PHASE["forward"], PHASE["backward"], PHASE["optimizer"]

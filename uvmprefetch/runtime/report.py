@@ -1,0 +1,128 @@
+"""The run report: one JSON object at ``UVMPREFETCH_REPORT`` and a short human summary on stderr.
+
+Field names follow the replay result (DESIGN.md §4) where they mean the same thing, so a live run and its
+replay compare key by key: ``policy``, ``gpu``, ``capacity_bytes``, ``faults``, ``bytes_htod``,
+``bytes_dtoh``, ``prefetch_issued_bytes``, ``prefetch_useful_bytes``, ``accuracy``, ``coverage``. Live-only
+fields: ``backend``, ``budget_bytes``, ``peak_managed_bytes``, ``working_set_bytes`` (peak bytes of live
+tensors the runtime saw), ``peak_resident_bytes``, ``iter_s`` (wall seconds per iteration), ``window``
+(``[launch index, window]`` samples), ``errors``, ``degraded``. ``faults`` is null when the backend cannot
+observe them (cuda without CUPTI); ``expected_faults`` then counts the blocks launches used that our books
+did not have resident.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from .. import __version__
+from ..units import format_size
+
+
+def build_report(s) -> dict:
+    """The report dict of session ``s`` (never raises: a failing part is recorded in ``errors``)."""
+    try:
+        be = s.backend.result()
+    except Exception as e:  # noqa: BLE001
+        s._note_error("report", e)
+        be = {}
+    try:
+        pol = s.policy.report() or {}
+    except Exception as e:  # noqa: BLE001
+        s._note_error("policy report", e)
+        pol = {}
+    cap = int(getattr(s.backend, "capacity_bytes", 0) or 0)
+    rep = {
+        "uvmprefetch": __version__,
+        "backend": s.cfg.backend,
+        "policy": s.policy.name,
+        "gpu": be.get("gpu", getattr(s.gpu, "name", None)),
+        "budget": str(s.cfg.budget) if s.cfg.budget is not None else None,
+        "budget_bytes": cap if s.cfg.budget is not None else None,
+        "capacity_bytes": cap,
+        "block_size": s.block_size,
+        "launches": s.index,
+        "launches_by_phase": dict(s.phase_launches),
+        "iterations": s.iteration,
+        "allocations_seen": s.tracker.next_id,
+        "working_set_bytes": int(s.tracker.peak_live_bytes),
+        # dryrun: the high-water mark of the caching-allocator-like address space is what would be managed
+        "peak_managed_bytes": int(be.get("peak_managed_bytes") or (s.tracker.layout.peak_top if s.tracker.layout
+                                                                   else s.tracker.peak_live_bytes)),
+        "peak_resident_bytes": be.get("peak_resident_bytes"),
+        "faults": be.get("faults"),
+        "expected_faults": be.get("expected_faults"),
+        "bytes_htod": be.get("bytes_htod"),
+        "bytes_dtoh": be.get("bytes_dtoh"),
+        "prefetch_issued_bytes": be.get("prefetch_issued_bytes"),
+        "prefetch_useful_bytes": be.get("prefetch_useful_bytes"),
+        "accuracy": be.get("accuracy"),
+        "coverage": be.get("coverage"),
+        "iter_s": [round(x, 6) for x in s.iter_wall],
+        "window": [list(w) for w in s.window_log] or pol.get("window_log") or None,
+        "degraded": s.degraded,
+        "errors": s.errors[:20],
+        "policy_report": pol,
+        "backend_result": be,
+    }
+    if s.cfg.backend == "dryrun":
+        rep["model_time_s"] = be.get("time_s")
+        rep["model_stall_s"] = be.get("stall_s")
+        rep["model_iter_s"] = be.get("iteration_times_s")
+    return rep
+
+
+def summary(rep: dict) -> str:
+    """A few human lines for stderr."""
+    def sz(v):
+        return format_size(v) if isinstance(v, (int, float)) and v is not None else "n/a"
+
+    def pct(v):
+        return f"{v:.0%}" if isinstance(v, (int, float)) else "n/a"
+
+    lines = [
+        f"uvmprefetch: {rep['backend']} run, policy {rep['policy']}, {rep['launches']} launches, "
+        f"{rep['iterations']} iterations" + (" (DEGRADED: prefetcher switched off)" if rep["degraded"] else ""),
+        f"  working set {sz(rep['working_set_bytes'])}, budget {sz(rep['budget_bytes']) if rep['budget_bytes'] else 'none'}"
+        f", peak resident {sz(rep['peak_resident_bytes'])}, peak managed {sz(rep['peak_managed_bytes'])}",
+        f"  moved {sz(rep['bytes_htod'])} to GPU, {sz(rep['bytes_dtoh'])} to host; faults "
+        f"{rep['faults'] if rep['faults'] is not None else 'not observable'}; prefetch accuracy "
+        f"{pct(rep['accuracy'])}, coverage {pct(rep['coverage'])}",
+    ]
+    if rep.get("model_time_s") is not None:
+        lines.append(f"  modelled GPU ({rep['gpu']}): {rep['model_time_s']:.4f} s, stalls {rep['model_stall_s']:.4f} s")
+    if rep["iter_s"]:
+        lines.append("  iteration wall s: " + ", ".join(f"{x:.3f}" for x in rep["iter_s"][:10]))
+    return "\n".join(lines)
+
+
+def write_outputs(s, rep: dict) -> None:
+    """Write the JSON report and the trace where asked; print the summary unless ``UVMPREFETCH_LOG=quiet``."""
+    if s.cfg.report:
+        try:
+            tmp = s.cfg.report + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(rep, f, indent=1, default=_default)
+            os.replace(tmp, s.cfg.report)
+        except OSError as e:
+            print(f"uvmprefetch: cannot write the report {s.cfg.report}: {e.strerror}", file=sys.stderr)
+    if s.builder is not None and s.cfg.trace:
+        try:
+            from ..trace.format import save
+            save(s.builder.build(check=False), s.cfg.trace)
+        except Exception as e:  # noqa: BLE001 - a bad trace must not turn a finished run into a failure
+            print(f"uvmprefetch: cannot write the trace {s.cfg.trace}: {type(e).__name__}: {e}", file=sys.stderr)
+    if s.cfg.log != "quiet":
+        print(summary(rep), file=sys.stderr)
+
+
+def _default(o):
+    import numpy as np
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, np.floating):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    return str(o)

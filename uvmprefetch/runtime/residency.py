@@ -1,0 +1,154 @@
+"""The live runtime's own view of GPU residency, and the budget that keeps it under a byte limit.
+
+The cuda backend cannot ask the driver which 2 MB blocks are resident, so it keeps books: a block becomes
+resident when a launch touches it (the driver faults it in) or when we prefetch it, and leaves when we evict
+or discard it. This view is what the policy reads (``ResidencyView``) and what the budget enforces: before a
+launch, if resident + incoming blocks would exceed the capacity, the least recently *migrated* blocks are
+evicted to the host (the driver's own rule), never a block of the running launch or of launches still
+queued on the GPU. It is pure NumPy: the unit tests drive it on the CPU with a recording mover.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..policy.base import EMPTY, Decision
+
+
+class Residency:
+    """Bookkeeping of resident blocks with LRM order; implements ``ResidencyView``.
+
+    Parameters
+    ----------
+    capacity_blocks
+        Most blocks allowed resident (the budget).
+    max_blocks
+        Block ids are ``0 <= b < max_blocks``.
+    block_size
+        Bytes per block (for byte counters).
+    """
+
+    def __init__(self, capacity_blocks: int, max_blocks: int, block_size: int) -> None:
+        self.capacity_blocks = int(capacity_blocks)
+        self.max_blocks = int(max_blocks)
+        self.block_size = int(block_size)
+        self.resident = np.zeros(self.max_blocks, dtype=bool)
+        self.in_flight = np.zeros(self.max_blocks, dtype=bool)  # prefetches count as resident at once
+        self.pf_pending = np.zeros(self.max_blocks, dtype=bool)  # prefetched, not yet used
+        self.mig_seq = np.zeros(self.max_blocks, dtype=np.int64)
+        self._seq = 0
+        self.n_resident = 0
+        self.now = 0.0
+        self.m = dict(expected_faults=0, bytes_htod=0, bytes_dtoh=0, prefetch_issued_bytes=0,
+                      prefetch_useful_bytes=0, budget_evictions=0, policy_evictions=0, discards=0,
+                      dropped_evictions=0, peak_resident_blocks=0, over_budget_launches=0)
+
+    @property
+    def used_blocks(self) -> int:
+        return self.n_resident
+
+    def _set(self, blocks: np.ndarray, value: bool) -> None:
+        changed = blocks[self.resident[blocks] != value]
+        if changed.size:
+            self.resident[changed] = value
+            self.n_resident += changed.size if value else -changed.size
+            if value:
+                self._seq += 1
+                self.mig_seq[changed] = self._seq
+                self.m["peak_resident_blocks"] = max(self.m["peak_resident_blocks"], self.n_resident)
+
+    def plan(self, dec: Decision | None, protected: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Filter a policy's Decision: ``(discard, evict, prefetch)`` block arrays to act on.
+
+        Evictions and discards of ``protected`` blocks (the running and queued launches) are dropped, as the
+        hook contract says; evictions of non-resident blocks and prefetches of resident ones are skipped;
+        prefetches are cut where they would exceed the capacity (the budget wins over the policy).
+        """
+        if dec is None or dec.is_empty():
+            return EMPTY, EMPTY, EMPTY
+        prot = np.zeros(0, dtype=bool)
+        if protected.size:
+            prot = np.zeros(self.max_blocks, dtype=bool)
+            prot[protected] = True
+        keep = (lambda b: b[~prot[b]]) if prot.size else (lambda b: b)  # noqa: E731
+        discard = keep(np.unique(np.asarray(dec.discard, dtype=np.int64)))
+        ev_all = np.unique(np.asarray(dec.evict, dtype=np.int64))
+        evict = keep(ev_all)
+        self.m["dropped_evictions"] += int(ev_all.size - evict.size)
+        evict = evict[self.resident[evict]]
+        pf = np.asarray(dec.prefetch, dtype=np.int64)
+        if pf.size:
+            _, first = np.unique(pf, return_index=True)
+            pf = pf[np.sort(first)]  # unique, order kept: soonest-needed first
+            pf = pf[~self.resident[pf]]
+            gone = np.union1d(discard[self.resident[discard]], evict).size
+            room = self.capacity_blocks - (self.n_resident - gone)
+            pf = pf[:max(room, 0)]
+        return discard, evict, pf
+
+    def apply(self, discard: np.ndarray, evict: np.ndarray, prefetch: np.ndarray) -> None:
+        """Record that these moves were issued."""
+        bs = self.block_size
+        if discard.size:
+            self.m["discards"] += int(self.resident[discard].sum())
+            self._set(discard, False)
+            self.pf_pending[discard] = False
+        if evict.size:
+            self.m["policy_evictions"] += int(evict.size)
+            self.m["bytes_dtoh"] += int(evict.size) * bs
+            self._set(evict, False)
+            self.pf_pending[evict] = False
+        if prefetch.size:
+            self.m["prefetch_issued_bytes"] += int(prefetch.size) * bs
+            self.m["bytes_htod"] += int(prefetch.size) * bs
+            self._set(prefetch, True)
+            self.pf_pending[prefetch] = True
+
+    def victims(self, incoming: int, protected: np.ndarray) -> np.ndarray:
+        """Blocks to evict (least recently migrated first) so that ``incoming`` more blocks fit the budget."""
+        over = self.n_resident + incoming - self.capacity_blocks
+        if over <= 0:
+            return EMPTY
+        cand = np.flatnonzero(self.resident)
+        if protected.size:
+            cand = np.setdiff1d(cand, protected, assume_unique=True)
+        if cand.size < over:
+            self.m["over_budget_launches"] += 1  # the running + queued launches alone exceed the budget
+        order = np.argsort(self.mig_seq[cand], kind="stable")
+        return cand[order[:over]]
+
+    def evict_for_budget(self, victims: np.ndarray) -> None:
+        if victims.size:
+            self.m["budget_evictions"] += int(victims.size)
+            self.m["bytes_dtoh"] += int(victims.size) * self.block_size
+            self._set(victims, False)
+            self.pf_pending[victims] = False
+
+    def touch(self, blocks: np.ndarray) -> np.ndarray:
+        """A launch uses ``blocks``: returns those that were not resident (they fault), marks all resident."""
+        if not blocks.size:
+            return EMPTY
+        missing = blocks[~self.resident[blocks]]
+        used = blocks[self.pf_pending[blocks]]
+        if used.size:
+            self.m["prefetch_useful_bytes"] += int(used.size) * self.block_size
+            self.pf_pending[used] = False
+        if missing.size:
+            self.m["expected_faults"] += int(missing.size)
+            self.m["bytes_htod"] += int(missing.size) * self.block_size
+            self._set(missing, True)
+        return missing
+
+    def free(self, blocks: np.ndarray) -> None:
+        """Blocks no live tensor uses: their residency is kept (the driver only drops them when discarded)."""
+        self.pf_pending[blocks] = False
+
+    def result(self) -> dict:
+        m = dict(self.m)
+        issued, useful = m["prefetch_issued_bytes"], m["prefetch_useful_bytes"]
+        m["accuracy"] = useful / issued if issued else None
+        served = useful // self.block_size
+        m["coverage"] = served / (served + m["expected_faults"]) if served + m["expected_faults"] else None
+        m["peak_resident_bytes"] = m["peak_resident_blocks"] * self.block_size
+        m["capacity_blocks"] = self.capacity_blocks
+        return m

@@ -1,0 +1,274 @@
+"""One live run: observer -> policy -> backend, plus the report and the trace written at exit.
+
+Safety contract (issue 5, item 7): nothing here may kill or corrupt the user's training. Every runtime
+error inside a hook goes to ``Session.fail``, which logs it once and switches the session off (the program
+goes on with plain managed memory on the GPU, plain CPU tensors in dryrun); the report still gets written.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import logging
+import sys
+import threading
+import time
+
+import numpy as np
+
+from ..config import RuntimeConfig
+from ..errors import ConfigError
+from ..policy import DEFAULT_POLICY, available, make_policy
+from ..policy.base import LaunchInfo, Policy
+from ..trace.format import PHASE, exec_id_of
+from .observe import StorageTracker, accesses_of, make_mode, tensor_extent
+
+log = logging.getLogger("uvmprefetch.runtime")
+
+# Best first: the live runtime uses the first of these that is registered and importable.
+_PREFERENCE = (DEFAULT_POLICY, "deepum", "demand")
+
+
+def default_policy() -> str:
+    """The best online policy available now (the registry may list policies still being written)."""
+    have = available()
+    for name in _PREFERENCE:
+        if name in have:
+            return name
+    raise ConfigError(f"no online policy is available (registered and importable: {', '.join(have) or 'none'})")
+
+
+def build_policy(cfg: RuntimeConfig) -> Policy:
+    """The policy ``cfg`` asks for, with ``cfg.window`` applied.
+
+    Raises
+    ------
+    ConfigError
+        Unknown policy, an offline policy (it needs the whole trace in advance), or a window for a policy
+        without a ``window`` parameter.
+    """
+    spec = cfg.policy or default_policy()
+    pol = make_policy(spec)
+    if pol.offline:
+        raise ConfigError(f"UVMPREFETCH_POLICY={spec!r}: policy {pol.name} is offline (it needs the whole trace "
+                          f"in advance); a live run needs an online one: {', '.join(_PREFERENCE)}")
+    if cfg.window is not None:
+        names = {f.name for f in dataclasses.fields(pol.Params)}
+        if "window" not in names:
+            raise ConfigError(f"UVMPREFETCH_WINDOW={cfg.window}: policy {pol.name} has no window parameter")
+        pol = type(pol)(dataclasses.replace(pol.params, window=cfg.window))
+    return pol
+
+
+def make_backend(cfg: RuntimeConfig, policy: Policy):
+    if cfg.backend == "dryrun":
+        from .dryrun import DryrunBackend
+        return DryrunBackend(cfg, policy)
+    from .cuda_backend import CudaBackend
+    return CudaBackend(cfg, policy)
+
+
+def _flops(func, args, kwargs, out) -> float:
+    """FLOPs of an op from PyTorch's own flop counter registry (matmuls, convolutions, attention); 0 else."""
+    try:
+        from torch.utils.flop_counter import flop_registry
+        f = flop_registry.get(func._overloadpacket)
+        return float(f(*args, **(kwargs or {}), out_val=out)) if f is not None else 0.0
+    except Exception:  # noqa: BLE001 - an estimate; unknown signatures count as 0
+        return 0.0
+
+
+class Session:
+    """A live run of the runtime in this process.
+
+    Parameters
+    ----------
+    cfg
+        Validated configuration.
+    backend
+        Optional backend object (tests); default from ``cfg.backend``.
+
+    Raises
+    ------
+    ConfigError, DeviceError
+        At construction: bad policy/window, no GPU or a missing driver feature for the cuda backend.
+    """
+
+    def __init__(self, cfg: RuntimeConfig, backend=None) -> None:
+        self.cfg = cfg
+        self.policy = build_policy(cfg)
+        self.backend = backend if backend is not None else make_backend(cfg, self.policy)
+        self.block_size = self.backend.block_size
+        self.tracker = StorageTracker(self.block_size, virtual=self.backend.virtual_addresses)
+        self.device_type = self.backend.device_type
+        self.gpu = getattr(self.backend, "gpu", None)
+        self.active = False
+        self.index = 0
+        self.iteration = 0
+        self.in_optimizer = False
+        self.names: dict[str, int] = {}
+        self.errors: list[str] = []
+        self.degraded = False
+        self.window_log: list[tuple[int, float]] = []
+        self.iter_wall: list[float] = []
+        self.phase_launches = {p: 0 for p in ("forward", "backward", "optimizer", "other")}
+        self._t_iter = time.perf_counter()
+        self._t0 = self._t_iter
+        self._lock = threading.RLock()
+        self._mode = None
+        self._hooks: list = []
+        self._stopped = False
+        self.builder = None
+        if cfg.trace:
+            from ..trace.format import TraceBuilder
+            self.builder = TraceBuilder({"source": "uvmprefetch live runtime", "backend": cfg.backend,
+                                         "gpu": getattr(self.gpu, "name", ""), "durations": "estimated",
+                                         "policy": self.policy.name})
+            self.builder.iteration = 0
+        self._alloc_seen = 0
+
+    # -------------------------------------------------------------------------------------- lifecycle
+    def start(self) -> "Session":
+        """Enter the dispatcher mode on this thread, hook optimizer steps, write the report at exit."""
+        import torch
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+        self._mode = make_mode(self)
+        self._mode.__enter__()
+        self._hooks = [register_optimizer_step_pre_hook(self._opt_pre),
+                       register_optimizer_step_post_hook(self._opt_post)]
+        self._torch = torch
+        self.active = True
+        atexit.register(self.stop)
+        return self
+
+    def stop(self) -> dict:
+        """Leave the mode, write the report (and trace); idempotent. Returns the report."""
+        with self._lock:
+            if self._stopped:
+                return self._report
+            self._stopped = True
+            self.active = False
+        for h in self._hooks:
+            h.remove()
+        if self._mode is not None:
+            try:
+                self._mode.__exit__(None, None, None)
+            except Exception:  # noqa: BLE001 - another mode may sit above ours at exit; nothing to undo then
+                pass
+        from .report import build_report, write_outputs
+        self._report = build_report(self)
+        write_outputs(self, self._report)
+        try:
+            self.backend.close()
+        except Exception as e:  # noqa: BLE001
+            self._note_error("close", e)
+        return self._report
+
+    def fail(self, where: str, exc: BaseException) -> None:
+        """A runtime error: say it once, stop prefetching, let the program go on."""
+        self._note_error(where, exc)
+        if not self.degraded:
+            self.degraded = True
+            self.active = False
+            print(f"uvmprefetch: {where} failed ({type(exc).__name__}: {exc}); the prefetcher is off for the rest "
+                  f"of this run, training continues on plain managed memory", file=sys.stderr)
+
+    def _note_error(self, where: str, exc: BaseException) -> None:
+        self.errors.append(f"{where}: {type(exc).__name__}: {exc}")
+        if self.cfg.log == "debug":
+            log.exception("uvmprefetch %s failed", where, exc_info=exc)
+
+    # -------------------------------------------------------------------------------------- hooks
+    def _opt_pre(self, opt, args, kwargs) -> None:
+        self.in_optimizer = True
+
+    def _opt_post(self, opt, args, kwargs) -> None:
+        self.in_optimizer = False
+        if not self.active:
+            return
+        try:
+            with self._lock:
+                self._drain_frees()
+                self.backend.end_iteration(self.iteration)
+                now = time.perf_counter()
+                self.iter_wall.append(now - self._t_iter)
+                self._t_iter = now
+                self.iteration += 1
+                if self.builder is not None:
+                    self.builder.iteration = self.iteration
+        except Exception as e:  # noqa: BLE001
+            self.fail("end of iteration", e)
+
+    def _drain_frees(self) -> None:
+        died, freed = self.tracker.drain_dead()
+        if self.builder is not None:
+            for s in died:
+                if s.id < self._alloc_seen:
+                    self.builder.free(s.id)
+        if freed:
+            self.backend.free(np.asarray(sorted(freed), dtype=np.int64))
+
+    def on_op(self, func, args, kwargs, out, backward: bool) -> None:
+        """One kernel-launching op ran (called by the dispatcher mode)."""
+        with self._lock:
+            if not self.active:
+                return
+            self._drain_frees()
+            acc = accesses_of(func, args, kwargs, out, self.device_type)
+            blocks, writes, trace_acc, shape_key = [], [], [], []
+            for t, mode in acc:
+                s = self.tracker.lookup(t.untyped_storage())
+                if s is None:
+                    continue
+                if self.builder is not None and s.id == self._alloc_seen:  # ids follow first-sight order
+                    kind = ("param" if isinstance(t, self._torch.nn.Parameter) else
+                            "optimizer" if self.in_optimizer else "activation")
+                    self.builder.alloc(s.nbytes, kind)
+                    self._alloc_seen += 1
+                off, length = tensor_extent(t)
+                if length <= 0:
+                    continue
+                ids = self.backend.block_ids(s.base + off, length)
+                blocks.append(ids)
+                if mode & 2:
+                    writes.append(ids)
+                shape_key.append((tuple(t.shape), str(t.dtype)))
+                if self.builder is not None:
+                    trace_acc.append((s.id, off, min(length, s.nbytes - off), mode))
+            b = np.unique(np.concatenate(blocks)) if blocks else np.zeros(0, dtype=np.int64)
+            w = np.unique(np.concatenate(writes)) if writes else np.zeros(0, dtype=np.int64)
+            name = func.name()
+            nid = self.names.setdefault(name, len(self.names))
+            phase = ("optimizer" if self.in_optimizer else "backward" if backward else "forward")
+            self.phase_launches[phase] += 1
+            nbytes = int(sum(length for _, _, length, _ in trace_acc)) if trace_acc else int(b.size * self.block_size)
+            flops = _flops(func, args, kwargs, out)
+            duration = self._estimate(flops, sum(tensor_extent(t)[1] for t, _ in acc))
+            info = LaunchInfo(index=self.index, exec_id=exec_id_of(name, shape_key) & 0x7FFFFFFFFFFFFFFF,
+                              name=nid, phase=PHASE[phase], iteration=self.iteration, duration=duration,
+                              blocks=b, write_blocks=w)
+            self.backend.launch(info)
+            if self.builder is not None:
+                self.builder.launch(name, trace_acc, duration=duration, flops=flops, nbytes=nbytes,
+                                    phase=phase, iteration=self.iteration)
+            self.index += 1
+            if self.index % 64 == 0:
+                self._sample_window()
+
+    def _estimate(self, flops: float, nbytes: int) -> float:
+        """Roofline duration on the modelled GPU (dryrun) or a nominal one (cuda: the GPU runs it for real)."""
+        gpu = self.gpu
+        if gpu is None:
+            return 0.0
+        t_mem = nbytes / (gpu.hbm_bw * gpu.memory_efficiency)
+        t_flop = flops / (gpu.peak_flops("fp32") * gpu.matmul_efficiency) if flops else 0.0
+        return max(t_mem, t_flop) + gpu.launch_overhead_s
+
+    def _sample_window(self) -> None:
+        try:
+            rep = self.policy.report()
+        except Exception:  # noqa: BLE001
+            return
+        w = rep.get("window") if isinstance(rep, dict) else None
+        if isinstance(w, (int, float)):
+            self.window_log.append((self.index, float(w)))

@@ -1,0 +1,113 @@
+"""The start-up hook: ``UVMPREFETCH=1`` in any Python process.
+
+``uvmprefetch-startup.pth`` (installed into site-packages by ``setup.py``) runs ``hook()`` while Python
+starts, only when ``UVMPREFETCH`` is set, so an unset variable costs one environment lookup. ``hook()``:
+
+1. validates every ``UVMPREFETCH_*`` variable (an invalid one: one line on stderr, exit 2);
+2. for the cuda backend, checks the GPU and cuda-python (missing: one line, exit 5), builds the shim and
+   re-executes the interpreter with the shim in ``LD_PRELOAD`` (``sys.orig_argv`` is already set while
+   ``.pth`` files run), so that PyTorch's ``cudaMalloc`` calls land in managed memory from the first one;
+   ``PYTORCH_CUDA_ALLOC_CONF`` expandable segments are switched off because they allocate through driver
+   VMM calls the shim does not see;
+3. starts the runtime (``uvmprefetch.runtime.enable``).
+
+Only the process that the user started runs the runtime: it records its pid in ``UVMPREFETCH_OWNER``, and
+its children (DataLoader workers, subprocesses) inherit the variable and stay plain. The shim is removed
+from the children's ``LD_PRELOAD`` too.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def _say(msg: str) -> None:
+    sys.stderr.write(f"uvmprefetch: {msg}\n")
+    sys.stderr.flush()
+
+
+def hook() -> None:
+    """Run at interpreter start-up; never raises (an error ends the process with one line and its code)."""
+    from ..errors import UvmPrefetchError
+    try:
+        _hook()
+    except UvmPrefetchError as e:
+        _say(f"error: {e}")
+        os._exit(e.exit_code)
+    except Exception as e:  # noqa: BLE001 - start-up must never print a traceback
+        if os.environ.get("UVMPREFETCH_LOG", "").lower() == "debug":
+            raise
+        _say(f"internal error at start-up: {type(e).__name__}: {e} (set UVMPREFETCH_LOG=debug for the traceback)")
+        os._exit(70)
+
+
+def _is_uvmprefetch_cli() -> bool:
+    argv = getattr(sys, "orig_argv", None) or sys.argv
+    if len(argv) > 0 and os.path.basename(argv[0]) == "uvmprefetch":
+        return True
+    return "-m" in argv and argv[argv.index("-m") + 1:argv.index("-m") + 2] == ["uvmprefetch"]
+
+
+def _hook() -> None:
+    from ..config import from_env
+    cfg = from_env()
+    if not cfg.enabled or _is_uvmprefetch_cli():
+        return
+    owner = os.environ.get("UVMPREFETCH_OWNER")
+    if owner and owner != str(os.getpid()):
+        return  # a child of a run: the parent owns the GPU memory books
+    if cfg.backend == "cuda":
+        from .device import require_cuda
+        require_cuda()
+        from .shim import LIB_NAME, preloaded, shim_path
+        if preloaded() is None:
+            _reexec_with_shim(str(shim_path()))
+        # children must not inherit the shim (a worker allocating on the GPU would be redirected unbooked)
+        parts = [p for p in os.environ.get("LD_PRELOAD", "").replace(":", " ").split()
+                 if os.path.basename(p) != LIB_NAME]
+        if parts:
+            os.environ["LD_PRELOAD"] = " ".join(parts)
+        else:
+            os.environ.pop("LD_PRELOAD", None)
+    os.environ["UVMPREFETCH_OWNER"] = str(os.getpid())
+    from . import enable
+    enable(cfg)
+
+
+def alloc_conf_without_expandable(conf: str) -> tuple[str, bool]:
+    """``PYTORCH_CUDA_ALLOC_CONF`` with expandable segments forced off; True if it changed.
+
+    Raises
+    ------
+    DeviceError
+        If the conf selects the ``cudaMallocAsync`` backend (it never calls ``cudaMalloc``).
+    """
+    from ..errors import DeviceError
+    items = [p.strip() for p in conf.replace(";", ",").split(",") if p.strip()]
+    out, changed = [], False
+    for it in items:
+        k, _, v = it.partition(":")
+        if k.strip() == "backend" and v.strip() == "cudaMallocAsync":
+            raise DeviceError("PYTORCH_CUDA_ALLOC_CONF selects backend:cudaMallocAsync, which bypasses cudaMalloc; "
+                              "uvmprefetch needs PyTorch's native caching allocator")
+        if k.strip() == "expandable_segments":
+            changed = changed or v.strip().lower() == "true"
+            continue
+        out.append(it)
+    out.append("expandable_segments:False")
+    return ",".join(out), changed
+
+
+def _reexec_with_shim(path: str) -> None:
+    env = dict(os.environ)
+    env["LD_PRELOAD"] = " ".join(filter(None, [path, env.get("LD_PRELOAD", "")]))
+    env["UVMPREFETCH_OWNER"] = str(os.getpid())  # execve keeps the pid
+    conf, changed = alloc_conf_without_expandable(env.get("PYTORCH_CUDA_ALLOC_CONF", ""))
+    if changed:
+        _say("expandable segments switched off (they allocate through driver calls the shim cannot see)")
+    env["PYTORCH_CUDA_ALLOC_CONF"] = conf
+    argv = list(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, *argv[1:]], env)
