@@ -71,7 +71,9 @@ def main(argv=None) -> int:
     runs += [run("managed", "managed"), run("uvmprefetch", "uvmprefetch")]
     budget = None
     if args.pressure:
-        ws = C.working_set_bytes(runs[0] if runs[0].get("peak_reserved_bytes") else runs[3])
+        # GPU: the plain run's peak reserved bytes; CPU dry run: the first runtime report's peak managed bytes.
+        sized = [r for r in runs if r.get("peak_reserved_bytes") or r.get("report")]
+        ws = C.working_set_bytes(sized[0]) if sized else 0
         budget = int(ws / args.pressure) if ws else None
         if budget:
             runs.append(run("uvmprefetch", f"uvmprefetch-budget", budget=budget))

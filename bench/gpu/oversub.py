@@ -69,9 +69,10 @@ def main(argv=None) -> int:
 
     start = time.monotonic()
     if args.dry_run:
-        work = C.tiny_workload(iters=4)
+        work = C.tiny_workload(iters=4, foreach="off")
     else:
-        work = C.Workload(args.model, args.config, args.batch, args.seq, args.iters, args.warmup, args.dtype)
+        work = C.Workload(args.model, args.config, args.batch, args.seq, args.iters, args.warmup, args.dtype,
+                          foreach="off")
     wdir = args.work_dir or (C.out_dir(args) / "oversub-runs")
 
     def run(mode, case, **kw):

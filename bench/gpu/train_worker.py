@@ -25,6 +25,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 CONFIGS = {
     ("gpt2", "tiny"): dict(n_layer=2, n_embd=64, n_head=2, vocab_size=512, n_positions=128, bos_token_id=511,
                           eos_token_id=511),
+    # "mini": the smallest model whose working set spans tens of 2 MB blocks, so that a budget of half of it is
+    # still a meaningful capacity for the dry runs of the oversubscription scripts.
+    ("gpt2", "mini"): dict(n_layer=2, n_embd=256, n_head=4, vocab_size=4096, n_positions=128, bos_token_id=4095,
+                           eos_token_id=4095),
     ("gpt2", "small"): dict(n_layer=12, n_embd=768, n_head=12),
     ("gpt2", "medium"): dict(n_layer=24, n_embd=1024, n_head=16),
     ("gpt2", "large"): dict(n_layer=36, n_embd=1280, n_head=20),
@@ -69,6 +73,9 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"], help="bf16 = autocast around the forward pass")
     p.add_argument("--deterministic", action="store_true",
                    help="deterministic kernels (torch.use_deterministic_algorithms, eager attention, no TF32)")
+    p.add_argument("--foreach", default="auto", choices=["auto", "on", "off"],
+                   help="AdamW's multi-tensor (foreach) path: one op over every parameter at once (auto = "
+                        "PyTorch's choice: on for CUDA)")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--out", required=True)
@@ -91,7 +98,8 @@ def main(argv=None) -> int:
     model, vocab = build_model(a.model, a.config, a.seq, eager_attention=a.deterministic)
     model.to(dev).train()
     n_params = sum(t.numel() for t in model.parameters())
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    foreach = {"auto": None, "on": True, "off": False}[a.foreach]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=foreach)
     gen = torch.Generator().manual_seed(a.seed + 1)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     if dev.type == "cuda":
@@ -114,7 +122,7 @@ def main(argv=None) -> int:
 
     res = {
         "model": a.model, "config": a.config, "batch": a.batch, "seq": a.seq, "iters": a.iters, "dtype": a.dtype,
-        "deterministic": a.deterministic, "device": str(dev), "seed": a.seed, "n_params": n_params,
+        "deterministic": a.deterministic, "foreach": a.foreach, "device": str(dev), "seed": a.seed, "n_params": n_params,
         # Parameters, gradients and the two AdamW moments: the part of the working set that lives all iteration.
         "state_bytes": 4 * 4 * n_params,
         "losses": losses,
