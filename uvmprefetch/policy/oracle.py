@@ -26,11 +26,15 @@ from .base import EMPTY, Decision, LaunchInfo, Params, Policy, PolicyContext, Re
 @dataclass(frozen=True)
 class OracleParams(Params):
     lookahead: int = 0  # launches ahead the planner may prefetch for (0 = as far as capacity allows)
-    prefetch: bool = True  # False: Belady eviction only (faults bring data in)
+    prefetch: bool = True  # False: Belady eviction only (faults bring the data in)
+    pace: bool = True  # evict for later launches only while the link would idle before the next launch (+ lead_s)
+    lead_s: float = 0.0  # extra link time queued beyond the next decision point
 
     def __post_init__(self) -> None:
         if self.lookahead < 0:
             raise ConfigError(f"oracle: lookahead must be >= 0, got {self.lookahead}")
+        if not self.lead_s >= 0:
+            raise ConfigError(f"oracle: lead_s must be >= 0, got {self.lead_s}")
 
 
 class OraclePolicy(Policy):
@@ -55,6 +59,8 @@ class OraclePolicy(Policy):
         self.scheduled = np.zeros(lay.max_blocks, dtype=bool)
         self.n_prefetched = 0
         self.n_evicted = 0
+        self.q_end = 0.0  # estimated end of the H2D queue
+        self.t_blk = ctx.gpu.transfer_time(ctx.block_size)
 
     def on_launch(self, info: LaunchInfo, state: ResidencyView) -> Decision | None:
         i = info.index
@@ -62,13 +68,21 @@ class OraclePolicy(Policy):
         if i > 0:  # launch i-1 ran: its blocks' next use moves on
             a, b = ptr[i - 1], ptr[i]
             self.nu[lay.blocks[a:b]] = self.nxt[a:b]
-        if not self.params.prefetch:
-            return None
         present = state.resident | state.in_flight
         free = state.capacity_blocks - state.used_blocks
         victims = _Victims(state.resident, self.nu, i)
+        if not self.params.prefetch:  # Belady alone: make room for launch i's faults, bring nothing in
+            blk = lay.blocks[ptr[i]:ptr[i + 1]]
+            rem = int((~present[blk]).sum()) - max(free, 0)
+            if rem <= 0:
+                return None
+            ev = victims.take_any(rem)
+            self.n_evicted += ev.shape[0]
+            return Decision(evict=ev)
         pf, ev = [], []
         h = i
+        q = max(self.q_end, state.now)
+        until = state.now + info.duration + self.params.lead_s
         while h < self.L:
             if h > i and self.params.lookahead and h - i > self.params.lookahead:
                 break
@@ -77,6 +91,10 @@ class OraclePolicy(Policy):
             k = need.shape[0]
             take = min(max(free, 0), k)
             rem = k - take
+            if rem and h > i and self.params.pace and q >= until:
+                # Evicting now for a later need only risks evicting the wrong block; the link is busy past
+                # the next decision point anyway, so issuing later loses nothing. Free room is used greedily.
+                break
             if rem:
                 v = victims.take(rem, later_than=h)
                 if v is None:
@@ -89,8 +107,10 @@ class OraclePolicy(Policy):
             if need.size:
                 pf.append(need)
                 self.scheduled[need] = True
+                q += need.shape[0] * self.t_blk
             h = max(h + 1, self.horizon) if h == i else h + 1
         self.horizon = max(self.horizon, h)
+        self.q_end = q
         prefetch = np.concatenate(pf) if pf else EMPTY
         evict = np.concatenate(ev) if ev else EMPTY
         self.scheduled[prefetch] = False

@@ -113,6 +113,8 @@ def run_bench(traces: list[tuple[str, Trace]], policies: list[str], oversubs: li
                                  "ideal_s": ideal["ideal_s"]}
                         bar.update(1)
                     r["trace"] = tname
+                    r["policy_name"] = r["policy"]
+                    r["policy"] = p  # the spec: variants of one policy stay apart in tables
                     r["oversub_target"] = ov
                     rows.append(r)
     finally:
