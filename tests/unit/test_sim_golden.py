@@ -188,3 +188,25 @@ def test_policy_pre_eviction_frees_room_after_write_back():
     res = m.result()
     assert res["bytes_dtoh"] == 2 * MiB and res["policy_evictions"] == 1 and res["peak_used_blocks"] == 1
     assert res["iteration_times_s"] == [pytest.approx(e0 + TD + T + D)]
+
+
+@pytest.mark.parametrize("touched, dense", [(17, True), (16, False)])
+def test_density_prefetch_with_64k_blocks(touched, dense):
+    """64 KiB blocks: a 2 MiB tensor is 32 blocks of one 2 MiB region. A launch reads the first ``touched``
+    of them: each is one fault entry (one batch), each moves in 64 KiB (t64 = 64 KiB / bw(64 KiB)).
+    With 17/32 = 53 % > 51 % the driver pulls the other 15 blocks along as one 960 KiB copy:
+    time = lat + 17 t64 + 960 KiB / bw(960 KiB) + d. With 16/32 = 50 % nothing more moves:
+    time = lat + 16 t64 + d."""
+    b = TraceBuilder()
+    x = b.alloc(2 * MiB)
+    b.launch("k", [(x, 0, touched * 64 * 1024, READ)], duration=D)
+    r = replay(b.build(), "demand", GPU, capacity_bytes=4 * MiB, block_size=64 * 1024, check=True)
+    t64 = 64 * 1024 / bw(64 * 1024)
+    assert r["faults"] == touched and r["fault_batches"] == 1
+    if dense:
+        rest = 15 * 64 * 1024
+        assert r["driver_prefetch_bytes"] == rest and r["bytes_htod"] == 2 * MiB
+        assert r["time_s"] == pytest.approx(LAT + 17 * t64 + rest / bw(rest) + D, rel=1e-12)
+    else:
+        assert r["driver_prefetch_bytes"] == 0 and r["bytes_htod"] == 16 * 64 * 1024
+        assert r["time_s"] == pytest.approx(LAT + 16 * t64 + D, rel=1e-12)

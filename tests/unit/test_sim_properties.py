@@ -69,17 +69,18 @@ class Chaos(Policy):
                         discard=r.integers(0, n, r.integers(0, 2)), advise=adv)
 
 
-def widest(t):
+def widest(t, bs=2 * MiB):
     from uvmprefetch.sim.layout import build_layout
-    lay = build_layout(t)
+    lay = build_layout(t, bs)
     return lay, int(np.diff(lay.ptr).max())
 
 
 @SETTINGS
-@given(t=traces(), extra=st.integers(0, 6), seed=st.integers(0, 1000), wb=st.booleans())
-def test_invariants_under_every_policy(t, extra, seed, wb):
-    lay, w = widest(t)
-    cap = (w + extra) * lay.block_size
+@given(t=traces(), extra=st.integers(0, 6), seed=st.integers(0, 1000), wb=st.booleans(),
+       bs=st.sampled_from([2 * MiB, 64 * KiB]))
+def test_invariants_under_every_policy(t, extra, seed, wb, bs):
+    lay, w = widest(t, bs)
+    cap = (w + extra * (2 * MiB // bs)) * lay.block_size
     for pol in ("demand", "oracle", Chaos(seed)):
         r = replay(t, pol, GPU, capacity_bytes=cap, layout=lay, check=True, writeback_clean=wb)
         assert r["peak_used_blocks"] <= r["capacity_bytes"] // lay.block_size
