@@ -1,0 +1,136 @@
+"""``uvmprefetch doctor``: can the live runtime work here? One line per check: ok / missing, and why."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+NAME = "doctor"
+HELP = "check the driver, GPU features, cuda-python, CUPTI, the shim and torch"
+DESCRIPTION = ("Check what the live runtime needs, one line each: NVIDIA driver and its version, GPU, managed "
+               "memory and concurrent managed access, CUDA 13 batched prefetch/discard, the CUDA runtime "
+               "library, cuda-python, CUPTI (cupti-python), the LD_PRELOAD shim, torch and its CUDA build, the "
+               "start-up hook. Works without a GPU: it says what is missing. Exit 0 when the cuda backend can "
+               "run, 1 when something it needs is missing (the dryrun backend works anywhere torch does).")
+EPILOG = """\
+examples:
+  uvmprefetch doctor
+  uvmprefetch doctor --json
+"""
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--json", action="store_true", help="print {checks: [{name, ok, detail, required}], cuda_ready}")
+
+
+def checks() -> list[dict]:
+    """Every check as ``{name, ok, detail, required}`` (``required``: the cuda backend cannot run without it)."""
+    from ..runtime.device import BATCH_MIN_DRIVER, Driver, have_module
+    out = []
+
+    def add(name, ok, detail, required=True):
+        out.append({"name": name, "ok": bool(ok), "detail": detail, "required": required})
+
+    d = Driver()
+    add("nvidia driver", d.version is not None,
+        f"libcuda.so.1, driver API {d.version // 1000}.{d.version % 1000 // 10}" if d.version else d.error)
+    add("gpu", d.devices > 0 and not d.error,
+        f"{d.devices} device(s), GPU 0: {d.name}, {d.total_bytes / 2**30:.1f} GiB" if d.devices and d.total_bytes
+        else (d.error or "no GPU"))
+    why = "no GPU to ask" if d.error else ""
+    add("managed memory", d.managed, "supported" if d.managed else (why or "GPU 0 has no managed memory"))
+    add("concurrent managed access", d.concurrent_managed,
+        "supported (prefetch/evict while kernels run)" if d.concurrent_managed
+        else (why or "not supported (pre-Pascal, Windows or WSL): prefetch and eviction need it"))
+    add("batched prefetch/discard", d.batch_api,
+        "cuMemPrefetchBatchAsync/cuMemDiscardBatchAsync present" if d.batch_api
+        else (why or f"needs driver >= {BATCH_MIN_DRIVER // 1000}.0; single prefetch calls are used, no discards"),
+        required=False)
+    add("cuda runtime", _cudart(), _cudart() or "libcudart.so.13 not found (comes with torch's CUDA wheels)")
+    add("cuda-python", have_module("cuda.bindings"),
+        _version("cuda-bindings") or "missing: pip install 'uvmprefetch[cuda]'")
+    add("cupti", have_module("cupti"), _version("cupti-python") or
+        "missing (optional: GPU fault and cuBLAS/cuDNN launch observation): pip install 'uvmprefetch[cupti]'",
+        required=False)
+    add("shim", *_shim())
+    try:
+        import torch
+        cuda = torch.version.cuda
+        add("torch", True, f"{torch.__version__}" + (f", CUDA {cuda} build" if cuda else ", CPU-only build"),
+            required=True)
+        add("torch cuda build", bool(cuda), f"CUDA {cuda}" if cuda else "CPU-only torch: the cuda backend needs a "
+            "CUDA build of torch (dryrun works)")
+    except ImportError as e:
+        add("torch", False, f"not importable: {e}")
+    add("start-up hook", _hook_installed(), _hook_installed() or "uvmprefetch-startup.pth not in site-packages "
+        "(reinstall: pip install -e .); UVMPREFETCH=1 will do nothing, `uvmprefetch run` still works",
+        required=False)
+    return out
+
+
+def _cudart() -> str:
+    import ctypes
+    try:
+        ctypes.CDLL("libcudart.so.13")
+        return "libcudart.so.13 loadable"
+    except OSError:
+        pass
+    try:
+        import nvidia.cuda_runtime  # noqa: F401 - the pip wheel torch depends on
+        base = os.path.dirname(nvidia.cuda_runtime.__file__)
+        for root, _, files in os.walk(base):
+            for f in files:
+                if f.startswith("libcudart.so.13"):
+                    return os.path.join(root, f)
+    except ImportError:
+        pass
+    return ""
+
+
+def _version(dist: str) -> str:
+    from importlib import metadata
+    try:
+        return f"{dist} {metadata.version(dist)}"
+    except metadata.PackageNotFoundError:
+        return ""
+
+
+def _shim() -> tuple[bool, str]:
+    from ..errors import ShimError
+    from ..runtime.shim import built_path
+    try:
+        p = built_path()
+    except ShimError as e:
+        return False, str(e)
+    if p.is_file():
+        return True, f"built: {p}"
+    if shutil.which("make") and shutil.which(os.environ.get("CC", "cc")):
+        return True, f"not built yet, buildable (C compiler + make found): `uvmprefetch shim-path` builds {p}"
+    return False, "not built and no C compiler/make to build it"
+
+
+def _hook_installed() -> str:
+    import site
+    for d in site.getsitepackages() + [site.getusersitepackages()]:
+        p = os.path.join(d, "uvmprefetch-startup.pth")
+        if os.path.isfile(p):
+            return f"installed: {p}"
+    return ""
+
+
+def run(args) -> int:
+    res = checks()
+    ready = all(c["ok"] for c in res if c["required"])
+    if args.json:
+        from . import emit_json
+        emit_json({"checks": res, "cuda_ready": ready})
+    else:
+        w = max(len(c["name"]) for c in res)
+        for c in res:
+            state = "ok" if c["ok"] else ("missing" if c["required"] else "optional")
+            print(f"{c['name']:<{w}}  {state:<8} {c['detail']}")
+        print(f"cuda backend: {'ready' if ready else 'not available here'}; dryrun backend: "
+              f"{'ready' if any(c['name'] == 'torch' and c['ok'] for c in res) else 'needs torch'}",
+              file=sys.stdout)
+    return 0 if ready else 1

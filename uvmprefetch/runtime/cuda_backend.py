@@ -1,0 +1,322 @@
+"""act (live, real GPU): the ``cuda`` backend.
+
+Memory: every PyTorch CUDA allocation is managed memory (the LD_PRELOAD shim turns the caching allocator's
+``cudaMalloc`` into ``cudaMallocManaged``). This backend runs the policy hooks for each observed launch and
+moves blocks with cuda-python (``cuda.bindings.runtime``, CUDA 13 ``cudaMemLocation`` API):
+
+- prefetches to the device and evictions to the host go on a dedicated non-blocking stream, batched with
+  ``cudaMemPrefetchBatchAsync`` where the driver has it (CUDA 13), one ``cudaMemPrefetchAsync`` per range
+  otherwise;
+- discards (dead data, no write-back) use ``cudaMemDiscardBatchAsync`` on a second stream ordered both ways
+  with the compute stream: after every queued kernel that may still read the dead tensor, before any later
+  kernel that reuses its memory (a discard racing with an access is undefined behaviour). Without the batch
+  API discards are skipped;
+- the budget (``Residency``) evicts the least recently migrated blocks, never those of the running launch
+  or of launches still queued on the GPU (``GpuProgress``).
+
+Any CUDA error raises ``CudaCallError``; the session logs it once and switches the prefetcher off, leaving
+plain managed memory (still correct: the driver pages on demand).
+
+C signatures behind the calls (CUDA 13 ``cuda_runtime_api.h``)::
+
+    cudaMemPrefetchAsync(const void* devPtr, size_t count, cudaMemLocation location, unsigned int flags, cudaStream_t)
+    cudaMemPrefetchBatchAsync(void** dptrs, size_t* sizes, size_t count, cudaMemLocation* prefetchLocs,
+                              size_t* prefetchLocIdxs, size_t numPrefetchLocs, unsigned long long flags, cudaStream_t)
+    cudaMemDiscardBatchAsync(void** dptrs, size_t* sizes, size_t count, unsigned long long flags, cudaStream_t)
+    cudaMemAdvise(const void* devPtr, size_t count, cudaMemoryAdvise advice, cudaMemLocation location)
+"""
+
+from __future__ import annotations
+
+import bisect
+import ctypes
+
+import numpy as np
+
+from ..errors import DeviceError, UvmPrefetchError
+from ..gpus import PROFILES
+from ..policy.base import EMPTY, Advice, LaunchInfo, Policy, PolicyContext
+from ..units import format_size
+from .residency import Residency
+
+BLOCK_SIZE = 2 << 20
+
+
+class CudaCallError(UvmPrefetchError):
+    """A CUDA call in the prefetch path failed."""
+
+
+def profile_for(name: str, total_bytes: int):
+    """The closest GPU profile for a device name, with the device's real memory size."""
+    n = name.lower()
+    for key, prof in (("gh200", "gh200-c2c"), ("h200", "h200"), ("h100", "h100-sxm" if "sxm" in n else "h100-pcie"),
+                      ("a100", "a100-pcie"), ("v100", "v100-pcie")):
+        if key in n and prof in PROFILES:
+            return PROFILES[prof].with_overrides(memory_bytes=int(total_bytes))
+    return PROFILES["h100-pcie"].with_overrides(name=f"generic ({name})", memory_bytes=int(total_bytes))
+
+
+class Mover:
+    """Prefetch / evict / discard / advise calls over cuda-python on dedicated streams."""
+
+    def __init__(self, device: int, batch_api: bool) -> None:
+        import torch
+        from cuda.bindings import runtime as cudart
+        self.rt = cudart
+        self.torch = torch
+        self.device = device
+        # torch's pool streams are created non-blocking: not the legacy default stream, as the batch calls need
+        self.stream = torch.cuda.Stream(device=device)
+        self.discard_stream = torch.cuda.Stream(device=device)
+        self.dev_loc = self._loc(cudart.cudaMemLocationType.cudaMemLocationTypeDevice, device)
+        self.host_loc = self._loc(cudart.cudaMemLocationType.cudaMemLocationTypeHost, 0)
+        self.batch = batch_api and hasattr(cudart, "cudaMemPrefetchBatchAsync")
+        self.can_discard = batch_api and hasattr(cudart, "cudaMemDiscardBatchAsync")
+        self.calls = 0
+
+    def _loc(self, typ, ident: int):
+        loc = self.rt.cudaMemLocation()
+        loc.type = typ
+        loc.id = ident
+        return loc
+
+    def _check(self, res, what: str):
+        err = res[0] if isinstance(res, tuple) else res
+        self.calls += 1
+        if err != self.rt.cudaError_t.cudaSuccess:
+            name = self.rt.cudaGetErrorName(err)
+            name = name[1].decode() if isinstance(name, tuple) and isinstance(name[1], bytes) else str(err)
+            raise CudaCallError(f"{what} failed: {name}")
+        return res
+
+    def prefetch(self, ranges: list[tuple[int, int]], to_device: bool) -> None:
+        if not ranges:
+            return
+        loc = self.dev_loc if to_device else self.host_loc
+        handle = self.stream.cuda_stream
+        what = "cudaMemPrefetch" + ("BatchAsync" if self.batch else "Async") + (" to GPU" if to_device else " to host")
+        if self.batch:
+            ptrs = [p for p, _ in ranges]
+            sizes = [s for _, s in ranges]
+            self._check(self.rt.cudaMemPrefetchBatchAsync(ptrs, sizes, len(ranges), [loc], [0], 1, 0, handle), what)
+        else:
+            for p, s in ranges:
+                self._check(self.rt.cudaMemPrefetchAsync(p, s, loc, 0, handle), what)
+
+    def discard(self, ranges: list[tuple[int, int]]) -> None:
+        if not ranges or not self.can_discard:
+            return
+        compute = self.torch.cuda.current_stream(self.device)
+        self.discard_stream.wait_stream(compute)  # after every queued kernel that may still read the data
+        self._check(self.rt.cudaMemDiscardBatchAsync([p for p, _ in ranges], [s for _, s in ranges], len(ranges), 0,
+                                                     self.discard_stream.cuda_stream), "cudaMemDiscardBatchAsync")
+        compute.wait_stream(self.discard_stream)  # before any later kernel that reuses the memory
+
+    def advise(self, ranges: list[tuple[int, int]], advice: Advice) -> None:
+        rt = self.rt
+        adv = rt.cudaMemoryAdvise
+        for p, s in ranges:
+            if advice == Advice.READ_MOSTLY:
+                self._check(rt.cudaMemAdvise(p, s, adv.cudaMemAdviseSetReadMostly, self.dev_loc), "cudaMemAdvise")
+            elif advice == Advice.PREFER_HOST:
+                self._check(rt.cudaMemAdvise(p, s, adv.cudaMemAdviseSetPreferredLocation, self.host_loc), "cudaMemAdvise")
+                self._check(rt.cudaMemAdvise(p, s, adv.cudaMemAdviseSetAccessedBy, self.dev_loc), "cudaMemAdvise")
+            else:
+                for a, loc in ((adv.cudaMemAdviseUnsetReadMostly, self.dev_loc),
+                               (adv.cudaMemAdviseUnsetPreferredLocation, self.host_loc),
+                               (adv.cudaMemAdviseUnsetAccessedBy, self.dev_loc)):
+                    self._check(rt.cudaMemAdvise(p, s, a, loc), "cudaMemAdvise")
+
+    def synchronize(self) -> None:
+        self.stream.synchronize()
+        self.discard_stream.synchronize()
+
+
+class CudaBackend:
+    """The live GPU backend (see the module docstring).
+
+    Raises
+    ------
+    DeviceError
+        No GPU / cuda-python, CUDA already initialised without the shim in front of libcudart, or a budget
+        above the free device memory.
+    """
+
+    name = "cuda"
+    virtual_addresses = False
+    device_type = "cuda"
+
+    def __init__(self, cfg, policy: Policy, *, shim=None) -> None:
+        from .device import require_cuda
+        drv = require_cuda()
+        import torch
+        from .shim import Shim, preloaded, shim_path
+        path = preloaded()
+        self.shim_mode = "LD_PRELOAD"
+        if path is None:
+            if torch.cuda.is_initialized():
+                raise DeviceError("CUDA is already initialised and the shim is not in front of libcudart: start the "
+                                  "program with UVMPREFETCH=1 or `uvmprefetch run`, or call uvmprefetch.enable() "
+                                  "before importing torch")
+            path = str(shim_path())
+            ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)  # in front of libcudart only if torch loads it later
+            self.shim_mode = "RTLD_GLOBAL (late)"
+        self.shim = shim or Shim(path)
+        if not torch.cuda.is_available():
+            raise DeviceError("torch sees no CUDA device (a CPU-only torch build?); the cuda backend needs one")
+        self.device = torch.cuda.current_device()
+        torch.cuda.init()
+        free, total = torch.cuda.mem_get_info(self.device)
+        self.device_name = torch.cuda.get_device_name(self.device)
+        self.gpu = profile_for(self.device_name, total)
+        self.block_size = BLOCK_SIZE
+        if cfg.budget is not None:
+            budget = cfg.budget.resolve(total)
+            managed_now = self.shim.stats()["managed_bytes"]
+            if budget > free + managed_now:
+                raise DeviceError(f"UVMPREFETCH_BUDGET={cfg.budget} is {format_size(budget)}, above the free device "
+                                  f"memory ({format_size(free)} of {format_size(total)}): lower it")
+            self.capacity_bytes = budget
+        else:
+            self.capacity_bytes = free  # no budget: the books stop at what is free; the driver pages beyond
+        cap_blocks = max(1, self.capacity_bytes // self.block_size)
+        # Managed bytes stay under the free memory (the shim's cap), so live addresses need at most
+        # total / block_size ids; the caching allocator keeps its segments, so address churn is small.
+        self.max_blocks = int(2 * total // self.block_size + 1024)
+        self.res = Residency(cap_blocks, self.max_blocks, self.block_size)
+        self.mover = Mover(self.device, drv.batch_api)
+        self.driver = drv
+        self.policy = policy
+        self._ids: dict[int, int] = {}
+        self._addr = np.zeros(self.max_blocks, dtype=np.int64)  # dense id -> block address
+        self._segments: list[tuple[int, int]] = []
+        self._seg_starts: list[int] = []
+        self._seg_version = -1
+        self._checked_swap = False
+        from .observe import GpuProgress
+        self.progress = GpuProgress()
+        self.iter_events: list = []
+        self.shim_launches = 0
+        policy.on_start(PolicyContext(block_size=self.block_size, capacity_blocks=cap_blocks,
+                                      max_blocks=self.max_blocks, gpu=self.gpu, live=True))
+
+    # ------------------------------------------------------------------------------------ addresses
+    def block_ids(self, start: int, length: int) -> np.ndarray:
+        bs = self.block_size
+        out = []
+        for blk in range(start // bs, (start + max(length, 1) - 1) // bs + 1):
+            i = self._ids.get(blk)
+            if i is None:
+                i = len(self._ids)
+                if i >= self.max_blocks:
+                    raise CudaCallError(f"more than {self.max_blocks} distinct 2 MiB blocks seen: address books full")
+                self._ids[blk] = i
+                self._addr[i] = blk * bs
+            out.append(i)
+        return np.asarray(out, dtype=np.int64)
+
+    def _refresh_segments(self) -> None:
+        st = self.shim.stats()
+        version = st["n_alloc"] + st["n_free"]
+        if version != self._seg_version:
+            self._segments = self.shim.segments()
+            self._seg_starts = [p for p, _ in self._segments]
+            self._seg_version = version
+
+    def ranges(self, blocks: np.ndarray) -> list[tuple[int, int]]:
+        """Managed address ranges covering ``blocks``, clipped to live managed allocations, adjacent merged."""
+        if not blocks.size:
+            return []
+        self._refresh_segments()
+        out: list[list[int]] = []
+        bs = self.block_size
+        for a in np.sort(self._addr[blocks]).tolist():
+            j = bisect.bisect_right(self._seg_starts, a) - 1
+            j = max(j, 0)
+            while j < len(self._segments) and self._segments[j][0] < a + bs:
+                p, s = self._segments[j]
+                lo, hi = max(a, p), min(a + bs, p + s)
+                if lo < hi:
+                    if out and out[-1][0] + out[-1][1] == lo:
+                        out[-1][1] += hi - lo
+                    else:
+                        out.append([lo, hi - lo])
+                j += 1
+        return [(p, s) for p, s in out]
+
+    # ------------------------------------------------------------------------------------ hooks
+    def free(self, blocks: np.ndarray) -> None:
+        self.res.free(blocks)
+        self.policy.on_free(blocks)
+
+    def _check_swap(self) -> None:
+        """Once: are PyTorch's allocations really managed? (the shim may sit behind libcudart)"""
+        import torch
+        if torch.cuda.memory_reserved(self.device) > 0:
+            self._checked_swap = True
+            if self.shim.stats()["n_alloc"] == 0:
+                raise CudaCallError("PyTorch allocates but the shim saw no cudaMalloc: the shim is not in front of "
+                                    f"libcudart ({self.shim_mode}); start with UVMPREFETCH=1 or `uvmprefetch run`")
+
+    def launch(self, info: LaunchInfo) -> None:
+        if not self._checked_swap:
+            self._check_swap()
+        res = self.res
+        queued = self.progress.queued_blocks()
+        protected = np.union1d(info.blocks, queued) if queued.size else info.blocks
+        dec = self.policy.on_launch(info, res)
+        discard, evict, pf = res.plan(dec, protected)
+        res.apply(discard, evict, EMPTY)  # books first: what the Decision frees counts for the budget
+        incoming = int((~res.resident[info.blocks]).sum()) if info.blocks.size else 0
+        victims = res.victims(incoming + pf.size, protected)
+        res.evict_for_budget(victims)
+        res.apply(EMPTY, EMPTY, pf)
+        mv = self.mover
+        mv.discard(self.ranges(discard))
+        mv.prefetch(self.ranges(np.union1d(evict, victims)), to_device=False)
+        if dec is not None:
+            for blocks, advice in dec.advise:
+                mv.advise(self.ranges(np.asarray(blocks, dtype=np.int64)), Advice(advice))
+        mv.prefetch(self.ranges(pf), to_device=True)  # keeps the policy's order: soonest-needed first
+        missing = res.touch(info.blocks)
+        if missing.size:
+            self.policy.on_fault(info, missing)
+        if victims.size:
+            self.policy.on_evict(victims)  # budget evictions are "the driver's" from the policy's point of view
+        self.progress.record(info.index, info.blocks)
+
+    def end_iteration(self, k: int) -> None:
+        import torch
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        self.iter_events.append(ev)
+        self.shim_launches += len(self.shim.read_launches())
+        self.policy.on_iteration(k)
+
+    def resident_bytes(self) -> int:
+        return self.res.n_resident * self.block_size
+
+    def result(self) -> dict:
+        r = self.res.result()
+        st = self.shim.stats()
+        self.shim_launches += len(self.shim.read_launches())
+        times = []
+        try:
+            if len(self.iter_events) > 1:
+                self.iter_events[-1].synchronize()
+                times = [a.elapsed_time(b) / 1e3 for a, b in zip(self.iter_events, self.iter_events[1:])]
+        except Exception:  # noqa: BLE001 - timing is best effort at exit
+            times = []
+        r.update(gpu=self.device_name, faults=None, peak_managed_bytes=st["peak_managed_bytes"],
+                 managed_bytes_end=st["managed_bytes"], managed_limit_bytes=st["limit_bytes"],
+                 shim=st, shim_mode=self.shim_mode, shim_launches_seen=self.shim_launches,
+                 batch_api=self.mover.batch, discard_api=self.mover.can_discard, cuda_calls=self.mover.calls,
+                 driver_version=self.driver.version, gpu_iter_s_between_steps=times,
+                 note="faults need CUPTI; expected_faults counts blocks used that the books did not hold resident")
+        return r
+
+    def close(self) -> None:
+        self.mover.synchronize()
+
+
+__all__ = ["CudaBackend", "CudaCallError", "Mover", "profile_for", "EMPTY"]
