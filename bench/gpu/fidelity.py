@@ -114,12 +114,14 @@ def main(argv=None) -> int:
         run = lambda mode, case, **kw: C.run_training(mode, work, wdir, case, seed=args.seed, dry_run=args.dry_run,
                                                      timeout=args.timeout, **kw)
         if args.dry_run:
-            ws = C.working_set_bytes(run("uvmprefetch", "probe"))
+            ws = C.working_set_bytes(run("managed", "probe"))
         else:
             plain = run("plain", "plain")
             if not C.run_ok(plain)[0]:
                 C.fail(NAME, f"plain run failed ({C.run_ok(plain)[1]}); pick a smaller workload", 1)
             ws = C.working_set_bytes(plain)
+        if ws <= 0:
+            C.fail(NAME, "no working-set figure: the sizing run reported no peak bytes", 1)
         runs = []
         for ratio in ratios:
             for mode in modes:

@@ -27,7 +27,9 @@ setup() {
     # dependencies (its pins name the CPU torch of the dev machines) so that the UVMPREFETCH=1 start-up hook
     # is installed; fall back to PYTHONPATH (then only `uvmprefetch run` / explicit enable work).
     if ! "$PY" -m pip install -q --no-deps --no-build-isolation --no-index -e . >>"$LOG" 2>&1; then
-        log "pip install -e . failed (see log); using PYTHONPATH"
+        log "pip install -e . failed (see log); using PYTHONPATH and copying the start-up hook by hand"
+        SITE=$("$PY" -c 'import site; print(site.getsitepackages()[0])')
+        cp uvmprefetch/runtime/uvmprefetch-startup.pth "$SITE/" 2>>"$LOG" || log "cannot install the start-up hook"
     fi
     export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
     "$PY" - <<'EOF' 2>&1 | tee -a "$LOG"
