@@ -7,3 +7,19 @@ Layout (data flows left to right): ``trace/`` observe -> ``policy/`` decide -> `
 """
 
 __version__ = "0.1.0"
+
+
+def enable(config=None, **overrides):
+    """Switch the live runtime on in this process (see ``uvmprefetch.runtime.enable``); returns the session.
+
+    ``uvmprefetch.enable(backend="dryrun", budget="20GiB")``. For the cuda backend call it before importing
+    torch (or start the program with ``UVMPREFETCH=1``), so that the shim sits in front of libcudart.
+    """
+    from .runtime import enable as _enable  # lazy: keep ``import uvmprefetch`` cheap
+    return _enable(config, **overrides)
+
+
+def disable():
+    """Stop the live runtime (writes its report); returns the report dict or None."""
+    from .runtime import disable as _disable
+    return _disable()

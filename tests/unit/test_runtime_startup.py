@@ -1,0 +1,117 @@
+"""Enablement: the start-up hook (``UVMPREFETCH=1`` in any Python process), ``uvmprefetch run`` and
+``uvmprefetch.enable``; invalid values and a missing GPU give one clear line and a non-zero exit."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from uvmprefetch.runtime.startup import alloc_conf_without_expandable
+from uvmprefetch.errors import DeviceError
+
+HAVE_GPU = os.path.exists("/dev/nvidiactl")
+
+
+def py(code, env_extra, timeout=120):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UVMPREFETCH")}
+    env.update(env_extra)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def one_line(stderr):
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+def test_unset_costs_nothing():
+    # GIVEN no UVMPREFETCH, THEN the hook imports nothing of ours (one environment lookup)
+    r = py("import sys; print(any(m.split('.')[0] == 'uvmprefetch' for m in sys.modules))", {})
+    assert r.returncode == 0 and r.stdout.strip() == "False"
+    r = py("import sys; print('uvmprefetch.runtime.session' in sys.modules)", {"UVMPREFETCH": "0"})
+    assert r.returncode == 0 and r.stdout.strip() == "False"  # set but off: config checked, runtime not started
+
+
+@pytest.mark.parametrize("var,value", [("UVMPREFETCH", "maybe"), ("UVMPREFETCH_BUDGET", "lots"),
+                                       ("UVMPREFETCH_BACKEND", "tpu"), ("UVMPREFETCH_WINDOW", "-3"),
+                                       ("UVMPREFETCH_POLICY", "nope")])
+def test_invalid_value_one_line_exit_2(var, value):
+    env = {"UVMPREFETCH": "1", "UVMPREFETCH_BACKEND": "dryrun", var: value}
+    r = py("print('the program ran')", env)
+    assert r.returncode == 2 and "the program ran" not in r.stdout
+    line = one_line(r.stderr)
+    assert var in line and "accepted" in line or "valid" in line
+
+
+@pytest.mark.skipif(HAVE_GPU, reason="checks the no-GPU refusal")
+def test_missing_gpu_one_line_exit_5():
+    r = py("print('the program ran')", {"UVMPREFETCH": "1"})  # backend defaults to cuda
+    assert r.returncode == 5 and "the program ran" not in r.stdout
+    assert "GPU" in one_line(r.stderr)
+    r = subprocess.run(["uvmprefetch", "run", "--", sys.executable, "-c", "print(1)"], capture_output=True, text=True,
+                       env={k: v for k, v in os.environ.items() if not k.startswith("UVMPREFETCH")})
+    assert r.returncode == 5 and r.stdout == "" and "GPU" in one_line(r.stderr)
+
+
+def test_hook_enables_runtime_in_owner_only(tmp_path):
+    rep = tmp_path / "r.json"
+    code = "import torch; x = torch.ones(4); (x * 2).sum()"
+    env = {"UVMPREFETCH": "1", "UVMPREFETCH_BACKEND": "dryrun", "UVMPREFETCH_REPORT": str(rep),
+           "UVMPREFETCH_LOG": "quiet"}
+    r = py(code, env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(rep.read_text())["launches"] >= 2
+    rep.unlink()
+    r = py(code, {**env, "UVMPREFETCH_OWNER": "1"})  # a child of another run: stays plain
+    assert r.returncode == 0 and not rep.exists()
+
+
+def test_run_cli_dryrun(tmp_path):
+    rep = tmp_path / "r.json"
+    r = subprocess.run(["uvmprefetch", "run", "--backend", "dryrun", "--budget", "16MiB", "--report", str(rep),
+                        "--log", "quiet", "--", sys.executable, "-c",
+                        "import torch; a = torch.randn(1024, 1024); b = (a @ a).relu().sum(); print(float(b) > 0)"],
+                       capture_output=True, text=True, timeout=120,
+                       env={k: v for k, v in os.environ.items() if not k.startswith("UVMPREFETCH")})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "True"
+    d = json.loads(rep.read_text())
+    assert d["budget_bytes"] == 16 << 20 and d["launches"] >= 3 and not d["degraded"]
+
+
+def test_run_cli_bad_flag_one_line():
+    r = subprocess.run(["uvmprefetch", "run", "--backend", "dryrun", "--window", "zero", "--", "python", "-c", "1"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "UVMPREFETCH_WINDOW" in one_line(r.stderr)
+
+
+def test_enable_api_in_process(tmp_path):
+    code = f"""
+import uvmprefetch, torch, json
+s = uvmprefetch.enable(backend="dryrun", budget="8MiB", log="quiet", report={str(tmp_path / 'e.json')!r})
+torch.manual_seed(0)
+m = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 256))
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+for _ in range(2):
+    loss = m(torch.randn(64, 256)).pow(2).mean(); loss.backward(); opt.step(); opt.zero_grad()
+print(loss.item().hex())
+rep = uvmprefetch.disable()
+print(json.dumps([rep["iterations"], rep["launches_by_phase"]["backward"] > 0]))
+"""
+    r = py(code, {})
+    assert r.returncode == 0, r.stderr
+    loss_hex, summary = r.stdout.splitlines()
+    assert json.loads(summary) == [2, True]
+    plain = py(code.replace("s = uvmprefetch.enable(", "s = dict(").replace("rep = uvmprefetch.disable()",
+                                                                             "rep = dict(iterations=2, launches_by_phase={'backward': 1})"), {})
+    assert plain.stdout.split()[0] == loss_hex
+
+
+def test_alloc_conf_rewrite():
+    assert alloc_conf_without_expandable("") == ("expandable_segments:False", False)
+    conf, changed = alloc_conf_without_expandable("max_split_size_mb:128,expandable_segments:True")
+    assert changed and conf == "max_split_size_mb:128,expandable_segments:False"
+    with pytest.raises(DeviceError):
+        alloc_conf_without_expandable("backend:cudaMallocAsync")
