@@ -86,7 +86,7 @@ def main(argv=None) -> int:
     if args.from_ is not None:
         try:
             src = json.loads(args.from_.read_text())
-            runs = [r for r in src["runs"] if r.get("policy")]
+            runs = [r for r in src["runs"] if r.get("policy") and r.get("budget")]  # not the unbudgeted probe
             warmup = src["workload"]["warmup"]
         except (OSError, ValueError, KeyError) as e:
             C.fail(NAME, f"--from {args.from_}: not an oversub.py result ({type(e).__name__}: {e})")
