@@ -201,8 +201,7 @@ def make_mode(session):
     class UvmPrefetchMode(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
-            if session.active and not func.is_view and func._schema.name not in _NO_KERNEL \
-                    and str(func._schema) and _not_skipped(func):
+            if session.active and _launches(func):
                 try:
                     backward = current_node() is not None
                     session.on_op(func, args, kwargs, out, backward)
@@ -213,9 +212,16 @@ def make_mode(session):
     return UvmPrefetchMode()
 
 
-def _not_skipped(func) -> bool:
-    ns = func.namespace
-    return ns not in ("profiler", "prim")
+_LAUNCHES: dict = {}
+
+
+def _launches(func) -> bool:
+    """Does ``func`` launch a kernel? (not a view, not allocation-only, not a profiler/prim marker); cached."""
+    r = _LAUNCHES.get(func)
+    if r is None:
+        r = _LAUNCHES[func] = not (func.is_view or func.name() in _NO_KERNEL
+                                   or func.namespace in ("profiler", "prim"))
+    return r
 
 
 class GpuProgress:

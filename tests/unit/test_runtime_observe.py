@@ -1,0 +1,175 @@
+"""Observation on the CPU: the dispatcher mode sees forward, backward and optimizer launches with their
+accesses, storage deaths reach ``on_free``, the address layout reuses memory like a caching allocator, and a
+failing backend never breaks the user's program."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from uvmprefetch.config import RuntimeConfig
+from uvmprefetch.runtime.observe import VirtualLayout, accesses_of, tensor_extent
+from uvmprefetch.runtime.session import Session
+from uvmprefetch.trace.format import PHASE, READ, WRITE
+
+BS = 64 * 1024
+
+
+class RecordingBackend:
+    """A backend that records what the session hands it (the boundary between observe and act)."""
+
+    name = "record"
+    virtual_addresses = True
+    device_type = "cpu"
+    block_size = BS
+    capacity_bytes = 1 << 30
+    gpu = None
+
+    def __init__(self, fail_at=None):
+        self.launches, self.frees, self.iters = [], [], []
+        self.fail_at = fail_at
+
+    def block_ids(self, start, length):
+        return np.arange(start // BS, (start + length - 1) // BS + 1, dtype=np.int64)
+
+    def free(self, blocks):
+        self.frees.append((len(self.launches), blocks.copy()))
+
+    def launch(self, info):
+        if self.fail_at is not None and info.index >= self.fail_at:
+            raise RuntimeError("injected CUDA failure")
+        self.launches.append(info)
+
+    def end_iteration(self, k):
+        self.iters.append(k)
+
+    def result(self):
+        return {}
+
+    def close(self):
+        pass
+
+
+def session(backend, **kw):
+    cfg = RuntimeConfig(enabled=True, backend="dryrun", policy="demand", log="quiet", **kw)
+    return Session(cfg, backend=backend)
+
+
+def train(steps=2, seed=0):
+    torch.manual_seed(seed)
+    m = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
+    opt = torch.optim.Adam(m.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(steps):
+        loss = m(torch.randn(32, 64)).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def test_forward_backward_optimizer_and_iterations_seen():
+    be = RecordingBackend()
+    s = session(be).start()
+    try:
+        train(steps=2)
+    finally:
+        s.stop()
+    phases = {PHASE[p] for p in ("forward", "backward", "optimizer")}
+    assert phases <= {i.phase for i in be.launches}
+    assert be.iters == [0, 1] and s.iteration == 2
+    assert [i.index for i in be.launches] == list(range(len(be.launches)))
+    mm = [i for i in be.launches if s_name(s, i).startswith("aten::addmm")]
+    assert mm and all(i.blocks.size and i.write_blocks.size for i in mm)
+    assert all(np.all(np.isin(i.write_blocks, i.blocks)) for i in be.launches)
+    # the same op on the same shapes gets the same execution id in both iterations
+    ids = [(i.exec_id, i.iteration) for i in be.launches if i.phase == PHASE["forward"]]
+    it0 = [e for e, k in ids if k == 0]
+    it1 = [e for e, k in ids if k == 1]
+    assert it0[-len(it1):] == it1  # iteration 0 also holds the model's initialisation
+    assert not any(s_name(s, i).startswith('aten::empty') for i in be.launches)  # no kernel, no launch
+
+
+def s_name(s, info):
+    return {v: k for k, v in s.names.items()}[info.name]
+
+
+def test_tensor_death_reaches_on_free():
+    be = RecordingBackend()
+    s = session(be).start()
+    try:
+        x = torch.ones(4 * BS // 4)  # 4 blocks
+        y = x * 2
+        blocks_y = be.launches[-1].write_blocks.copy()
+        del y
+        z = x + 1  # the next launch drains the death first
+        assert be.frees, "no free reported"
+        _, freed = be.frees[-1]
+        assert set(blocks_y.tolist()) <= set(freed.tolist())
+        del z
+    finally:
+        s.stop()
+
+
+def test_accesses_modes():
+    a, b = torch.ones(8), torch.ones(8)
+    out = a.add_(b)
+    acc = accesses_of(torch.ops.aten.add_.Tensor, (a, b), {}, out, "cpu")
+    modes = [m for t, m in acc]
+    assert modes[0] == READ | WRITE and modes[1] == READ and modes[-1] == WRITE
+    v = torch.arange(20.)[2:12:2]
+    assert tensor_extent(v) == (8, (1 + 4 * 2) * 4)
+
+
+def test_failing_backend_degrades_training_goes_on(capsys):
+    ref = train(steps=3)
+    be = RecordingBackend(fail_at=5)
+    s = session(be).start()
+    try:
+        got = train(steps=3)
+    finally:
+        rep = s.stop()
+    assert got == ref  # same results: the runtime never touches the user's data
+    assert s.degraded and rep["degraded"] and len(rep["errors"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("injected CUDA failure") == 1  # logged once
+    assert len(be.launches) == 5  # nothing after the failure
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(1, 5000)), min_size=1, max_size=80))
+def test_virtual_layout_no_overlap_and_reuse(ops):
+    lay, live = VirtualLayout(), []
+    for is_alloc, size in ops:
+        if is_alloc or not live:
+            start = lay.alloc(size)
+            live.append((start, -(-size // 512) * 512))
+        else:
+            start, sz = live.pop(size % len(live))
+            lay.free(start, sz)
+        spans = sorted(live)
+        assert all(a + n <= b for (a, n), (b, _) in zip(spans, spans[1:]))  # no overlap
+        assert all(a + n <= lay.top for a, n in spans)
+    for start, sz in live:
+        lay.free(start, sz)
+    assert lay.top == 0  # everything coalesced back
+
+
+@pytest.mark.parametrize("policy", ["demand"])
+def test_dryrun_backend_respects_budget(policy):
+    from uvmprefetch.runtime.dryrun import DryrunBackend
+    from uvmprefetch.config import parse_budget
+    cfg = RuntimeConfig(enabled=True, backend="dryrun", policy=policy, log="quiet", budget=parse_budget("8MiB"))
+    s = Session(cfg)
+    assert isinstance(s.backend, DryrunBackend)
+    s.start()
+    try:
+        xs = [torch.full((1 << 18,), float(i)) for i in range(12)]  # 12 MiB live > 8 MiB budget
+        total = sum(x.sum() for x in xs)
+    finally:
+        rep = s.stop()
+    assert float(total) == sum(i * (1 << 18) for i in range(12))
+    assert rep["working_set_bytes"] > 8 << 20 >= rep["peak_resident_bytes"]
+    assert rep["bytes_dtoh"] > 0 and not rep["degraded"]

@@ -1,0 +1,79 @@
+"""The cuda backend's books and budget (``Residency``), driven on the CPU like the backend drives them.
+
+Invariants (property-tested): resident blocks never exceed the budget unless the protected blocks alone do;
+protected blocks (running + queued launches) are never evicted; every evicted block was resident; victims are
+the least recently migrated; byte counters add up."""
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from uvmprefetch.policy.base import EMPTY, Decision
+from uvmprefetch.runtime.residency import Residency
+
+BS = 2 << 20
+N = 64
+
+
+def step(res, launch_blocks, queued, dec):
+    """One launch, in the cuda backend's order (CudaBackend.launch without the CUDA calls)."""
+    protected = np.union1d(launch_blocks, queued)
+    discard, evict, pf = res.plan(dec, protected)
+    res.apply(discard, evict, EMPTY)
+    incoming = int((~res.resident[launch_blocks]).sum())
+    victims = res.victims(incoming + pf.size, protected)
+    was_resident = res.resident.copy()
+    res.evict_for_budget(victims)
+    res.apply(EMPTY, EMPTY, pf)
+    missing = res.touch(launch_blocks)
+    return discard, evict, pf, victims, missing, was_resident
+
+
+blocks_st = st.lists(st.integers(0, N - 1), max_size=6, unique=True).map(lambda x: np.array(sorted(x), dtype=np.int64))
+
+
+@settings(max_examples=150, deadline=None)
+@given(cap=st.integers(4, 16),
+       launches=st.lists(st.tuples(blocks_st, blocks_st, blocks_st, blocks_st), min_size=1, max_size=40))
+def test_budget_invariants(cap, launches):
+    res = Residency(cap, N, BS)
+    for blocks, queued, want_pf, want_ev in launches:
+        protected = np.union1d(blocks, queued)
+        _, evict, pf, victims, missing, was = step(res, blocks, queued, Decision(prefetch=want_pf, evict=want_ev))
+        assert not np.isin(evict, protected).any() and not np.isin(victims, protected).any()
+        assert was[victims].all()  # every evicted block was resident
+        assert res.resident[blocks].all()  # after the launch its blocks are on the GPU
+        if protected.size + pf.size <= cap:
+            assert res.n_resident <= cap, (res.n_resident, cap)
+        assert res.n_resident == int(res.resident.sum())
+    m = res.result()
+    assert m["bytes_htod"] == m["prefetch_issued_bytes"] + m["expected_faults"] * BS
+    assert m["bytes_dtoh"] == (m["budget_evictions"] + m["policy_evictions"]) * BS
+    assert m["prefetch_useful_bytes"] <= m["prefetch_issued_bytes"]
+
+
+def test_victims_are_least_recently_migrated():
+    res = Residency(3, N, BS)
+    for b in (1, 2, 3):
+        step(res, np.array([b]), EMPTY, None)
+    _, _, _, victims, _, _ = step(res, np.array([4]), EMPTY, None)
+    assert victims.tolist() == [1]
+    _, _, _, victims, _, _ = step(res, np.array([5]), np.array([2]), None)  # 2 is queued: skip it
+    assert victims.tolist() == [3]
+
+
+def test_prefetch_accuracy_and_coverage():
+    res = Residency(8, N, BS)
+    step(res, np.array([0]), EMPTY, Decision(prefetch=np.array([1, 2])))
+    _, _, _, _, missing, _ = step(res, np.array([1, 3]), EMPTY, None)
+    assert missing.tolist() == [3]
+    m = res.result()
+    assert m["prefetch_issued_bytes"] == 2 * BS and m["prefetch_useful_bytes"] == BS
+    assert m["accuracy"] == 0.5 and m["coverage"] == 1 / 3  # 1 served by prefetch, 2 faulted (0 and 3)
+
+
+def test_policy_cannot_evict_queued_blocks():
+    res = Residency(8, N, BS)
+    step(res, np.array([1, 2]), EMPTY, None)
+    _, evict, _, _, _, _ = step(res, np.array([3]), np.array([1]), Decision(evict=np.array([1, 2])))
+    assert evict.tolist() == [2] and res.m["dropped_evictions"] == 1 and res.resident[1]
