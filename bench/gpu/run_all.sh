@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Run the GPU validation on a lent GPU machine, in parts that each fit one 10-minute device command.
 #
-#   bench/gpu/run_all.sh part1     # calibrate + correctness + overhead            (~6 min on an H100)
-#   bench/gpu/run_all.sh part2     # oversub --trace + fidelity --from oversub     (~8 min)
+#   bench/gpu/run_all.sh part1     # calibrate + correctness + overhead            (~6 min, at most ~9)
+#   bench/gpu/run_all.sh part2     # oversub --trace + fidelity --from oversub     (~8 min, at most ~9.5)
 #   bench/gpu/run_all.sh fidelity  # fidelity alone, its own runs (if part2 ran out of time)
 #   bench/gpu/run_all.sh summary   # gpu-summary.md from whatever results exist
 #   bench/gpu/run_all.sh dry-run   # every script with --dry-run, on any machine (CPU)
@@ -55,14 +55,20 @@ step() {
     [ "$rc" -eq 0 ] || STATUS=1
 }
 
+# save FILE...: copy results to $OUT as soon as they exist, so that a command cut at its time limit still
+# brings back what finished (the device tool returns what is under $OUT even then).
+save() {
+    [ -n "${OUT:-}" ] || return 0
+    for f in "$@"; do
+        [ -f "$RES/$f" ] && cp "$RES/$f" "$OUT/"
+    done
+    cp "$LOG" "$OUT/run_all-$PART.log" 2>/dev/null
+    return 0
+}
+
 collect() {
     "$PY" bench/gpu/summarize.py --results "$RES" >/dev/null 2>>"$LOG" || log "summarize found nothing"
-    if [ -n "${OUT:-}" ]; then
-        for f in "$@" gpu-summary.md; do
-            [ -f "$RES/$f" ] && cp "$RES/$f" "$OUT/"
-        done
-        cp "$LOG" "$OUT/run_all-$PART.log"
-    fi
+    save "$@" gpu-summary.md
     tail -n 40 "$RES/gpu-summary.md" 2>/dev/null
 }
 
@@ -70,16 +76,19 @@ case "$PART" in
 part1)
     setup
     step calibrate 120 "$PY" bench/gpu/calibrate.py --quiet
+    save calibrate.json
     step correctness 210 "$PY" bench/gpu/correctness.py --iters 20 --timeout 90
-    step overhead 210 "$PY" bench/gpu/overhead.py --iters 20 --warmup 5 --rounds 2 --timeout 60
+    save correctness.json
+    step overhead 200 "$PY" bench/gpu/overhead.py --iters 20 --warmup 5 --rounds 2 --timeout 60
     collect calibrate.json correctness.json overhead.json
     ;;
 part2)
     setup
     PROFILE=()
     [ -f "$RES/calibrate.json" ] && PROFILE=(--profile "$RES/calibrate.json")
-    step oversub 450 "$PY" bench/gpu/oversub.py --trace --work-dir /tmp/uvmp-oversub --deadline 380 --timeout 150
-    step fidelity 100 "$PY" bench/gpu/fidelity.py --from "$RES/oversub.json" "${PROFILE[@]}"
+    step oversub 460 "$PY" bench/gpu/oversub.py --trace --work-dir /tmp/uvmp-oversub --deadline 400 --timeout 150
+    save oversub.json
+    step fidelity 90 "$PY" bench/gpu/fidelity.py --from "$RES/oversub.json" "${PROFILE[@]}"
     collect oversub.json fidelity.json
     ;;
 fidelity)

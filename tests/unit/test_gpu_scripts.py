@@ -161,3 +161,22 @@ def test_oversub_then_fidelity_dry_run(tmp_path):
 def test_summarize_without_results_is_one_line(tmp_path):
     proc = _run([str(GPU / "summarize.py"), "--results", str(tmp_path)])
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "no result JSON" in proc.stderr
+
+
+def test_cuda_binding_call_forms():
+    """The cuda-bindings calls of calibrate.CudaProbe take the arguments as it passes them (CUDA 13 forms:
+    ``cudaMemLocation``, flags, batch lists). Without a driver each call returns a CUDA error code, which
+    ``_check`` turns into RuntimeError; a wrong argument form would raise TypeError before reaching CUDA."""
+    rt = pytest.importorskip("cuda.bindings.runtime")
+    from calibrate import MB2, CudaProbe
+    probe = object.__new__(CudaProbe)  # no torch.cuda: only the cuda-python half is exercised
+    probe.rt, probe.dev, probe.raw_stream = rt, 0, 0
+    probe.base, probe.arena = 0x7F0000000000, 4 * MB2
+    with pytest.raises(RuntimeError, match="cudaMemPrefetchAsync"):
+        probe._prefetch(probe.base, MB2, "device")
+    with pytest.raises(RuntimeError, match="cudaMemPrefetchAsync"):
+        probe._prefetch(probe.base, MB2, "host")
+    with pytest.raises(RuntimeError, match="cudaMemPrefetchBatchAsync"):
+        probe.batch_call_s(3, 1)
+    with pytest.raises(RuntimeError, match="cudaMallocManaged"):
+        probe._check(rt.cudaMallocManaged(MB2, getattr(rt, "cudaMemAttachGlobal", 1)), "cudaMallocManaged")
