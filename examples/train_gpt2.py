@@ -32,10 +32,14 @@ def main() -> None:
     p.add_argument("--vocab", type=int, default=4096)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cuda or cpu")
-    p.add_argument("--out", help="write {device, losses, losses_hex, iter_s} as JSON here")
+    p.add_argument("--deterministic", action="store_true", help="torch.use_deterministic_algorithms (bitwise runs)")
+    p.add_argument("--out", help="write {device, losses, losses_hex, iter_s, peak_reserved_bytes} as JSON here")
     args = p.parse_args()
 
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    if args.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS refuses deterministic mode without it
+        torch.use_deterministic_algorithms(True)
     torch.manual_seed(args.seed)
     cfg = GPT2Config(n_layer=args.layers, n_embd=args.embd, n_head=args.heads, vocab_size=args.vocab,
                      n_positions=max(args.seq, 64), bos_token_id=0, eos_token_id=0,
@@ -59,7 +63,8 @@ def main() -> None:
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"device": device, "losses": losses, "losses_hex": [x.hex() for x in losses],
-                       "iter_s": iter_s}, f)
+                       "iter_s": iter_s,
+                       "peak_reserved_bytes": torch.cuda.max_memory_reserved() if device == "cuda" else None}, f)
 
 
 if __name__ == "__main__":
