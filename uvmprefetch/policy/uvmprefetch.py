@@ -1,0 +1,516 @@
+"""``uvmprefetch``: our prefetcher (the default). A learned, online approximation of the ``oracle``.
+
+How it decides (each launch, in ``on_launch``):
+
+1. **Where are we in the learned stream?** Every launch is appended to a bounded *history* (its key,
+   name, and the blocks it touched: exact ``info.blocks`` when the framework reports accesses, the faulted
+   blocks otherwise). A pointer ``p`` follows the history position that corresponds to the launch now
+   running. It advances when the next recorded launch has the same *signature* (name + exact blocks);
+   when it does not, it re-synchronises through three correlation tables, most specific first:
+   signature -> last position, exec-id n-gram (3 predecessors + current) -> last position, name n-gram ->
+   last position. This is DeepUM's execution-id correlation generalised to a pointer into recorded
+   history, which also tells *which* blocks each coming launch needs (a changed pattern, e.g. a different
+   sequence length, jumps the pointer to the last time that pattern was seen). A name match with
+   different blocks (data-dependent accesses, MoE) keeps the pointer moving.
+2. **Predicted next use.** ``nu[b]`` is the history position where block ``b`` is next predicted to be
+   used (maintained incrementally from per-entry next-occurrence links, rebuilt on a jump).
+3. **Plan.** The blocks of the next ``window`` predicted launches that are not on the GPU, in order of
+   need, take free room first; beyond it, each takes a victim only if the victim's predicted next use is
+   later than its own (never evict a block needed sooner than the one it brings in). Victims are chosen
+   dead first, then clean with no predicted reuse, then dirty with no predicted reuse, then farthest
+   predicted reuse. Evictions for launches beyond the next one are *paced* to the link (as in the oracle):
+   only while the H2D queue would drain before the next decision point, so a wrong guess costs little.
+4. **Window.** ``window.WindowMonitor`` widens it on late prefetches (a predicted block faulted or was
+   still in flight) and narrows it when prefetched blocks are evicted before use.
+5. **Invalidation.** Freed blocks are dead: discarded (no write-back) when their room is needed.
+6. **Advice.** READ_MOSTLY for blocks never written over two iterations of history (free eviction on a
+   driver without dirty tracking); PREFER_HOST for blocks read once per iteration, but only while the last
+   iteration needed more link time than compute time, and only as many as balance the two (remote reads
+   move work from the saturated link onto the compute stream).
+
+State is bounded: ``history_launches`` launches of history and ``table_entries`` entries per correlation
+table (``report()['state_bytes']``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from ..errors import ConfigError
+from .base import EMPTY, Advice, Decision, LaunchInfo, Params, Policy, PolicyContext, ResidencyView
+from .tables import GrowArray, LruMap
+from .window import WindowMonitor
+
+INF = np.iinfo(np.int64).max // 4
+# Victim classes above every history position: dead, then clean unpredicted, then dirty unpredicted.
+_K_DEAD, _K_CLEAN, _K_DIRTY = 3 * INF, 2 * INF, INF + 1
+_MASK63 = (1 << 63) - 1
+
+
+@dataclass(frozen=True)
+class UvmPrefetchParams(Params):
+    prefetch: bool = True  # prefetch predicted blocks
+    pre_evict: bool = True  # choose victims ourselves (else the driver's LRM eviction makes room)
+    invalidate: bool = True  # freed blocks are dead: dropped, never written back
+    adaptive_window: bool = True  # the monitor moves the window (else fixed at `window`)
+    advice: bool = True  # READ_MOSTLY / PREFER_HOST where it pays
+    window: int = 256  # initial lookahead, in launches
+    window_min: int = 4
+    window_max: int = 8192
+    patience: int = 4  # monitor events before the window moves
+    pace: bool = True  # evict for later launches only while the link would idle before the next decision
+    lead_s: float = 0.0  # extra link time allowed beyond the next decision point
+    margin: float = 0.0  # fraction of capacity kept free by pre-evicting dead / unpredicted blocks
+    ngram: int = 3  # predecessors in the exec-id / name correlation context
+    history_launches: int = 1 << 17  # launches of history kept (bounded state)
+    table_entries: int = 1 << 17  # entries per correlation table
+    scan_max: int = 1 << 16  # most history entries scanned per decision (bounds the cost per launch)
+
+    def __post_init__(self) -> None:
+        for f in ("window", "window_min", "window_max", "patience", "ngram", "history_launches", "table_entries",
+                  "scan_max"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ConfigError(f"uvmprefetch: {f} must be a positive integer, got {v!r}")
+        if not self.window_min <= self.window <= self.window_max:
+            raise ConfigError(f"uvmprefetch: need window_min <= window <= window_max, got "
+                              f"{self.window_min} / {self.window} / {self.window_max}")
+        if not (isinstance(self.lead_s, (int, float)) and self.lead_s >= 0):
+            raise ConfigError(f"uvmprefetch: lead_s must be >= 0, got {self.lead_s!r}")
+        if not (isinstance(self.margin, (int, float)) and 0 <= self.margin < 0.5):
+            raise ConfigError(f"uvmprefetch: margin must be in [0, 0.5), got {self.margin!r}")
+        if self.history_launches < 16:
+            raise ConfigError(f"uvmprefetch: history_launches must be >= 16, got {self.history_launches}")
+
+
+class UvmPrefetchPolicy(Policy):
+    """Learned launch-stream prefetcher with adaptive window, paced pre-eviction, invalidation and advice."""
+
+    name: ClassVar[str] = "uvmprefetch"
+    Params: ClassVar[type] = UvmPrefetchParams
+    description: ClassVar[str] = "ours: launch-history prediction, adaptive window, paced pre-eviction, advice"
+
+    def __init__(self, params: UvmPrefetchParams | None = None, **overrides) -> None:
+        super().__init__(params, **overrides)
+        # Read by the simulator: without invalidation the driver never learns of frees (like `demand`).
+        self.invalidates_frees = bool(self.params.invalidate)
+
+    # ------------------------------------------------------------------------------------------ start
+    def on_start(self, ctx: PolicyContext) -> None:
+        super().on_start(ctx)
+        P = self.params
+        n = ctx.max_blocks
+        self.nu = np.full(n, INF, dtype=np.int64)  # predicted next use (history position)
+        self.dirty = np.zeros(n, dtype=bool)
+        self.dead = np.zeros(n, dtype=bool)
+        self.pf_unused = np.zeros(n, dtype=bool)
+        self.written = np.zeros(n, dtype=bool)  # ever written (advice)
+        self.uses = np.zeros(n, dtype=np.int32)  # launches touching it this iteration (advice)
+        self.prev_uses = np.zeros(n, dtype=np.int32)
+        self.advice = np.zeros(n, dtype=np.int8)
+        self.last_flat = np.full(n, -1, dtype=np.int64)
+        # History (absolute positions; entries before `base` / flat entries before `fbase` are forgotten).
+        self.h_key = GrowArray(np.int64)
+        self.h_name = GrowArray(np.int64)
+        self.h_sig = GrowArray(np.int64)
+        self.h_ptr = GrowArray(np.int64)  # absolute flat index where each position's blocks start
+        self.f_blk = GrowArray(np.int64, initial=1 << 14)
+        self.f_next = GrowArray(np.int64, fill=INF, initial=1 << 14)
+        self.base = 0
+        self.fbase = 0
+        self.sig_tab = LruMap(P.table_entries)
+        self.exec_tab = LruMap(P.table_entries)
+        self.name_tab = LruMap(P.table_entries)
+        self.recent_exec: list[int] = []
+        self.recent_name: list[int] = []
+        self.pending: tuple | None = None  # the running launch, committed to history at the next launch
+        self.p: int | None = None  # history position matched to the running launch
+        self.horizon = 0
+        self.q_end = 0.0
+        self.t_blk = ctx.gpu.transfer_time(ctx.block_size)
+        self.margin_blocks = int(P.margin * ctx.capacity_blocks)
+        self.monitor = WindowMonitor(P.window, P.window_min, P.window_max, P.patience, P.adaptive_window)
+        self.pending_advice: list = []
+        self.iters_seen = 0
+        self.it_link_blocks = 0
+        self.it_compute = 0.0
+        self.stats = dict(launches=0, matched=0, soft=0, resync=0, unpredicted=0, prefetched_blocks=0,
+                          evicted_blocks=0, discarded_blocks=0, late_blocks=0, predicted_faults=0, thrash_blocks=0,
+                          read_mostly_blocks=0, prefer_host_blocks=0)
+
+    # ------------------------------------------------------------------------------------------ hooks
+    def on_free(self, blocks: np.ndarray) -> None:
+        if self.params.invalidate:
+            self.dead[blocks] = True
+
+    def on_evict(self, blocks: np.ndarray) -> None:
+        self.dirty[blocks] = False
+        wasted = int(self.pf_unused[blocks].sum())
+        if wasted:
+            self.pf_unused[blocks] = False
+            self.stats["thrash_blocks"] += wasted
+            self.monitor.thrash(self.stats["launches"], wasted)
+
+    def on_fault(self, info: LaunchInfo, blocks: np.ndarray) -> None:
+        if self.pending is not None and not info.known_accesses:
+            self.pending = self.pending[:3] + (np.union1d(self.pending[3], blocks),)
+        self.it_link_blocks += blocks.shape[0]
+        if self.p is not None:
+            pred = self._blocks_at(self.p)
+            late = int(np.isin(blocks, pred, assume_unique=True).sum()) if pred.size else 0
+            if late:
+                self.stats["predicted_faults"] += late
+                self.monitor.late(info.index, late)
+
+    def on_iteration(self, k: int) -> None:
+        self.iters_seen += 1
+        if self.params.advice and self.ctx is not None:
+            self._plan_advice()
+        self.prev_uses, self.uses = self.uses, self.prev_uses
+        self.uses[:] = 0
+        self.it_link_blocks = 0
+        self.it_compute = 0.0
+
+    def on_launch(self, info: LaunchInfo, state: ResidencyView) -> Decision | None:
+        st = self.stats
+        st["launches"] += 1
+        if self.pending is not None:
+            self._commit(*self.pending)
+        known = info.known_accesses
+        blocks = info.blocks if known else EMPTY
+        key = int(info.exec_id) & _MASK63
+        name = int(info.name)
+        sig = hash((name, blocks.tobytes())) if known else hash((key,))
+        self._match(key, name, sig)
+        if known:
+            self.dead[blocks] = False
+            self.pf_unused[blocks] = False
+            if info.write_blocks.size:
+                self.dirty[info.write_blocks] = True
+                self.written[info.write_blocks] = True
+            self.uses[blocks] += 1
+        cur = blocks if known else (self._blocks_at(self.p) if self.p is not None else EMPTY)
+        self.pending = (key, name, sig, blocks)
+        self.it_compute += float(info.duration)
+        if cur.size:
+            late = int(state.in_flight[cur].sum())
+            if late:
+                st["late_blocks"] += late
+                self.monitor.late(info.index, late)
+        dec = self._plan(info, state, cur)
+        if self.pending_advice:
+            dec = dec or Decision()
+            dec.advise = tuple(self.pending_advice)
+            self.pending_advice = []
+        return dec
+
+    def report(self) -> dict:
+        out = dict(self.stats)
+        out.update(self.monitor.report())
+        out["history_launches"] = len(self.h_key)
+        out["history_entries"] = len(self.f_blk)
+        out["table_entries"] = {"signature": len(self.sig_tab), "exec_ngram": len(self.exec_tab),
+                                "name_ngram": len(self.name_tab)}
+        arrays = (self.nu, self.dirty, self.dead, self.pf_unused, self.written, self.uses, self.prev_uses,
+                  self.advice, self.last_flat)
+        out["state_bytes"] = int(sum(a.nbytes for a in arrays) + sum(
+            g.nbytes for g in (self.h_key, self.h_name, self.h_sig, self.h_ptr, self.f_blk, self.f_next)) +
+            self.sig_tab.nbytes + self.exec_tab.nbytes + self.name_tab.nbytes)
+        n = self.stats["launches"]
+        out["prediction_rate"] = (self.stats["matched"] + self.stats["soft"] + self.stats["resync"]) / n if n else None
+        return out
+
+    # ------------------------------------------------------------------------------------ history
+    @property
+    def end(self) -> int:
+        """Absolute position one past the last committed launch."""
+        return self.base + len(self.h_key)
+
+    def _span(self, lo: int, hi: int) -> tuple[int, int]:
+        """Flat index range (relative to ``fbase``) of positions ``lo..hi-1``."""
+        hp = self.h_ptr.view()
+        a = int(hp[lo - self.base]) - self.fbase
+        b = (int(hp[hi - self.base]) - self.fbase) if hi < self.end else len(self.f_blk)
+        return a, b
+
+    def _blocks_at(self, pos: int) -> np.ndarray:
+        a, b = self._span(pos, pos + 1)
+        return self.f_blk.view()[a:b]
+
+    def _commit(self, key: int, name: int, sig: int, blocks: np.ndarray) -> None:
+        r = self.end
+        self.h_key.append(key)
+        self.h_name.append(name)
+        self.h_sig.append(sig)
+        f0 = self.fbase + len(self.f_blk)
+        self.h_ptr.append(f0)
+        k = blocks.shape[0]
+        if k:
+            self.f_blk.extend(blocks)
+            self.f_next.extend(np.full(k, INF, dtype=np.int64))
+            prev = self.last_flat[blocks]
+            prev = prev[prev >= self.fbase]
+            if prev.size:
+                self.f_next.view()[prev - self.fbase] = r
+            self.last_flat[blocks] = np.arange(f0, f0 + k)
+            # Blocks with no predicted use ahead of the pointer recur (in predicted time) at this position.
+            nu = self.nu[blocks]
+            p = self.p if self.p is not None else -1
+            stale = (nu >= INF) | (nu <= p)
+            if stale.any():
+                self.nu[blocks[stale]] = r
+        self.sig_tab.put(sig, r)
+        n = self.params.ngram
+        self.recent_exec.append(key)
+        self.recent_name.append(name)
+        if len(self.recent_exec) > n + 1:
+            del self.recent_exec[0], self.recent_name[0]
+        if len(self.recent_exec) == n + 1:
+            self.exec_tab.put(tuple(self.recent_exec), r)
+            self.name_tab.put(tuple(self.recent_name), r)
+        if len(self.h_key) > self.params.history_launches:
+            self._trim(len(self.h_key) // 2)
+
+    def _trim(self, k: int) -> None:
+        """Forget the oldest ``k`` launches of history (bounded state)."""
+        cut = int(self.h_ptr.view()[k])
+        fk = cut - self.fbase
+        for g in (self.h_key, self.h_name, self.h_sig, self.h_ptr):
+            g.drop_front(k)
+        self.f_blk.drop_front(fk)
+        self.f_next.drop_front(fk)
+        self.base += k
+        self.fbase = cut
+        if self.p is not None and self.p < self.base:
+            self.p = None
+        self.horizon = max(self.horizon, self.base)
+
+    def _match(self, key: int, name: int, sig: int) -> None:
+        """Move the pointer to the history position matching the launch about to run."""
+        st = self.stats
+        end, base = self.end, self.base
+        p = self.p
+        nxt = p + 1 if p is not None else None
+        if nxt is not None and nxt < end and int(self.h_sig.view()[nxt - base]) == sig:
+            self._advance(nxt)
+            st["matched"] += 1
+            return
+        q = self.sig_tab.get(sig)
+        if q is None or not base <= q < end:
+            if nxt is not None and nxt < end and int(self.h_name.view()[nxt - base]) == name:
+                self._advance(nxt)  # same kernel, other data (data-dependent accesses): keep going
+                st["soft"] += 1
+                return
+            n = self.params.ngram
+            q = None
+            if len(self.recent_exec) >= n:
+                q = self.exec_tab.get(tuple(self.recent_exec[-n:]) + (key,))
+                if q is None or not base <= q < end:
+                    q = self.name_tab.get(tuple(self.recent_name[-n:]) + (name,))
+            if q is None or not base <= q < end:
+                self.p = None
+                st["unpredicted"] += 1
+                return
+        if q == nxt:
+            self._advance(q)
+            st["matched"] += 1
+            return
+        st["resync"] += 1
+        self.p = q
+        self.horizon = q + 1
+        self._rebuild_nu(q)
+
+    def _advance(self, q: int) -> None:
+        self.p = q
+        a, b = self._span(q, q + 1)
+        if b > a:
+            self.nu[self.f_blk.view()[a:b]] = self.f_next.view()[a:b]
+
+    def _rebuild_nu(self, q: int) -> None:
+        """Predicted next use of every block after a jump of the pointer to ``q`` (O(history))."""
+        self.nu[:] = INF
+        a, b = self._span(q + 1, self.end) if q + 1 < self.end else (len(self.f_blk), len(self.f_blk))
+        if b <= a:
+            return
+        blk = self.f_blk.view()[a:b]
+        pos = self._positions(q + 1, self.end, a, b)
+        u, first = np.unique(blk, return_index=True)
+        self.nu[u] = pos[first]
+
+    def _positions(self, lo: int, hi: int, a: int, b: int) -> np.ndarray:
+        """History position of each flat entry in ``[a, b)`` = positions ``lo..hi-1``."""
+        hp = self.h_ptr.view()[lo - self.base:hi - self.base] - self.fbase
+        lens = np.diff(np.append(hp, b))
+        return np.repeat(np.arange(lo, hi, dtype=np.int64), lens)
+
+    # ------------------------------------------------------------------------------------ planning
+    def _plan(self, info: LaunchInfo, state: ResidencyView, cur: np.ndarray) -> Decision | None:
+        P = self.params
+        p = self.p
+        present = None
+        cand_b: list = []
+        cand_p: list = []
+        if cur.size:
+            present = state.resident | state.in_flight
+            miss = cur[~present[cur]]
+            if miss.size:
+                cand_b.append(miss)
+                cand_p.append(np.full(miss.shape[0], -1, dtype=np.int64))
+        if P.prefetch and p is not None:
+            w = self.monitor.window
+            lo = max(p + 1, self.horizon)
+            hi = min(p + w, self.end - 1)
+            if lo > p + 1:  # always re-check the very next launch (a block may have been evicted since)
+                a, b = self._span(p + 1, p + 2)
+                if b > a:
+                    cand_b.append(self.f_blk.view()[a:b])
+                    cand_p.append(np.full(b - a, p + 1, dtype=np.int64))
+            if lo <= hi:
+                a, b = self._span(lo, hi + 1)
+                if b - a > P.scan_max:
+                    b = a + P.scan_max
+                    hp = self.h_ptr.view()
+                    hi = lo + int(np.searchsorted(hp[lo - self.base:hi + 1 - self.base] - self.fbase, b, "right")) - 2
+                    b = self._span(lo, hi + 1)[1] if hi >= lo else a
+                if b > a:
+                    cand_b.append(self.f_blk.view()[a:b])
+                    cand_p.append(self._positions(lo, hi + 1, a, b))
+        if not cand_b:
+            return self._margin(state, cur) if P.pre_evict and self.margin_blocks else None
+        blk = np.concatenate(cand_b) if len(cand_b) > 1 else cand_b[0]
+        pos = np.concatenate(cand_p) if len(cand_p) > 1 else cand_p[0]
+        if present is None:
+            present = state.resident | state.in_flight
+        keep = ~present[blk]
+        blk, pos = blk[keep], pos[keep]
+        if blk.size > 1:
+            _, first = np.unique(blk, return_index=True)
+            if first.shape[0] < blk.shape[0]:
+                first.sort()
+                blk, pos = blk[first], pos[first]
+        n = blk.shape[0]
+        free = max(0, state.capacity_blocks - state.used_blocks - self.margin_blocks)
+        now = state.now
+        q = max(self.q_end, now)
+        evict = discard = EMPTY
+        if not P.pre_evict:
+            placed = n  # the driver evicts (least recently migrated) for whatever we queue
+        else:
+            placed = min(free, n)
+            rest = n - placed
+            if rest:
+                vict, vkey = self._victims(state, cur, rest)
+                m = vict.shape[0]
+                ok = vkey > pos[placed:placed + m]
+                k_ok = int(np.argmin(ok)) if not ok.all() else m
+                if P.pace and k_ok:
+                    # Evictions for launches after the next one only while the link has spare time.
+                    until = now + float(info.duration) + P.lead_s
+                    later = pos[placed:placed + k_ok] > (p + 1 if p is not None else -1)
+                    if later.any():
+                        q_after = q + placed * self.t_blk
+                        budget = max(0, int((until - q_after) / self.t_blk)) if self.t_blk > 0 else k_ok
+                        first_later = int(np.argmax(later))
+                        k_ok = min(k_ok, first_later + budget)
+                if k_ok:
+                    chosen = vict[:k_ok]
+                    d = self.dead[chosen]
+                    discard, evict = chosen[d], chosen[~d]
+                    wasted = int(self.pf_unused[chosen].sum())
+                    if wasted:
+                        self.pf_unused[chosen] = False
+                        self.stats["thrash_blocks"] += wasted
+                        self.monitor.thrash(info.index, wasted)
+                    self.dirty[chosen] = False
+                    self.stats["evicted_blocks"] += evict.shape[0]
+                    self.stats["discarded_blocks"] += discard.shape[0]
+                placed += k_ok
+        if P.prefetch:
+            pf = blk[:placed]
+            pp = pos[:placed]
+            if pf.size and q > now + (self.ctx.gpu.fault_batch_latency_s if self.ctx else 0.0):
+                # The H2D queue is busy: the running launch's own misses fault instead (faults go ahead
+                # of queued prefetches); their room was reserved above.
+                pf = pf[pp >= 0]
+        else:
+            pf = EMPTY
+        done = placed == n
+        if p is not None and P.prefetch:
+            if done:
+                self.horizon = max(self.horizon, min(p + self.monitor.window, self.end - 1) + 1)
+            elif placed:
+                self.horizon = max(self.horizon, int(pos[placed]) if pos[placed] >= 0 else p + 1)
+        if pf.size:
+            self.pf_unused[pf] = True
+            live = int((~self.dead[pf]).sum())
+            self.q_end = q + live * self.t_blk
+            self.stats["prefetched_blocks"] += pf.shape[0]
+            self.it_link_blocks += live
+        if not (pf.size or evict.size or discard.size):
+            return None
+        return Decision(prefetch=pf, evict=evict, discard=discard)
+
+    def _victims(self, state: ResidencyView, cur: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Up to ``k`` resident blocks in eviction order, with their keys (larger = evict first)."""
+        res = np.flatnonzero(state.resident)
+        if cur.size:
+            res = res[~np.isin(res, cur, assume_unique=True)]
+        if not res.size:
+            return EMPTY, EMPTY
+        nu = self.nu[res]
+        p = self.p if self.p is not None else -1
+        unpred = (nu >= INF) | (nu <= p)
+        key = np.where(unpred, np.where(self.dirty[res], _K_DIRTY, _K_CLEAN), nu)
+        key = np.where(self.dead[res], _K_DEAD, key)
+        if k < res.shape[0]:
+            part = np.argpartition(-key, k - 1)[:k]
+            order = part[np.argsort(-key[part], kind="stable")]
+        else:
+            order = np.argsort(-key, kind="stable")
+        return res[order], key[order]
+
+    def _margin(self, state: ResidencyView, cur: np.ndarray) -> Decision | None:
+        short = self.margin_blocks - (state.capacity_blocks - state.used_blocks)
+        if short <= 0:
+            return None
+        vict, vkey = self._victims(state, cur, short)
+        vict = vict[vkey > INF]  # only dead or unpredicted blocks go for the margin
+        if not vict.size:
+            return None
+        d = self.dead[vict]
+        self.dirty[vict] = False
+        return Decision(evict=vict[~d], discard=vict[d])
+
+    # ------------------------------------------------------------------------------------ advice
+    def _plan_advice(self) -> None:
+        st = self.stats
+        out = []
+        if self.iters_seen >= 2:
+            ro = (self.prev_uses > 0) & (self.uses > 0) & ~self.written & (self.advice == 0)
+            b = np.flatnonzero(ro)
+            if b.size:
+                self.advice[b] = int(Advice.READ_MOSTLY)
+                out.append((b, Advice.READ_MOSTLY))
+                st["read_mostly_blocks"] += b.size
+        undo = np.flatnonzero((self.advice == int(Advice.READ_MOSTLY)) & self.written)
+        if undo.size:
+            self.advice[undo] = 0
+            out.append((undo, Advice.UNSET))
+        # Remote access pays only when the link, not compute, bounds the iteration.
+        link_s = self.it_link_blocks * self.t_blk
+        if self.iters_seen >= 2 and link_s > 1.1 * self.it_compute and self.t_blk > 0:
+            gpu = self.ctx.gpu
+            remote_s = self.ctx.block_size / (gpu.remote_access_bw or gpu.link_htod_bw)
+            k = int((link_s - self.it_compute) / (self.t_blk + remote_s))
+            once = np.flatnonzero((self.uses == 1) & (self.prev_uses == 1) & ~self.written &
+                                  (self.advice != int(Advice.PREFER_HOST)))
+            if k > 0 and once.size:
+                b = once[:k]
+                self.advice[b] = int(Advice.PREFER_HOST)
+                out.append((b, Advice.PREFER_HOST))
+                st["prefer_host_blocks"] += b.size
+        self.pending_advice.extend(out)
