@@ -49,14 +49,25 @@ def build_policy(cfg: RuntimeConfig) -> Policy:
     """
     spec = cfg.policy or default_policy()
     pol = make_policy(spec)
-    if pol.offline:
-        raise ConfigError(f"UVMPREFETCH_POLICY={spec!r}: policy {pol.name} is offline (it needs the whole trace "
-                          f"in advance); a live run needs an online one: {', '.join(_PREFERENCE)}")
+    if pol.offline or pol.ideal:
+        raise ConfigError(f"UVMPREFETCH_POLICY={spec!r}: policy {pol.name} is a simulator baseline (offline or "
+                          f"infinite memory); a live run needs an online one: {', '.join(_PREFERENCE)}")
     if cfg.window is not None:
         names = {f.name for f in dataclasses.fields(pol.Params)}
         if "window" not in names:
             raise ConfigError(f"UVMPREFETCH_WINDOW={cfg.window}: policy {pol.name} has no window parameter")
-        pol = type(pol)(dataclasses.replace(pol.params, window=cfg.window))
+        # an explicit window is a fixed window: the adaptive monitor (when the policy has one) is switched off
+        kw = {"window": cfg.window}
+        if "adaptive_window" in names:
+            kw["adaptive_window"] = False
+        if "window_min" in names:
+            kw["window_min"] = min(pol.params.window_min, cfg.window)
+        if "window_max" in names:
+            kw["window_max"] = max(pol.params.window_max, cfg.window)
+        try:
+            pol = type(pol)(dataclasses.replace(pol.params, **kw))
+        except ConfigError as e:
+            raise ConfigError(f"UVMPREFETCH_WINDOW={cfg.window}: {e}") from None
     return pol
 
 
@@ -270,5 +281,5 @@ class Session:
         except Exception:  # noqa: BLE001
             return
         w = rep.get("window") if isinstance(rep, dict) else None
-        if isinstance(w, (int, float)):
-            self.window_log.append((self.index, float(w)))
+        if isinstance(w, (int, float)) and (not self.window_log or self.window_log[-1][1] != float(w)):
+            self.window_log.append((self.index, float(w)))  # changes only: the report stays small
