@@ -59,7 +59,11 @@ def main(argv=None) -> int:
         return C.run_training(m, work, tmp, case, seed=args.seed, dry_run=args.dry_run, timeout=args.timeout, **kw)
 
     runs = [run("plain", "plain-0")]
-    ws = C.working_set_bytes(runs[0])
+    # GPU: the plain run's peak reserved bytes. CPU dry run: torch has no allocator figures there, so an
+    # unbudgeted managed run's report (peak managed bytes) sizes the budget; it is not one of the timed runs.
+    ws = C.working_set_bytes(run("managed", "probe") if args.dry_run else runs[0])
+    if ws <= 0:
+        C.fail(NAME, "no working-set figure: the sizing run reported no peak bytes", 1)
     env = C.environment(args.dry_run)
     free = env.get("gpu_free_bytes_at_start", 0)
     budget = int(ws * args.headroom)
