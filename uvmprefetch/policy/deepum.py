@@ -2,7 +2,13 @@
 
 Reproduced:
 
-- **Execution ids**: ``info.exec_id`` (the trace's hash of kernel name + argument shapes, as DeepUM's).
+- **Execution ids**: DeepUM hashes the kernel name with its *argument values*, which include the tensor
+  pointers, so layer 3's GEMM and layer 4's GEMM are different ids. The trace's ``info.exec_id`` hashes
+  name + argument *shapes* only (identical layers collide), and the hooks do not carry argument pointers;
+  reading them off ``info.blocks`` would leak access knowledge DeepUM learns from faults. So by default
+  (``exec_key="occurrence"``) the id is (``info.exec_id``, how many times that id already ran in this
+  iteration): the same launch of the same layer gets the same id every step, as with DeepUM's argument
+  hash under a deterministic caching allocator. ``exec_key="shape"`` uses ``info.exec_id`` as is.
 - **Execution-id correlation table**: (3 preceding exec ids) -> next exec id, bounded LRU.
 - **UM-block correlation tables**, one per execution id, learned **only from faults** (``on_fault``; the
   per-launch access list ``info.blocks`` is never read): a set-associative table of ``rows`` (2048) rows x
@@ -51,12 +57,16 @@ class DeepUMParams(Params):
     prefetch: bool = True
     pre_evict: bool = True
     invalidate: bool = True
+    exec_key: str = "occurrence"  # "occurrence" (exec id + occurrence in the iteration) or "shape" (exec id)
+    cut_to_room: bool = True  # prefetch only what free + pre-evictable room holds (False: the driver evicts for the rest)
 
     def __post_init__(self) -> None:
         for f in ("n_kernels", "rows", "ways", "successors", "history", "exec_entries", "max_tables"):
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ConfigError(f"deepum: {f} must be a positive integer, got {v!r}")
+        if self.exec_key not in ("occurrence", "shape"):
+            raise ConfigError(f"deepum: exec_key must be 'occurrence' or 'shape', got {self.exec_key!r}")
 
 
 class _BlockTable:
@@ -91,12 +101,26 @@ class DeepUMPolicy(Policy):
         self.dead = np.zeros(ctx.max_blocks, dtype=bool)
         self.brought = np.zeros(ctx.max_blocks, dtype=np.int64)  # sequence number of the last prefetch/fault
         self.seq = 0
+        self.occ: dict[int, int] = {}  # exec id -> launches this iteration (exec_key="occurrence")
         self.stats = dict(launches=0, predicted_kernels=0, prefetched_blocks=0, evicted_blocks=0, learned_faults=0)
 
     # ------------------------------------------------------------------------------------------ hooks
     def on_free(self, blocks: np.ndarray) -> None:
         if self.params.invalidate:
             self.dead[blocks] = True
+
+    def on_iteration(self, k: int) -> None:
+        self.occ.clear()
+
+    def _eid(self, info: LaunchInfo, count: bool = False) -> int:
+        e = int(info.exec_id)
+        if self.params.exec_key == "shape":
+            return e
+        n = self.occ.get(e, 0)
+        if count:
+            self.occ[e] = n + 1
+            return hash((e, n))
+        return hash((e, n - 1))  # on_fault: the launch already counted
 
     def on_fault(self, info: LaunchInfo, blocks: np.ndarray) -> None:
         self.seq += 1
@@ -105,10 +129,11 @@ class DeepUMPolicy(Policy):
         if not blocks.size:
             return
         P = self.params
-        t = self.tables.get(info.exec_id)
+        eid = self._eid(info)
+        t = self.tables.get(eid)
         if t is None:
             t = _BlockTable(P.rows, P.ways)
-            self.tables.put(info.exec_id, t)
+            self.tables.put(eid, t)
         seq = blocks.tolist()  # faults arrive as one set per launch; ascending order stands for fault order
         if t.start < 0:
             t.start = seq[0]
@@ -130,7 +155,7 @@ class DeepUMPolicy(Policy):
     def on_launch(self, info: LaunchInfo, state: ResidencyView) -> Decision | None:
         P = self.params
         self.stats["launches"] += 1
-        e = info.exec_id
+        e = self._eid(info, count=True)
         h = P.history
         if len(self.recent) >= h:
             self.exec_tab.put(tuple(self.recent[-h:]), e)
@@ -175,8 +200,9 @@ class DeepUMPolicy(Policy):
                     d = self.dead[victims]
                     discard, evict = victims[d], victims[~d]
                     self.stats["evicted_blocks"] += k
-                pf = pf[:free + k]
-            else:
+                if P.cut_to_room:
+                    pf = pf[:free + k]
+            elif P.cut_to_room:
                 pf = pf[:free] if free else EMPTY  # no pre-eviction: only what fits
         if pf.size:
             self.seq += 1

@@ -59,7 +59,7 @@ class UvmPrefetchParams(Params):
     adaptive_window: bool = True  # the monitor moves the window (else fixed at `window`)
     advice: bool = True  # READ_MOSTLY / PREFER_HOST where it pays
     window: int = 256  # initial lookahead, in launches
-    window_min: int = 4
+    window_min: int = 1
     window_max: int = 8192
     patience: int = 4  # monitor events before the window moves
     pace: bool = True  # evict for later launches only while the link would idle before the next decision
@@ -193,8 +193,9 @@ class UvmPrefetchPolicy(Policy):
                 self.dirty[info.write_blocks] = True
                 self.written[info.write_blocks] = True
             self.uses[blocks] += 1
-        cur = blocks if known else (self._blocks_at(self.p) if self.p is not None else EMPTY)
-        self.pending = (key, name, sig, blocks)
+        cur = blocks if known else (self._blocks_at(self.p).copy() if self.p is not None else EMPTY)
+        # Unknown accesses: what the launch used is what was predicted (and came in) plus what faults add.
+        self.pending = (key, name, sig, blocks if known else cur)
         self.it_compute += float(info.duration)
         if cur.size:
             late = int(state.in_flight[cur].sum())
