@@ -17,7 +17,11 @@ N = 64
 
 def step(res, launch_blocks, queued, dec):
     """One launch, in the cuda backend's order (CudaBackend.launch without the CUDA calls)."""
-    protected = np.union1d(launch_blocks, queued)
+    if queued.dtype == bool:  # a mask, as GpuProgress.protected_mask gives it
+        protected = queued.copy()
+        protected[launch_blocks] = True
+    else:
+        protected = np.union1d(launch_blocks, queued)
     discard, evict, pf = res.plan(dec, protected)
     res.apply(discard, evict, EMPTY)
     incoming = int((~res.resident[launch_blocks]).sum())
@@ -77,3 +81,55 @@ def test_policy_cannot_evict_queued_blocks():
     step(res, np.array([1, 2]), EMPTY, None)
     _, evict, _, _, _, _ = step(res, np.array([3]), np.array([1]), Decision(evict=np.array([1, 2])))
     assert evict.tolist() == [2] and res.m["dropped_evictions"] == 1 and res.resident[1]
+
+
+class FakeEvent:
+    """Completes when the test says the GPU got there."""
+
+    gpu_done = -1
+    n = 0
+
+    def __init__(self):
+        self.at = None
+
+    def record(self):
+        FakeEvent.n += 1
+        self.at = FakeEvent.n - 1
+
+    def query(self):
+        return self.at <= FakeEvent.gpu_done
+
+
+def test_blocks_of_queued_launches_are_never_evicted():
+    from uvmprefetch.runtime.observe import GpuProgress
+    FakeEvent.gpu_done, FakeEvent.n = -1, 0
+    prog = GpuProgress(N, event_factory=FakeEvent)
+    res = Residency(4, N, BS)
+    # the CPU queues launches 0..3 (blocks 0..3) while the GPU has finished none of them
+    for i in range(4):
+        prot = prog.protected_mask(np.array([i]))
+        step(res, np.array([i]), prot, None)
+        prog.record(i, np.array([i]))
+    assert prog.depth() == 4
+    # launch 4 needs room: every resident block belongs to a queued launch -> nothing may go
+    prot = prog.protected_mask(np.array([4]))
+    _, _, _, victims, _, _ = step(res, np.array([4]), prot, None)
+    assert victims.size == 0 and res.m["over_budget_launches"] == 1
+    prog.record(4, np.array([4]))
+    # the GPU finishes launches 0 and 1: their blocks become evictable, oldest first
+    FakeEvent.gpu_done = 1
+    prot = prog.protected_mask(np.array([5]))
+    assert prog.completed == 1 and not prot[[0, 1]].any() and prot[[2, 3, 4, 5]].all()
+    _, _, _, victims, _, _ = step(res, np.array([5]), prot, None)
+    assert set(victims.tolist()) <= {0, 1} and victims.size >= 1
+
+
+def test_mask_and_ids_agree():
+    a, b = Residency(3, N, BS), Residency(3, N, BS)
+    for blk in range(6):
+        ids = np.array([blk, (blk + 1) % N])
+        mask = np.zeros(N, dtype=bool)
+        mask[ids] = True
+        ra = step(a, np.array([blk]), ids, Decision(evict=np.array([blk - 1, blk - 2])))
+        rb = step(b, np.array([blk]), mask, Decision(evict=np.array([blk - 1, blk - 2])))
+        assert all(np.array_equal(x, y) for x, y in zip(ra[:5], rb[:5]))

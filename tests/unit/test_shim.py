@@ -223,3 +223,13 @@ def test_shim_path_cli(built, tmp_path):
     assert r.returncode != 0 and r.stderr.count("\n") == 1 and "not built" in r.stderr
     r = subprocess.run(["uvmprefetch", "shim-path"], env=env, capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.strip().endswith("libuvmshim.so") and os.path.isfile(r.stdout.strip())
+
+
+def test_non_python_program_gets_a_summary_at_exit(built):
+    d, shim = built
+    e = dict(os.environ, LD_PRELOAD=str(shim), LD_LIBRARY_PATH=str(d / "fake"), UVMPREFETCH_LOG="info")
+    r = subprocess.run([str(d / "prog"), str(d / "libuser.so"), "local"], env=e, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0
+    line = [ln for ln in r.stderr.splitlines() if ln.startswith("uvmprefetch shim:")][-1]
+    assert "1 managed allocations (1 freed, 1 refused, 1 errors)" in line and "44001 launches seen" in line

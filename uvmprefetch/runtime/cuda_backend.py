@@ -194,7 +194,7 @@ class CudaBackend:
         self._seg_version = -1
         self._checked_swap = False
         from .observe import GpuProgress
-        self.progress = GpuProgress()
+        self.progress = GpuProgress(self.max_blocks)
         self.iter_events: list = []
         self.shim_launches = 0
         policy.on_start(PolicyContext(block_size=self.block_size, capacity_blocks=cap_blocks,
@@ -262,8 +262,7 @@ class CudaBackend:
         if not self._checked_swap:
             self._check_swap()
         res = self.res
-        queued = self.progress.queued_blocks()
-        protected = np.union1d(info.blocks, queued) if queued.size else info.blocks
+        protected = self.progress.protected_mask(info.blocks)
         dec = self.policy.on_launch(info, res)
         discard, evict, pf = res.plan(dec, protected)
         res.apply(discard, evict, EMPTY)  # books first: what the Decision frees counts for the budget

@@ -61,7 +61,17 @@ class DryrunBackend:
         self.model.free(blocks)
 
     def launch(self, info: LaunchInfo) -> None:
-        self.last = self.model.launch(info)
+        from ..errors import ConfigError
+        from ..sim.engine import SimError
+        if info.blocks.size > self.model.capacity_blocks:
+            # the model cannot run a launch bigger than the GPU: say which variable to change
+            raise ConfigError(f"UVMPREFETCH_BUDGET: launch {info.index} alone touches {info.blocks.size} blocks "
+                              f"({info.blocks.size * self.block_size >> 20} MiB) but the budget holds "
+                              f"{self.model.capacity_blocks}; raise the budget")
+        try:
+            self.last = self.model.launch(info)
+        except SimError as e:
+            raise SimError(f"simulated GPU: {e}") from None
 
     def end_iteration(self, k: int) -> None:
         self.model.end_iteration(k)

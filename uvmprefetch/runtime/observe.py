@@ -228,36 +228,41 @@ class GpuProgress:
     """Which observed launches the GPU has finished (cuda backend).
 
     One CUDA event per launch, recorded on the current stream right after it was queued; events are reused
-    from a pool once completed. ``queued()`` gives the launches still in flight, whose blocks the runtime must
-    not evict.
+    from a pool once completed. Each queued launch pins its blocks (a per-block count), so the blocks of
+    launches still in flight are one vector comparison away: the runtime must not evict them.
     """
 
-    def __init__(self) -> None:
-        import torch
-        self._torch = torch
+    def __init__(self, max_blocks: int, event_factory=None) -> None:
+        if event_factory is None:
+            import torch
+            event_factory = torch.cuda.Event
+        self._new_event = event_factory  # tests pass fake events that complete on demand
         self._pool: list = []
         self._pending: collections.deque = collections.deque()  # (launch index, blocks, event)
+        self.pins = np.zeros(max_blocks, dtype=np.int32)
         self.completed = -1
 
     def record(self, index: int, blocks: np.ndarray) -> None:
-        ev = self._pool.pop() if self._pool else self._torch.cuda.Event()
+        ev = self._pool.pop() if self._pool else self._new_event()
         ev.record()
+        self.pins[blocks] += 1  # blocks are unique: no need for np.add.at
         self._pending.append((index, blocks, ev))
 
     def poll(self) -> int:
         """Advance ``completed`` past every launch whose event has completed; returns it."""
         while self._pending and self._pending[0][2].query():
-            index, _, ev = self._pending.popleft()
+            index, blocks, ev = self._pending.popleft()
+            self.pins[blocks] -= 1
             self.completed = index
             self._pool.append(ev)
         return self.completed
 
-    def queued_blocks(self) -> np.ndarray:
-        """Blocks of launches dispatched but not finished on the GPU (sorted, unique)."""
+    def protected_mask(self, running: np.ndarray) -> np.ndarray:
+        """Bool mask of blocks of launches dispatched but not finished on the GPU, plus ``running``."""
         self.poll()
-        if not self._pending:
-            return np.zeros(0, dtype=np.int64)
-        return np.unique(np.concatenate([b for _, b, _ in self._pending]))
+        m = self.pins > 0
+        m[running] = True
+        return m
 
     def depth(self) -> int:
         return len(self._pending)

@@ -60,17 +60,16 @@ class Residency:
     def plan(self, dec: Decision | None, protected: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Filter a policy's Decision: ``(discard, evict, prefetch)`` block arrays to act on.
 
+        ``protected`` (here and in ``victims``): block ids, or a bool mask over all blocks.
+
         Evictions and discards of ``protected`` blocks (the running and queued launches) are dropped, as the
         hook contract says; evictions of non-resident blocks and prefetches of resident ones are skipped;
         prefetches are cut where they would exceed the capacity (the budget wins over the policy).
         """
         if dec is None or dec.is_empty():
             return EMPTY, EMPTY, EMPTY
-        prot = np.zeros(0, dtype=bool)
-        if protected.size:
-            prot = np.zeros(self.max_blocks, dtype=bool)
-            prot[protected] = True
-        keep = (lambda b: b[~prot[b]]) if prot.size else (lambda b: b)  # noqa: E731
+        prot = self._mask(protected)
+        keep = lambda b: b[~prot[b]]  # noqa: E731
         discard = keep(np.unique(np.asarray(dec.discard, dtype=np.int64)))
         ev_all = np.unique(np.asarray(dec.evict, dtype=np.int64))
         evict = keep(ev_all)
@@ -85,6 +84,14 @@ class Residency:
             room = self.capacity_blocks - (self.n_resident - gone)
             pf = pf[:max(room, 0)]
         return discard, evict, pf
+
+    def _mask(self, protected: np.ndarray) -> np.ndarray:
+        """``protected`` as a bool mask over all blocks (it may be given as ids or as a mask already)."""
+        if protected.dtype == bool and protected.shape == (self.max_blocks,):
+            return protected
+        m = np.zeros(self.max_blocks, dtype=bool)
+        m[protected] = True
+        return m
 
     def apply(self, discard: np.ndarray, evict: np.ndarray, prefetch: np.ndarray) -> None:
         """Record that these moves were issued."""
@@ -109,9 +116,7 @@ class Residency:
         over = self.n_resident + incoming - self.capacity_blocks
         if over <= 0:
             return EMPTY
-        cand = np.flatnonzero(self.resident)
-        if protected.size:
-            cand = np.setdiff1d(cand, protected, assume_unique=True)
+        cand = np.flatnonzero(self.resident & ~self._mask(protected))
         if cand.size < over:
             self.m["over_budget_launches"] += 1  # the running + queued launches alone exceed the budget
         order = np.argsort(self.mig_seq[cand], kind="stable")

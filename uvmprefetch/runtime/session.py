@@ -181,8 +181,10 @@ class Session:
         if not self.degraded:
             self.degraded = True
             self.active = False
+            rest = ("training continues on plain managed memory" if self.cfg.backend == "cuda"
+                    else "the program continues unobserved")
             print(f"uvmprefetch: {where} failed ({type(exc).__name__}: {exc}); the prefetcher is off for the rest "
-                  f"of this run, training continues on plain managed memory", file=sys.stderr)
+                  f"of this run, {rest}", file=sys.stderr)
 
     def _note_error(self, where: str, exc: BaseException) -> None:
         self.errors.append(f"{where}: {type(exc).__name__}: {exc}")
