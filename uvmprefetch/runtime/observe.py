@@ -157,33 +157,44 @@ def tensor_extent(t) -> tuple[int, int]:
     return t.storage_offset() * es, span * es
 
 
+_MUTABLE: dict = {}  # op -> (positional indices, keyword names) of arguments the schema marks written
+
+
+def _mutable(func) -> tuple[frozenset, frozenset]:
+    m = _MUTABLE.get(func)
+    if m is None:
+        args = func._schema.arguments
+        w = [(i, a.name) for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write]
+        m = _MUTABLE[func] = (frozenset(i for i, _ in w), frozenset(n for _, n in w))
+    return m
+
+
 def accesses_of(func, args, kwargs, out, device_type: str):
     """``[(tensor, mode)]`` for one dispatched op: inputs READ (WRITE too when the schema marks the argument
-    mutable), outputs WRITE. Only strided tensors on ``device_type``."""
+    mutable), outputs WRITE. Only strided tensors on ``device_type``; tensors nested one level in lists
+    (``cat``, ``_foreach_*``) count too. Hot path: no pytree, schema facts cached per op."""
     import torch
-    from torch.utils._pytree import tree_flatten
-
+    Tensor = torch.Tensor
+    strided = torch.strided
+    pos, names = _mutable(func)
     res = []
-    schema = func._schema
-    mutable = set()
-    for i, a in enumerate(schema.arguments):
-        if a.alias_info is not None and a.alias_info.is_write:
-            mutable.add(a.name)
-            mutable.add(i)
+
+    def add(a, mode):
+        if isinstance(a, Tensor):
+            if a.layout == strided and a.device.type == device_type:
+                res.append((a, mode))
+        elif isinstance(a, (list, tuple)):
+            for x in a:
+                if isinstance(x, Tensor) and x.layout == strided and x.device.type == device_type:
+                    res.append((x, mode))
+
     for i, a in enumerate(args):
-        mode = READ | WRITE if i in mutable else READ
-        for t in tree_flatten(a)[0]:
-            if isinstance(t, torch.Tensor):
-                res.append((t, mode))
-    for k, a in (kwargs or {}).items():
-        mode = READ | WRITE if k in mutable else READ
-        for t in tree_flatten(a)[0]:
-            if isinstance(t, torch.Tensor):
-                res.append((t, mode))
-    for t in tree_flatten(out)[0]:
-        if isinstance(t, torch.Tensor):
-            res.append((t, WRITE))
-    return [(t, m) for t, m in res if t.layout == torch.strided and t.device.type == device_type]
+        add(a, READ | WRITE if i in pos else READ)
+    if kwargs:
+        for k, a in kwargs.items():
+            add(a, READ | WRITE if k in names else READ)
+    add(out, WRITE)
+    return res
 
 
 def make_mode(session):

@@ -79,12 +79,23 @@ def make_backend(cfg: RuntimeConfig, policy: Policy):
     return CudaBackend(cfg, policy)
 
 
+_FLOP_FN: dict = {}
+
+
 def _flops(func, args, kwargs, out) -> float:
     """FLOPs of an op from PyTorch's own flop counter registry (matmuls, convolutions, attention); 0 else."""
+    f = _FLOP_FN.get(func, _FLOP_FN)
+    if f is _FLOP_FN:
+        try:
+            from torch.utils.flop_counter import flop_registry
+            f = flop_registry.get(func._overloadpacket)
+        except Exception:  # noqa: BLE001
+            f = None
+        _FLOP_FN[func] = f
+    if f is None:
+        return 0.0
     try:
-        from torch.utils.flop_counter import flop_registry
-        f = flop_registry.get(func._overloadpacket)
-        return float(f(*args, **(kwargs or {}), out_val=out)) if f is not None else 0.0
+        return float(f(*args, **(kwargs or {}), out_val=out))
     except Exception:  # noqa: BLE001 - an estimate; unknown signatures count as 0
         return 0.0
 
@@ -229,6 +240,7 @@ class Session:
             self._drain_frees()
             acc = accesses_of(func, args, kwargs, out, self.device_type)
             blocks, writes, trace_acc, shape_key = [], [], [], []
+            total = 0
             for t, mode in acc:
                 s = self.tracker.lookup(t.untyped_storage())
                 if s is None:
@@ -241,6 +253,7 @@ class Session:
                 off, length = tensor_extent(t)
                 if length <= 0:
                     continue
+                total += length
                 ids = self.backend.block_ids(s.base + off, length)
                 blocks.append(ids)
                 if mode & 2:
@@ -256,7 +269,7 @@ class Session:
             self.phase_launches[phase] += 1
             nbytes = int(sum(length for _, _, length, _ in trace_acc)) if trace_acc else int(b.size * self.block_size)
             flops = _flops(func, args, kwargs, out)
-            duration = self._estimate(flops, sum(tensor_extent(t)[1] for t, _ in acc))
+            duration = self._estimate(flops, total)
             info = LaunchInfo(index=self.index, exec_id=exec_id_of(name, shape_key) & 0x7FFFFFFFFFFFFFFF,
                               name=nid, phase=PHASE[phase], iteration=self.iteration, duration=duration,
                               blocks=b, write_blocks=w)
