@@ -49,6 +49,7 @@ INF = np.iinfo(np.int64).max // 4
 # Victim classes above every history position: dead, then clean unpredicted, then dirty unpredicted.
 _K_DEAD, _K_CLEAN, _K_DIRTY = 3 * INF, 2 * INF, INF + 1
 _MASK63 = (1 << 63) - 1
+_AGE = 1 << 40  # launch-index span of the LRU tie-break (added inside a victim class)
 
 
 @dataclass(frozen=True)
@@ -113,11 +114,13 @@ class UvmPrefetchPolicy(Policy):
         self.prev_uses = np.zeros(n, dtype=np.int32)
         self.advice = np.zeros(n, dtype=np.int8)
         self.last_flat = np.full(n, -1, dtype=np.int64)
+        self.last_use = np.zeros(n, dtype=np.int64)  # launch index of the last use (LRU tie-break)
         # History (absolute positions; entries before `base` / flat entries before `fbase` are forgotten).
         self.h_key = GrowArray(np.int64)
         self.h_name = GrowArray(np.int64)
         self.h_sig = GrowArray(np.int64)
         self.h_ptr = GrowArray(np.int64)  # absolute flat index where each position's blocks start
+        self.h_stable = GrowArray(np.bool_)  # False: the launch's blocks differed from its prediction
         self.f_blk = GrowArray(np.int64, initial=1 << 14)
         self.f_next = GrowArray(np.int64, fill=INF, initial=1 << 14)
         self.base = 0
@@ -127,6 +130,7 @@ class UvmPrefetchPolicy(Policy):
         self.name_tab = LruMap(P.table_entries)
         self.recent_exec: list[int] = []
         self.recent_name: list[int] = []
+        self.stable = True  # how the running launch matched its prediction (committed with it)
         self.pending: tuple | None = None  # the running launch, committed to history at the next launch
         self.p: int | None = None  # history position matched to the running launch
         self.horizon = 0
@@ -193,6 +197,7 @@ class UvmPrefetchPolicy(Policy):
                 self.dirty[info.write_blocks] = True
                 self.written[info.write_blocks] = True
             self.uses[blocks] += 1
+            self.last_use[blocks] = info.index
         cur = blocks if known else (self._blocks_at(self.p).copy() if self.p is not None else EMPTY)
         # Unknown accesses: what the launch used is what was predicted (and came in) plus what faults add.
         self.pending = (key, name, sig, blocks if known else cur)
@@ -217,7 +222,7 @@ class UvmPrefetchPolicy(Policy):
         out["table_entries"] = {"signature": len(self.sig_tab), "exec_ngram": len(self.exec_tab),
                                 "name_ngram": len(self.name_tab)}
         arrays = (self.nu, self.dirty, self.dead, self.pf_unused, self.written, self.uses, self.prev_uses,
-                  self.advice, self.last_flat)
+                  self.advice, self.last_flat, self.last_use)
         out["state_bytes"] = int(sum(a.nbytes for a in arrays) + sum(
             g.nbytes for g in (self.h_key, self.h_name, self.h_sig, self.h_ptr, self.f_blk, self.f_next)) +
             self.sig_tab.nbytes + self.exec_tab.nbytes + self.name_tab.nbytes)
@@ -247,6 +252,7 @@ class UvmPrefetchPolicy(Policy):
         self.h_key.append(key)
         self.h_name.append(name)
         self.h_sig.append(sig)
+        self.h_stable.append(self.stable)
         f0 = self.fbase + len(self.f_blk)
         self.h_ptr.append(f0)
         k = blocks.shape[0]
@@ -280,7 +286,7 @@ class UvmPrefetchPolicy(Policy):
         """Forget the oldest ``k`` launches of history (bounded state)."""
         cut = int(self.h_ptr.view()[k])
         fk = cut - self.fbase
-        for g in (self.h_key, self.h_name, self.h_sig, self.h_ptr):
+        for g in (self.h_key, self.h_name, self.h_sig, self.h_ptr, self.h_stable):
             g.drop_front(k)
         self.f_blk.drop_front(fk)
         self.f_next.drop_front(fk)
@@ -293,6 +299,7 @@ class UvmPrefetchPolicy(Policy):
     def _match(self, key: int, name: int, sig: int) -> None:
         """Move the pointer to the history position matching the launch about to run."""
         st = self.stats
+        self.stable = True
         end, base = self.end, self.base
         p = self.p
         nxt = p + 1 if p is not None else None
@@ -304,6 +311,7 @@ class UvmPrefetchPolicy(Policy):
         if q is None or not base <= q < end:
             if nxt is not None and nxt < end and int(self.h_name.view()[nxt - base]) == name:
                 self._advance(nxt)  # same kernel, other data (data-dependent accesses): keep going
+                self.stable = False
                 st["soft"] += 1
                 return
             n = self.params.ngram
@@ -403,6 +411,19 @@ class UvmPrefetchPolicy(Policy):
         else:
             placed = min(free, n)
             rest = n - placed
+            if rest and p is not None:
+                # Launches whose blocks changed the last time (data-dependent) get free room only: evicting
+                # a sure block for a guess is how a wrong prediction turns into thrash.
+                hs = self.h_stable.view()
+                sure = np.ones(rest, dtype=bool)
+                tail = pos[placed:]
+                known = tail >= self.base
+                sure[known] = hs[tail[known] - self.base]
+                if not sure.all():
+                    blk = np.concatenate([blk[:placed], blk[placed:][sure]])
+                    pos = np.concatenate([pos[:placed], tail[sure]])
+                    n = blk.shape[0]
+                    rest = n - placed
             if rest:
                 vict, vkey = self._victims(state, cur, rest)
                 m = vict.shape[0]
@@ -465,7 +486,9 @@ class UvmPrefetchPolicy(Policy):
         nu = self.nu[res]
         p = self.p if self.p is not None else -1
         unpred = (nu >= INF) | (nu <= p)
-        key = np.where(unpred, np.where(self.dirty[res], _K_DIRTY, _K_CLEAN), nu)
+        # Ties inside a class (nothing predicted, e.g. the first iteration): least recently used first.
+        age = _AGE - self.last_use[res]
+        key = np.where(unpred, np.where(self.dirty[res], _K_DIRTY, _K_CLEAN) + age, nu)
         key = np.where(self.dead[res], _K_DEAD, key)
         if k < res.shape[0]:
             part = np.argpartition(-key, k - 1)[:k]

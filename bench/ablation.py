@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""The prefetcher's scorecard (issue 4): targets, DeepUM-style ablation, prediction quality, robustness.
+
+1. Targets on the standard traces (h100-pcie): ``uvmprefetch`` geomean time / ``oracle`` at each
+   oversubscription level, speed-up over ``demand`` at 2x, and ``uvmprefetch`` vs ``deepum`` per trace.
+2. Ablation, like DeepUM's Table: execution time vs naive UM (``demand``), geomean over traces, for
+   prefetch only / + pre-evict / + invalidate / + adaptive window / + advice (= ``uvmprefetch``).
+3. Prediction quality of ``uvmprefetch`` per trace: accuracy (useful / issued prefetch bytes) and
+   coverage (prefetch-served blocks / (served + faults)).
+4. Robustness on the changing-pattern traces (``uvmprefetch.trace.patterns``): time vs ``demand`` and
+   iterations to recover after each change.
+
+Without the standard traces (``uvmprefetch.trace.standard`` / ``traces/*.uvmt``) it uses the synthetic
+training traces and says so. Writes ``bench/results/ablation-<date>.json`` and prints the tables last.
+
+    python bench/ablation.py [--traces A.uvmt ...] [--oversub 1.5,2,3] [--gpu h100-pcie] [--no-patterns]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from uvmprefetch.errors import ConfigError  # noqa: E402
+from uvmprefetch.gpus import get_profile  # noqa: E402
+from uvmprefetch.sim import bench as B  # noqa: E402
+
+ABLATION = [
+    ("prefetch only", "uvmprefetch:pre_evict=false,invalidate=false,adaptive_window=false,advice=false"),
+    ("+ pre-evict", "uvmprefetch:invalidate=false,adaptive_window=false,advice=false"),
+    ("+ invalidate", "uvmprefetch:adaptive_window=false,advice=false"),
+    ("+ adaptive window", "uvmprefetch:advice=false"),
+    ("+ advice (uvmprefetch)", "uvmprefetch"),
+]
+BASE = ["demand", "deepum", "oracle"]
+
+
+def geomean(xs):
+    xs = [x for x in xs if x and x > 0]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def get_traces(paths):
+    if paths:
+        return B.load_traces(paths), "command line"
+    try:
+        return B.standard_trace_set(), "standard traces"
+    except ConfigError:
+        from uvmprefetch.sim.synthetic import training_trace
+        return ([("synthetic-24x8MiB", training_trace(layers=24, iterations=3, bw=0.3e12)),
+                 ("synthetic-12x16MiB", training_trace(layers=12, param_bytes=16 << 20, act_bytes=12 << 20,
+                                                        iterations=3, bw=0.5e12))],
+                "SYNTHETIC fallback (no standard traces available)")
+
+
+def time_of(rows, trace, policy, ov):
+    for r in rows:
+        if r["trace"] == trace and r["policy"] == policy and r["oversub_target"] == ov and not r.get("error"):
+            return r
+    return None
+
+
+def recovery(it_times, changes, alternating):
+    """Per change c: iterations after c until within 10 % of the steady state of that kind of iteration."""
+    out = []
+    for c in changes:
+        kinds = range(c, len(it_times), 2) if alternating else range(c, len(it_times))
+        steady = it_times[list(kinds)[-1]]
+        k = next((j - c for j in kinds if it_times[j] <= 1.10 * steady), None)
+        out.append({"change": c, "iterations_to_recover": k, "steady_s": steady})
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--traces", nargs="*", help="trace files instead of the standard set")
+    ap.add_argument("--gpu", default="h100-pcie")
+    ap.add_argument("--oversub", default="1.5,2,3")
+    ap.add_argument("--no-patterns", action="store_true", help="skip the changing-pattern traces")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    args = ap.parse_args()
+    try:
+        gpu = get_profile(args.gpu)
+        oversubs = B.parse_oversub_list(args.oversub)
+        traces, source = get_traces(args.traces)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    specs = BASE + [s for _, s in ABLATION]
+    rows = B.run_bench(traces, specs, oversubs, gpu, progress=sys.stderr.isatty())
+    names = [n for n, _ in traces]
+    lines = [f"# uvmprefetch scorecard ({source}; {gpu.name}; {len(names)} traces)", ""]
+    # 1. targets
+    lines += ["## Targets", "", "| oversub | uvmprefetch/oracle (geomean) | demand/uvmprefetch (geomean) | "
+              "traces where uvmprefetch < deepum |", "|---|---|---|---|"]
+    targets = []
+    for ov in oversubs:
+        ro, rd, wins = [], [], 0
+        for n in names:
+            u, o, d, du = (time_of(rows, n, p, ov) for p in ("uvmprefetch", "oracle", "demand", "deepum"))
+            if u and o:
+                ro.append(u["time_s"] / o["time_s"])
+            if u and d:
+                rd.append(d["time_s"] / u["time_s"])
+            wins += bool(u and du and u["time_s"] < du["time_s"])
+        g_o, g_d = geomean(ro), geomean(rd)
+        targets.append({"oversub": ov, "uvm_over_oracle": g_o, "demand_over_uvm": g_d, "beats_deepum": wins,
+                        "traces": len(names)})
+        lines.append(f"| {ov:g} | {g_o:.3f} | {g_d:.2f}x | {wins}/{len(names)} |")
+    # 2. ablation
+    lines += ["", "## Ablation (time vs demand, geomean over traces; lower is better)", "",
+              "| configuration | " + " | ".join(f"{ov:g}x" for ov in oversubs) + " |",
+              "|---|" + "---|" * len(oversubs)]
+    abl = []
+    for label, spec in [("deepum", "deepum")] + ABLATION + [("oracle", "oracle")]:
+        cells, vals = [], {}
+        for ov in oversubs:
+            rs = []
+            for n in names:
+                r, d = time_of(rows, n, spec, ov), time_of(rows, n, "demand", ov)
+                if r and d:
+                    rs.append(r["time_s"] / d["time_s"])
+            g = geomean(rs)
+            vals[str(ov)] = g
+            cells.append(f"{g:.3f} ({(g - 1) * 100:+.1f} %)")
+        abl.append({"configuration": label, "spec": spec, "time_vs_demand": vals})
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    # 3. prediction quality
+    lines += ["", "## Prediction quality of uvmprefetch (accuracy = useful/issued bytes; coverage = served/(served+faults))",
+              "", "| trace | oversub | slowdown | accuracy | coverage | faults | window (end) |", "|---|---|---|---|---|---|---|"]
+    quality = []
+    for n in names:
+        for ov in oversubs:
+            r = time_of(rows, n, "uvmprefetch", ov)
+            if not r:
+                continue
+            rep = r.get("policy_report", {})
+            q = {"trace": n, "oversub": ov, "slowdown": r["slowdown"], "accuracy": r.get("accuracy"),
+                 "coverage": r.get("coverage"), "faults": r.get("faults"), "window": rep.get("window")}
+            quality.append(q)
+            acc = "-" if q["accuracy"] is None else f"{q['accuracy']:.3f}"
+            cov = "-" if q["coverage"] is None else f"{q['coverage']:.3f}"
+            lines.append(f"| {n} | {ov:g} | {q['slowdown']:.3f} | {acc} | {cov} | {q['faults']} | {q['window']} |")
+    # 4. robustness
+    robust = []
+    if not args.no_patterns:
+        from uvmprefetch.trace.patterns import pattern_traces
+        pats = list(pattern_traces().items())
+        prow = B.run_bench(pats, ["demand", "deepum", "uvmprefetch", "oracle"], oversubs, gpu,
+                           progress=sys.stderr.isatty())
+        lines += ["", "## Changing patterns (uvmprefetch)", "",
+                  "| trace | oversub | vs demand | vs oracle | vs deepum | iterations to recover (per change) |",
+                  "|---|---|---|---|---|---|"]
+        for n, t in pats:
+            ch = t.meta.get("pattern", {}).get("changes", [])
+            for ov in oversubs:
+                u, d, o, du = (time_of(prow, n, p, ov) for p in ("uvmprefetch", "demand", "oracle", "deepum"))
+                if not (u and d):
+                    continue
+                rec = recovery(u["iteration_times_s"], ch, n == "alternating_seq") if n != "moe" else []
+                robust.append({"trace": n, "oversub": ov, "vs_demand": u["time_s"] / d["time_s"],
+                               "vs_oracle": u["time_s"] / o["time_s"] if o else None,
+                               "vs_deepum": u["time_s"] / du["time_s"] if du else None, "recovery": rec,
+                               "iteration_times_s": u["iteration_times_s"]})
+                worst = max((x["iterations_to_recover"] for x in rec if x["iterations_to_recover"] is not None),
+                            default=None)
+                miss = sum(x["iterations_to_recover"] is None for x in rec)
+                rtxt = "n/a (data-dependent every step)" if n == "moe" else \
+                    f"max {worst}" + (f", {miss} never" if miss else "")
+                lines.append(f"| {n} | {ov:g} | {u['time_s'] / d['time_s']:.3f} | "
+                             f"{u['time_s'] / o['time_s']:.3f} | {u['time_s'] / du['time_s']:.3f} | {rtxt} |")
+    wall = time.perf_counter() - t0
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    meta = B.bench_meta(gpu, 2 << 20, wall)
+    meta["source"] = source
+    slim = [{k: v for k, v in r.items() if k in B.CSV_FIELDS or k in ("iteration_times_s",)} for r in rows]
+    path = out / f"ablation-{stamp}.json"
+    path.write_text(json.dumps({"meta": meta, "targets": targets, "ablation": abl, "quality": quality,
+                                "robustness": robust, "results": slim}, indent=1, default=B._json))
+    lines += ["", f"wall {wall:.1f} s; JSON: {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}"]
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
