@@ -120,7 +120,9 @@ class UvmPrefetchPolicy(Policy):
         self.h_name = GrowArray(np.int64)
         self.h_sig = GrowArray(np.int64)
         self.h_ptr = GrowArray(np.int64)  # absolute flat index where each position's blocks start
-        self.h_stable = GrowArray(np.bool_)  # False: the launch's blocks differed from its prediction
+        # 0: the launch matched its prediction exactly; 1: same kernel, other blocks; 2: that happened at this
+        # slot twice in a row (data-dependent, e.g. MoE routing: predictions there are guesses)
+        self.h_soft = GrowArray(np.int8)
         self.f_blk = GrowArray(np.int64, initial=1 << 14)
         self.f_next = GrowArray(np.int64, fill=INF, initial=1 << 14)
         self.base = 0
@@ -130,7 +132,7 @@ class UvmPrefetchPolicy(Policy):
         self.name_tab = LruMap(P.table_entries)
         self.recent_exec: list[int] = []
         self.recent_name: list[int] = []
-        self.stable = True  # how the running launch matched its prediction (committed with it)
+        self.soft = 0  # how the running launch matched its prediction (committed with it)
         self.pending: tuple | None = None  # the running launch, committed to history at the next launch
         self.p: int | None = None  # history position matched to the running launch
         self.horizon = 0
@@ -252,7 +254,7 @@ class UvmPrefetchPolicy(Policy):
         self.h_key.append(key)
         self.h_name.append(name)
         self.h_sig.append(sig)
-        self.h_stable.append(self.stable)
+        self.h_soft.append(self.soft)
         f0 = self.fbase + len(self.f_blk)
         self.h_ptr.append(f0)
         k = blocks.shape[0]
@@ -286,7 +288,7 @@ class UvmPrefetchPolicy(Policy):
         """Forget the oldest ``k`` launches of history (bounded state)."""
         cut = int(self.h_ptr.view()[k])
         fk = cut - self.fbase
-        for g in (self.h_key, self.h_name, self.h_sig, self.h_ptr, self.h_stable):
+        for g in (self.h_key, self.h_name, self.h_sig, self.h_ptr, self.h_soft):
             g.drop_front(k)
         self.f_blk.drop_front(fk)
         self.f_next.drop_front(fk)
@@ -299,7 +301,7 @@ class UvmPrefetchPolicy(Policy):
     def _match(self, key: int, name: int, sig: int) -> None:
         """Move the pointer to the history position matching the launch about to run."""
         st = self.stats
-        self.stable = True
+        self.soft = 0
         end, base = self.end, self.base
         p = self.p
         nxt = p + 1 if p is not None else None
@@ -311,7 +313,7 @@ class UvmPrefetchPolicy(Policy):
         if q is None or not base <= q < end:
             if nxt is not None and nxt < end and int(self.h_name.view()[nxt - base]) == name:
                 self._advance(nxt)  # same kernel, other data (data-dependent accesses): keep going
-                self.stable = False
+                self.soft = 2 if self.h_soft.view()[nxt - base] else 1
                 st["soft"] += 1
                 return
             n = self.params.ngram
@@ -414,7 +416,7 @@ class UvmPrefetchPolicy(Policy):
             if rest and p is not None:
                 # Launches whose blocks changed the last time (data-dependent) get free room only: evicting
                 # a sure block for a guess is how a wrong prediction turns into thrash.
-                hs = self.h_stable.view()
+                hs = self.h_soft.view() < 2
                 sure = np.ones(rest, dtype=bool)
                 tail = pos[placed:]
                 known = tail >= self.base
