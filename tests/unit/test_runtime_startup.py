@@ -116,3 +116,20 @@ def test_alloc_conf_rewrite():
     assert changed and conf == "max_split_size_mb:128,expandable_segments:False"
     with pytest.raises(DeviceError):
         alloc_conf_without_expandable("backend:cudaMallocAsync")
+
+
+def test_the_cli_never_observes_itself():
+    # UVMPREFETCH=1 in the shell must not switch the runtime on inside `uvmprefetch ...` (no GPU needed here)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UVMPREFETCH")}
+    env["UVMPREFETCH"] = "1"
+    for cmd in (["uvmprefetch", "doctor", "--json"], [sys.executable, "-m", "uvmprefetch", "doctor", "--json"]):
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode in (0, 1), r.stderr
+        d = json.loads(r.stdout)
+        names = {c["name"] for c in d["checks"]}
+        assert {"nvidia driver", "gpu", "concurrent managed access", "batched prefetch/discard", "cuda-python",
+                "cupti", "shim", "torch"} <= names
+        assert all(c["detail"] for c in d["checks"])  # every line says why
+        assert d["cuda_ready"] == (r.returncode == 0)
+        if not HAVE_GPU:
+            assert not d["cuda_ready"] and not next(c for c in d["checks"] if c["name"] == "gpu")["ok"]

@@ -43,10 +43,17 @@ def hook() -> None:
 
 
 def _is_uvmprefetch_cli() -> bool:
-    argv = getattr(sys, "orig_argv", None) or sys.argv
-    if len(argv) > 0 and os.path.basename(argv[0]) == "uvmprefetch":
-        return True
-    return "-m" in argv and argv[argv.index("-m") + 1:argv.index("-m") + 2] == ["uvmprefetch"]
+    """Is this process the ``uvmprefetch`` command itself? (it must not observe itself: ``run`` starts the child
+    with the runtime on). ``sys.orig_argv`` is ``[python, options..., script or -m module, args...]``."""
+    argv = list(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv])
+    i = 1
+    while i < len(argv) and argv[i].startswith("-") and argv[i] not in ("-m", "-c", "-"):
+        i += 2 if argv[i] in ("-W", "-X", "-Q") else 1
+    if i >= len(argv):
+        return False
+    if argv[i] == "-m":
+        return i + 1 < len(argv) and argv[i + 1].split(".")[0] == "uvmprefetch"
+    return os.path.basename(argv[i]) == "uvmprefetch"
 
 
 def _hook() -> None:
