@@ -414,10 +414,11 @@ class GpuModel:
             pos = stop
         return np.concatenate(out) if out else EMPTY
 
-    def _make_room(self, n: int, now: float, can_wait: bool) -> np.ndarray:
+    def _make_room(self, n: int, now: float, can_wait: bool, pending: int = 0) -> np.ndarray:
         """Reserve room for ``n`` incoming blocks; returns the sorted times each slot is free (may be fewer
-        than ``n`` when ``can_wait`` is False and nothing more can be evicted)."""
-        free = self.capacity_blocks - self.used_blocks
+        than ``n`` when ``can_wait`` is False and nothing more can be evicted). ``pending`` blocks already have
+        room reserved but are not counted in ``used_blocks`` yet."""
+        free = self.capacity_blocks - self.used_blocks - pending
         rooms = [np.full(min(max(free, 0), n), now)]
         r = n - rooms[0].shape[0]
         if r > 0 and len(self._wb):  # slots of pre-evicted blocks still being written back
@@ -539,14 +540,19 @@ class GpuModel:
         n = missing.shape[0]
         entries = n * self.entries_per_block
         batches = math.ceil(entries / gpu.fault_batch_size)
+        rooms = self._make_room(n, now, can_wait=True)
+        if rooms.shape[0] < n:
+            raise SimError(f"cannot make room for {n} faulted blocks (capacity {self.capacity_blocks})")
         extra = EMPTY
         if self.region_blocks > 1:
+            # The density prefetcher only takes room that can be had without waiting.
             extra = self._density_prefetch(missing)
+            if extra.size:
+                r_extra = self._make_room(extra.shape[0], now, can_wait=False, pending=n)
+                extra = extra[: r_extra.shape[0]]
+                rooms = np.concatenate([rooms, r_extra])
         blocks = np.concatenate([missing, extra]) if extra.size else missing
         total = blocks.shape[0]
-        rooms = self._make_room(total, now, can_wait=True)
-        if rooms.shape[0] < total:
-            raise SimError(f"cannot make room for {total} faulted blocks (capacity {self.capacity_blocks})")
         times = np.zeros(total)
         live = ~self.dead[blocks]
         times[:n][live[:n]] = self.t_fault_blk
