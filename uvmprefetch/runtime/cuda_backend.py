@@ -223,14 +223,17 @@ class CudaBackend:
             self._seg_starts = [p for p, _ in self._segments]
             self._seg_version = version
 
-    def ranges(self, blocks: np.ndarray) -> list[tuple[int, int]]:
-        """Managed address ranges covering ``blocks``, clipped to live managed allocations, adjacent merged."""
+    def ranges(self, blocks: np.ndarray, keep_order: bool = False) -> list[tuple[int, int]]:
+        """Managed address ranges covering ``blocks``, clipped to live managed allocations; a range that
+        continues the previous one is merged into it. ``keep_order``: in the order given (prefetches:
+        soonest-needed first), else by address (fewest ranges)."""
         if not blocks.size:
             return []
         self._refresh_segments()
         out: list[list[int]] = []
         bs = self.block_size
-        for a in np.sort(self._addr[blocks]).tolist():
+        addrs = self._addr[blocks] if keep_order else np.sort(self._addr[blocks])
+        for a in addrs.tolist():
             j = bisect.bisect_right(self._seg_starts, a) - 1
             j = max(j, 0)
             while j < len(self._segments) and self._segments[j][0] < a + bs:
@@ -276,7 +279,7 @@ class CudaBackend:
         if dec is not None:
             for blocks, advice in dec.advise:
                 mv.advise(self.ranges(np.asarray(blocks, dtype=np.int64)), Advice(advice))
-        mv.prefetch(self.ranges(pf), to_device=True)  # keeps the policy's order: soonest-needed first
+        mv.prefetch(self.ranges(pf, keep_order=True), to_device=True)  # the policy's order: soonest-needed first
         missing = res.touch(info.blocks)
         if missing.size:
             self.policy.on_fault(info, missing)
