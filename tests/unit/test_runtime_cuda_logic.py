@@ -159,3 +159,108 @@ def test_prefetch_ranges_keep_the_policy_order():
     be.block_ids(BASE, 8 * BS)
     assert be.ranges(np.array([6, 2, 3]), keep_order=True) == [(BASE + 6 * BS, BS), (BASE + 2 * BS, 2 * BS)]
     assert be.ranges(np.array([6, 2, 3])) == [(BASE + 2 * BS, 2 * BS), (BASE + 6 * BS, BS)]
+
+
+class FakeCudart:
+    """Stands in for cuda.bindings.runtime: records calls; argument order is checked against the CUDA 13 C
+    signatures quoted in cuda_backend.py."""
+
+    class cudaError_t:
+        cudaSuccess = 0
+        cudaErrorInvalidValue = 1
+
+    class cudaMemLocationType:
+        cudaMemLocationTypeDevice = 1
+        cudaMemLocationTypeHost = 2
+
+    class cudaMemoryAdvise:
+        cudaMemAdviseSetReadMostly = 1
+        cudaMemAdviseUnsetReadMostly = 2
+        cudaMemAdviseSetPreferredLocation = 3
+        cudaMemAdviseUnsetPreferredLocation = 4
+        cudaMemAdviseSetAccessedBy = 5
+        cudaMemAdviseUnsetAccessedBy = 6
+
+    class cudaMemLocation:
+        type = 0
+        id = 0
+
+    def __init__(self, fail=None):
+        self.calls, self.fail = [], fail
+
+    def _ret(self, name, *args):
+        self.calls.append((name, args))
+        return (1 if name == self.fail else 0,)
+
+    def cudaMemPrefetchAsync(self, ptr, count, location, flags, stream):
+        return self._ret("prefetch", ptr, count, location.type, location.id, flags, stream)
+
+    def cudaMemPrefetchBatchAsync(self, dptrs, sizes, count, locs, loc_idxs, num_locs, flags, stream):
+        assert len(dptrs) == len(sizes) == count and len(locs) == len(loc_idxs) == num_locs
+        return self._ret("prefetch_batch", tuple(dptrs), tuple(sizes), locs[0].type, flags, stream)
+
+    def cudaMemDiscardBatchAsync(self, dptrs, sizes, count, flags, stream):
+        assert len(dptrs) == len(sizes) == count
+        return self._ret("discard_batch", tuple(dptrs), tuple(sizes), flags, stream)
+
+    def cudaMemAdvise(self, ptr, count, advice, location):
+        return self._ret("advise", ptr, count, advice, location.type)
+
+    def cudaGetErrorName(self, err):
+        return (0, b"cudaErrorInvalidValue")
+
+
+class FakeStream:
+    def __init__(self, handle, log):
+        self.cuda_stream, self.log = handle, log
+
+    def wait_stream(self, other):
+        self.log.append(("wait", self.cuda_stream, other.cuda_stream))
+
+    def synchronize(self):
+        pass
+
+
+def mover(batch, fail=None):
+    import types
+
+    from uvmprefetch.runtime.cuda_backend import Mover
+    m = object.__new__(Mover)
+    m.rt, m.device, m.calls = FakeCudart(fail), 0, 0
+    log = []
+    m.stream, m.discard_stream = FakeStream(11, log), FakeStream(12, log)
+    compute = FakeStream(0, log)
+    m.torch = types.SimpleNamespace(cuda=types.SimpleNamespace(current_stream=lambda dev: compute))
+    m.dev_loc = m._loc(m.rt.cudaMemLocationType.cudaMemLocationTypeDevice, 0)
+    m.host_loc = m._loc(m.rt.cudaMemLocationType.cudaMemLocationTypeHost, 0)
+    m.batch = m.can_discard = batch
+    return m, log
+
+
+def test_mover_calls_match_the_cuda13_signatures():
+    m, log = mover(batch=True)
+    m.prefetch([(BASE, BS), (BASE + 4 * BS, 2 * BS)], to_device=True)
+    m.prefetch([(BASE, BS)], to_device=False)
+    m.discard([(BASE + BS, BS)])
+    m.advise([(BASE, BS)], Advice.PREFER_HOST)
+    names = [c[0] for c in m.rt.calls]
+    assert names == ["prefetch_batch", "prefetch_batch", "discard_batch", "advise", "advise"]
+    assert m.rt.calls[0][1] == ((BASE, BASE + 4 * BS), (BS, 2 * BS), 1, 0, 11)  # device location, prefetch stream
+    assert m.rt.calls[1][1][2] == 2  # host location for an eviction
+    assert m.rt.calls[2][1][3] == 12  # discards on their own stream ...
+    assert log == [("wait", 12, 0), ("wait", 0, 12)]  # ... ordered after and before the compute stream
+    assert m.rt.calls[3][1][2:] == (3, 2) and m.rt.calls[4][1][2:] == (5, 1)  # preferred=host, accessed_by=gpu
+    s, _ = mover(batch=False)
+    s.prefetch([(BASE, BS), (BASE + 2 * BS, BS)], to_device=True)
+    s.discard([(BASE, BS)])  # no batch API: no discards
+    assert [c[0] for c in s.rt.calls] == ["prefetch", "prefetch"]
+    assert s.rt.calls[0][1] == (BASE, BS, 1, 0, 0, 11)
+
+
+def test_mover_errors_raise_cuda_call_error():
+    import pytest
+
+    from uvmprefetch.runtime.cuda_backend import CudaCallError
+    m, _ = mover(batch=True, fail="prefetch_batch")
+    with pytest.raises(CudaCallError, match="cudaMemPrefetchBatchAsync to GPU failed: cudaErrorInvalidValue"):
+        m.prefetch([(BASE, BS)], to_device=True)
