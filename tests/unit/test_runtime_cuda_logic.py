@@ -96,6 +96,7 @@ def backend(policy, cap_blocks, segments):
     be._ids, be._addr = {}, np.zeros(be.max_blocks, dtype=np.int64)
     be._segments, be._seg_starts, be._seg_version = [], [], -1
     be._checked_swap = True
+    be._capturing, be.captured_launches = (lambda: False), 0
     Event.done, Event.n = -1, 0
     be.progress = GpuProgress(be.max_blocks, event_factory=Event)
     policy.on_start(PolicyContext(block_size=BS, capacity_blocks=cap_blocks, max_blocks=be.max_blocks,

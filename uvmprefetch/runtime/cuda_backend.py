@@ -193,6 +193,8 @@ class CudaBackend:
         self._seg_starts: list[int] = []
         self._seg_version = -1
         self._checked_swap = False
+        self.captured_launches = 0
+        self._capturing = torch.cuda.is_current_stream_capturing
         from .observe import GpuProgress
         self.progress = GpuProgress(self.max_blocks)
         self.iter_events: list = []
@@ -262,6 +264,11 @@ class CudaBackend:
                                     f"libcudart ({self.shim_mode}); start with UVMPREFETCH=1 or `uvmprefetch run`")
 
     def launch(self, info: LaunchInfo) -> None:
+        if self._capturing():
+            # inside CUDA graph capture every call on the capturing stream is recorded into the graph and
+            # event queries fail: stay out; the replayed graph reuses the addresses the books already hold
+            self.captured_launches += 1
+            return
         if not self._checked_swap:
             self._check_swap()
         res = self.res
@@ -313,6 +320,7 @@ class CudaBackend:
                  managed_bytes_end=st["managed_bytes"], managed_limit_bytes=st["limit_bytes"],
                  shim=st, shim_mode=self.shim_mode, shim_launches_seen=self.shim_launches,
                  batch_api=self.mover.batch, discard_api=self.mover.can_discard, cuda_calls=self.mover.calls,
+                 captured_launches_skipped=self.captured_launches,
                  driver_version=self.driver.version, gpu_iter_s_between_steps=times,
                  note="faults need CUPTI; expected_faults counts blocks used that the books did not hold resident")
         return r
