@@ -1,0 +1,81 @@
+"""The standard traces: the set ``uvmprefetch bench`` replays by default, recorded on demand into a cache.
+
+Each entry is a ``record_model`` call at a training shape someone would run: big enough that its footprint
+exceeds a GPU's memory once oversubscribed, small enough to record in well under a minute and replay
+quickly. Files are ``<cache>/<hash>/<name>.uvmt`` where the hash covers the recording arguments and
+``RECORDER_VERSION``: a change of either re-records instead of using a stale file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from .recorder import RECORDER_VERSION
+
+# name -> record_model keyword arguments. >= 3 iterations: the first is not steady state.
+STANDARD: dict[str, dict] = {
+    "gpt2-large": dict(model="gpt2", config="large", batch=8, seq=1024, iters=3),
+    "bert-large": dict(model="bert", config="large", batch=16, seq=512, iters=3),
+    "resnet-152": dict(model="resnet", config="152", batch=64, image_size=224, iters=3),
+    "vit-large": dict(model="vit", config="large", batch=64, image_size=224, iters=3),
+}
+
+
+def cache_dir(directory: str | Path | None = None) -> Path:
+    """``directory``, else ``$UVMPREFETCH_TRACE_DIR``, else ``~/.cache/uvmprefetch/traces``."""
+    if directory is not None:
+        return Path(directory)
+    env = os.environ.get("UVMPREFETCH_TRACE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "uvmprefetch" / "traces"
+
+
+def trace_path(name: str, directory: str | Path | None = None) -> Path:
+    """Where the standard trace ``name`` lives (whether or not it was recorded yet)."""
+    kw = STANDARD[name]
+    digest = hashlib.sha256(json.dumps({"kw": kw, "recorder": RECORDER_VERSION}, sort_keys=True).encode())
+    return cache_dir(directory) / digest.hexdigest()[:12] / f"{name}.uvmt"
+
+
+def standard_traces(directory: str | Path | None = None, progress: bool = True,
+                    names: list[str] | None = None) -> list[Path]:
+    """Paths of the standard traces, recording those missing from the cache first.
+
+    Parameters
+    ----------
+    directory : path, optional
+        Cache folder (see ``cache_dir``).
+    progress : bool
+        Progress bars on stderr while recording.
+    names : list of str, optional
+        A subset of ``STANDARD`` (default: all, in ``STANDARD``'s order).
+
+    Raises
+    ------
+    ConfigError
+        An unknown name, or a cache folder that cannot be created.
+    """
+    from ..errors import ConfigError
+    from .format import save
+    from .models import record_model
+
+    names = list(STANDARD) if names is None else names
+    bad = [n for n in names if n not in STANDARD]
+    if bad:
+        raise ConfigError(f"unknown standard trace(s) {', '.join(bad)}; valid: {', '.join(STANDARD)}")
+    out = []
+    for name in names:
+        path = trace_path(name, directory)
+        if not path.exists():
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise ConfigError(f"trace cache {path.parent}: cannot create ({e.strerror})") from None
+            kw = dict(STANDARD[name])
+            t = record_model(kw.pop("model"), kw.pop("config"), progress=progress, **kw)
+            t.meta["name"] = name
+            save(t, path)
+        out.append(path)
+    return out
