@@ -173,3 +173,21 @@ def test_dryrun_backend_respects_budget(policy):
     assert float(total) == sum(i * (1 << 18) for i in range(12))
     assert rep["working_set_bytes"] > 8 << 20 >= rep["peak_resident_bytes"]
     assert rep["bytes_dtoh"] > 0 and not rep["degraded"]
+
+
+def test_forked_child_does_not_observe_or_report(tmp_path):
+    import os
+    be = RecordingBackend()
+    s = session(be).start()
+    try:
+        torch.ones(8) + 1
+        n = len(be.launches)
+        pid = os.fork()
+        if pid == 0:  # child: ops run unobserved, nothing is reported at exit
+            torch.ones(8) * 3
+            os._exit(0 if (not s.active and len(be.launches) == n) else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert s.active
+    finally:
+        s.stop()

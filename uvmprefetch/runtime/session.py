@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import logging
+import os
 import sys
 import threading
 import time
@@ -161,7 +162,15 @@ class Session:
         self._torch = torch
         self.active = True
         atexit.register(self.stop)
+        # A forked child (DataLoader worker) inherits the mode and this object: it must neither observe (its
+        # ops are not the GPU's; CUDA calls fail after fork) nor write the parent's report at its exit.
+        os.register_at_fork(after_in_child=self._forked)
         return self
+
+    def _forked(self) -> None:
+        self.active = False
+        self._stopped = True
+        self._report = None
 
     def stop(self) -> dict:
         """Leave the mode, write the report (and trace); idempotent. Returns the report."""
