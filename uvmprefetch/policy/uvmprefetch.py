@@ -109,6 +109,7 @@ class UvmPrefetchPolicy(Policy):
         self.dirty = np.zeros(n, dtype=bool)
         self.dead = np.zeros(n, dtype=bool)
         self.pf_unused = np.zeros(n, dtype=bool)
+        self.thrashed = np.zeros(n, dtype=bool)  # prefetched, evicted unused while still predicted
         self.written = np.zeros(n, dtype=bool)  # ever written (advice)
         self.uses = np.zeros(n, dtype=np.int32)  # launches touching it this iteration (advice)
         self.prev_uses = np.zeros(n, dtype=np.int32)
@@ -146,7 +147,8 @@ class UvmPrefetchPolicy(Policy):
         self.it_compute = 0.0
         self.stats = dict(launches=0, matched=0, soft=0, resync=0, unpredicted=0, prefetched_blocks=0,
                           evicted_blocks=0, discarded_blocks=0, late_blocks=0, predicted_faults=0, thrash_blocks=0,
-                          read_mostly_blocks=0, prefer_host_blocks=0)
+                          mispredicted_blocks=0, refetched_blocks=0, read_mostly_blocks=0,
+                          prefer_host_blocks=0)
 
     # ------------------------------------------------------------------------------------------ hooks
     def on_free(self, blocks: np.ndarray) -> None:
@@ -155,11 +157,27 @@ class UvmPrefetchPolicy(Policy):
 
     def on_evict(self, blocks: np.ndarray) -> None:
         self.dirty[blocks] = False
-        wasted = int(self.pf_unused[blocks].sum())
-        if wasted:
-            self.pf_unused[blocks] = False
-            self.stats["thrash_blocks"] += wasted
-            self.monitor.thrash(self.stats["launches"], wasted)
+        self._note_thrash(blocks, self.stats["launches"])
+
+    def _note_thrash(self, blocks: np.ndarray, index: int, within: int | None = None) -> None:
+        """Prefetched blocks leave unused. Only those whose predicted use is still ahead count as thrash (the
+        window ran ahead of the room); the others were mispredictions, which a narrower window cannot fix."""
+        unused = self.pf_unused[blocks]
+        if not unused.any():
+            return
+        b = blocks[unused]
+        self.pf_unused[b] = False
+        p = self.p if self.p is not None else -1
+        nu = self.nu[b]
+        ahead = (nu > p) & (nu < INF)
+        if within is not None:
+            ahead &= nu <= within + max(1, self.monitor.window // 8)
+        wasted = int(ahead.sum())
+        # The window is narrowed only when such a block is then needed again before it is back (see
+        # on_launch): evicting a block brought in early for a sooner need is plain Belady, not thrash.
+        self.thrashed[b[ahead]] = True
+        self.stats["mispredicted_blocks"] += int(((nu <= p) | (nu >= INF)).sum())
+        self.stats["thrash_blocks"] += wasted
 
     def on_fault(self, info: LaunchInfo, blocks: np.ndarray) -> None:
         if self.pending is not None and not info.known_accesses:
@@ -205,6 +223,14 @@ class UvmPrefetchPolicy(Policy):
         self.pending = (key, name, sig, blocks if known else cur)
         self.it_compute += float(info.duration)
         if cur.size:
+            thr = self.thrashed[cur]
+            if thr.any():
+                back = cur[thr]
+                self.thrashed[back] = False
+                again = int((~state.resident[back]).sum())  # evicted unused, needed now, not back in time
+                if again:
+                    self.stats["refetched_blocks"] += again
+                    self.monitor.thrash(info.index, again)
             late = int(state.in_flight[cur].sum())
             if late:
                 st["late_blocks"] += late
@@ -223,7 +249,7 @@ class UvmPrefetchPolicy(Policy):
         out["history_entries"] = len(self.f_blk)
         out["table_entries"] = {"signature": len(self.sig_tab), "exec_ngram": len(self.exec_tab),
                                 "name_ngram": len(self.name_tab)}
-        arrays = (self.nu, self.dirty, self.dead, self.pf_unused, self.written, self.uses, self.prev_uses,
+        arrays = (self.nu, self.dirty, self.dead, self.pf_unused, self.thrashed, self.written, self.uses, self.prev_uses,
                   self.advice, self.last_flat, self.last_use)
         out["state_bytes"] = int(sum(a.nbytes for a in arrays) + sum(
             g.nbytes for g in (self.h_key, self.h_name, self.h_sig, self.h_ptr, self.f_blk, self.f_next)) +
@@ -394,6 +420,14 @@ class UvmPrefetchPolicy(Policy):
             return self._margin(state, cur) if P.pre_evict and self.margin_blocks else None
         blk = np.concatenate(cand_b) if len(cand_b) > 1 else cand_b[0]
         pos = np.concatenate(cand_p) if len(cand_p) > 1 else cand_p[0]
+        if p is not None:
+            # What the plan just read is the freshest prediction of these blocks' next use: keep ``nu``
+            # consistent with it, so a block brought in (or kept) for launch j is never a victim for a later
+            # need. Reversed so that, among repeats, the earliest position is written last.
+            old = self.nu[blk]
+            upd = (pos > p) & ((old <= p) | (old > pos))
+            if upd.any():
+                self.nu[blk[upd][::-1]] = pos[upd][::-1]
         if present is None:
             present = state.resident | state.in_flight
         keep = ~present[blk]
@@ -444,11 +478,10 @@ class UvmPrefetchPolicy(Policy):
                     chosen = vict[:k_ok]
                     d = self.dead[chosen]
                     discard, evict = chosen[d], chosen[~d]
-                    wasted = int(self.pf_unused[chosen].sum())
-                    if wasted:
-                        self.pf_unused[chosen] = False
-                        self.stats["thrash_blocks"] += wasted
-                        self.monitor.thrash(info.index, wasted)
+                    # Our own Belady choice of a prefetched block for a sooner need is not thrash by itself
+                    # (the link did useful work ahead); it counts when it happens with the window at its
+                    # reach, i.e. for victims whose predicted use is within the next launches.
+                    self._note_thrash(chosen, info.index, within=p + 1 if p is not None else -1)
                     self.dirty[chosen] = False
                     self.stats["evicted_blocks"] += evict.shape[0]
                     self.stats["discarded_blocks"] += discard.shape[0]
