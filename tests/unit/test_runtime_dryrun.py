@@ -66,3 +66,12 @@ def test_live_trace_is_a_valid_trace_of_the_run(runs):
     assert t.n_launches == rep["launches"] and t.iterations == 3
     assert t.n_allocs == rep["allocations_seen"]
     assert (t.free_at >= 0).any()  # tensor deaths were recorded
+
+
+def test_trace_exec_ids_are_the_live_ones(runs):
+    _, _, _, rep, trace = runs
+    t = load(trace)
+    # the same op on the same shapes gets the same execution id in iterations 1 and 2 (steady state)
+    it = t.launch_iter
+    a, b = t.launch_exec_id[it == 1], t.launch_exec_id[it == 2]
+    assert a.size == b.size and (a == b).mean() > 0.95

@@ -81,6 +81,7 @@ def make_backend(cfg: RuntimeConfig, policy: Policy):
 
 
 _FLOP_FN: dict = {}
+_DTYPES: dict = {}  # torch dtype -> GpuProfile.flops key, filled in Session.start (torch imported lazily)
 
 
 def _flops(func, args, kwargs, out) -> float:
@@ -160,6 +161,7 @@ class Session:
         self._hooks = [register_optimizer_step_pre_hook(self._opt_pre),
                        register_optimizer_step_post_hook(self._opt_post)]
         self._torch = torch
+        _DTYPES.update({torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"})
         self.active = True
         atexit.register(self.stop)
         # A forked child (DataLoader worker) inherits the mode and this object: it must neither observe (its
@@ -278,25 +280,25 @@ class Session:
             self.phase_launches[phase] += 1
             nbytes = int(sum(length for _, _, length, _ in trace_acc)) if trace_acc else int(b.size * self.block_size)
             flops = _flops(func, args, kwargs, out)
-            duration = self._estimate(flops, total)
+            duration = self._estimate(flops, total, _DTYPES.get(acc[0][0].dtype, "fp32") if acc else "fp32")
             info = LaunchInfo(index=self.index, exec_id=exec_id_of(name, shape_key) & 0x7FFFFFFFFFFFFFFF,
                               name=nid, phase=PHASE[phase], iteration=self.iteration, duration=duration,
                               blocks=b, write_blocks=w)
             self.backend.launch(info)
             if self.builder is not None:
                 self.builder.launch(name, trace_acc, duration=duration, flops=flops, nbytes=nbytes,
-                                    phase=phase, iteration=self.iteration)
+                                    exec_id=info.exec_id, phase=phase, iteration=self.iteration)
             self.index += 1
             if self.index % 64 == 0:
                 self._sample_window()
 
-    def _estimate(self, flops: float, nbytes: int) -> float:
-        """Roofline duration on the modelled GPU (dryrun) or a nominal one (cuda: the GPU runs it for real)."""
+    def _estimate(self, flops: float, nbytes: int, dtype: str = "fp32") -> float:
+        """Roofline duration on the modelled GPU (dryrun; cuda: the trace's estimate, the GPU runs it for real)."""
         gpu = self.gpu
         if gpu is None:
             return 0.0
         t_mem = nbytes / (gpu.hbm_bw * gpu.memory_efficiency)
-        t_flop = flops / (gpu.peak_flops("fp32") * gpu.matmul_efficiency) if flops else 0.0
+        t_flop = flops / (gpu.peak_flops(dtype) * gpu.matmul_efficiency) if flops else 0.0
         return max(t_mem, t_flop) + gpu.launch_overhead_s
 
     def _sample_window(self) -> None:
