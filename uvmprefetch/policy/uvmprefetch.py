@@ -69,7 +69,7 @@ class UvmPrefetchParams(Params):
     ngram: int = 3  # predecessors in the exec-id / name correlation context
     history_launches: int = 1 << 17  # launches of history kept (bounded state)
     table_entries: int = 1 << 17  # entries per correlation table
-    scan_max: int = 1 << 16  # most history entries scanned per decision (bounds the cost per launch)
+    scan_max: int = 1 << 15  # most history entries scanned per decision (bounds the cost per launch)
 
     def __post_init__(self) -> None:
         for f in ("window", "window_min", "window_max", "patience", "ngram", "history_launches", "table_entries",
@@ -375,6 +375,8 @@ class UvmPrefetchPolicy(Policy):
             return
         blk = self.f_blk.view()[a:b]
         pos = self._positions(q + 1, self.end, a, b)
+        if blk.shape[0] > self.params.scan_max:  # bounded cost: beyond this, next uses count as unknown
+            blk, pos = blk[: self.params.scan_max], pos[: self.params.scan_max]
         u, first = np.unique(blk, return_index=True)
         self.nu[u] = pos[first]
 
@@ -389,6 +391,7 @@ class UvmPrefetchPolicy(Policy):
         P = self.params
         p = self.p
         present = None
+        scan_hi = p if p is not None else -1
         cand_b: list = []
         cand_p: list = []
         if cur.size:
@@ -407,15 +410,33 @@ class UvmPrefetchPolicy(Policy):
                     cand_b.append(self.f_blk.view()[a:b])
                     cand_p.append(np.full(b - a, p + 1, dtype=np.int64))
             if lo <= hi:
-                a, b = self._span(lo, hi + 1)
-                if b - a > P.scan_max:
-                    b = a + P.scan_max
-                    hp = self.h_ptr.view()
-                    hi = lo + int(np.searchsorted(hp[lo - self.base:hi + 1 - self.base] - self.fbase, b, "right")) - 2
-                    b = self._span(lo, hi + 1)[1] if hi >= lo else a
-                if b > a:
-                    cand_b.append(self.f_blk.view()[a:b])
-                    cand_p.append(self._positions(lo, hi + 1, a, b))
+                # Scan in growing chunks and stop once more blocks are missing than this decision could
+                # place (free room + what the link can take before the next decision): the rest would be
+                # re-read next time anyway, and scanning it is the policy's main cost.
+                if present is None:
+                    present = state.resident | state.in_flight
+                free0 = max(0, state.capacity_blocks - state.used_blocks - self.margin_blocks)
+                if P.pace and P.pre_evict and self.t_blk > 0:
+                    spare = (state.now + float(info.duration) + P.lead_s - max(self.q_end, state.now)) / self.t_blk
+                    cap = free0 + max(0, int(spare)) + 8
+                else:
+                    cap = free0 + state.capacity_blocks
+                if free0 == 0 and cap <= 8:
+                    hi = min(hi, p + 1)  # link busy, no room: only the next launch can be served now
+                got, start, chunk, scanned = 0, lo, 16, 0
+                fb = self.f_blk.view()
+                while start <= hi and got < cap and scanned < P.scan_max:
+                    stop = min(hi, start + chunk - 1)
+                    a, b = self._span(start, stop + 1)
+                    if b > a:
+                        cb = fb[a:b]
+                        cand_b.append(cb)
+                        cand_p.append(self._positions(start, stop + 1, a, b))
+                        got += int((~present[cb]).sum())
+                        scanned += b - a
+                    scan_hi = stop
+                    start = stop + 1
+                    chunk *= 2
         if not cand_b:
             return self._margin(state, cur) if P.pre_evict and self.margin_blocks else None
         blk = np.concatenate(cand_b) if len(cand_b) > 1 else cand_b[0]
@@ -460,20 +481,19 @@ class UvmPrefetchPolicy(Policy):
                     pos = np.concatenate([pos[:placed], tail[sure]])
                     n = blk.shape[0]
                     rest = n - placed
+            if rest and P.pace and self.t_blk > 0:
+                # Evictions for launches after the next one only while the link has spare time before the
+                # next decision point (decided before choosing victims: choosing them is the costly part).
+                until = now + float(info.duration) + P.lead_s
+                near = int((pos[placed:] <= (p + 1 if p is not None else -1)).sum())
+                budget = max(0, int((until - (q + placed * self.t_blk)) / self.t_blk))
+                rest = min(rest, near + budget)
+            k_ok = 0
             if rest:
                 vict, vkey = self._victims(state, cur, rest)
                 m = vict.shape[0]
                 ok = vkey > pos[placed:placed + m]
                 k_ok = int(np.argmin(ok)) if not ok.all() else m
-                if P.pace and k_ok:
-                    # Evictions for launches after the next one only while the link has spare time.
-                    until = now + float(info.duration) + P.lead_s
-                    later = pos[placed:placed + k_ok] > (p + 1 if p is not None else -1)
-                    if later.any():
-                        q_after = q + placed * self.t_blk
-                        budget = max(0, int((until - q_after) / self.t_blk)) if self.t_blk > 0 else k_ok
-                        first_later = int(np.argmax(later))
-                        k_ok = min(k_ok, first_later + budget)
                 if k_ok:
                     chosen = vict[:k_ok]
                     d = self.dead[chosen]
@@ -498,7 +518,7 @@ class UvmPrefetchPolicy(Policy):
         done = placed == n
         if p is not None and P.prefetch:
             if done:
-                self.horizon = max(self.horizon, min(p + self.monitor.window, self.end - 1) + 1)
+                self.horizon = max(self.horizon, scan_hi + 1)
             elif placed:
                 self.horizon = max(self.horizon, int(pos[placed]) if pos[placed] >= 0 else p + 1)
         if pf.size:
@@ -513,9 +533,12 @@ class UvmPrefetchPolicy(Policy):
 
     def _victims(self, state: ResidencyView, cur: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Up to ``k`` resident blocks in eviction order, with their keys (larger = evict first)."""
-        res = np.flatnonzero(state.resident)
         if cur.size:
-            res = res[~np.isin(res, cur, assume_unique=True)]
+            mask = state.resident.copy()
+            mask[cur] = False
+            res = np.flatnonzero(mask)
+        else:
+            res = np.flatnonzero(state.resident)
         if not res.size:
             return EMPTY, EMPTY
         nu = self.nu[res]

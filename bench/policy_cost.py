@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""Decision cost of the learned policies: microseconds per ``on_launch`` call (issue 4 target: median <= 20 us
+per launch in Python on this machine), measured inside a simulator replay so that the hook sees real
+residency states.
+
+Each call is timed with ``time.perf_counter_ns`` around ``on_launch`` only (not the simulator); the other
+hooks (``on_fault``, ``on_free``, ``on_evict``) are timed too and reported per launch. Writes
+``bench/results/policy-cost-<date>.json`` and prints the table last.
+
+    python bench/policy_cost.py [TRACE.uvmt] [--oversub 2] [--policies uvmprefetch,deepum] [--model gpt2:small]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from uvmprefetch.errors import UvmPrefetchError  # noqa: E402
+from uvmprefetch.policy import make_policy  # noqa: E402
+from uvmprefetch.sim.replay import replay  # noqa: E402
+from uvmprefetch.trace.format import load  # noqa: E402
+
+HOOKS = ("on_launch", "on_fault", "on_free", "on_evict", "on_iteration")
+
+
+def timed(policy):
+    """Wrap the policy's hooks; returns {hook: list of ns}."""
+    out = {h: [] for h in HOOKS}
+    for h in HOOKS:
+        fn = getattr(policy, h)
+
+        def wrap(*a, _fn=fn, _acc=out[h]):
+            t0 = time.perf_counter_ns()
+            r = _fn(*a)
+            _acc.append(time.perf_counter_ns() - t0)
+            return r
+
+        setattr(policy, h, wrap)
+    return out
+
+
+def get_trace(path: str | None, model: str):
+    if path:
+        return Path(path).stem, load(path)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        from uvmprefetch.trace.models import record_model
+        fam, _, cfg = model.partition(":")
+        return f"{fam}-{cfg}", record_model(fam, cfg or "small", batch=4, seq=512, iters=3)
+    except (ImportError, UvmPrefetchError) as e:
+        from uvmprefetch.sim.synthetic import training_trace
+        print(f"note: recorder unavailable ({e}); using a synthetic trace", file=sys.stderr)
+        return "synthetic-24x8MiB", training_trace(layers=24, iterations=3, bw=0.3e12)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("trace", nargs="?", help="a .uvmt trace (default: record GPT-2 small, 3 iterations)")
+    ap.add_argument("--model", default="gpt2:small")
+    ap.add_argument("--oversub", type=float, default=2.0)
+    ap.add_argument("--policies", default="uvmprefetch,deepum")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    args = ap.parse_args()
+    try:
+        name, trace = get_trace(args.trace, args.model)
+        rows = []
+        for spec in args.policies.split(","):
+            pol = make_policy(spec)
+            ns = timed(pol)
+            r = replay(trace, pol, "h100-pcie", oversub=args.oversub)
+            lu = np.asarray(ns["on_launch"], dtype=np.float64) / 1e3
+            other = sum(sum(ns[h]) for h in HOOKS if h != "on_launch") / 1e3
+            rows.append({"policy": spec, "trace": name, "oversub": args.oversub, "launches": int(lu.size),
+                         "on_launch_median_us": float(np.median(lu)), "on_launch_p90_us": float(np.percentile(lu, 90)),
+                         "on_launch_p99_us": float(np.percentile(lu, 99)), "on_launch_mean_us": float(lu.mean()),
+                         "other_hooks_us_per_launch": other / max(1, lu.size), "slowdown": r["slowdown"],
+                         "state_bytes": r["policy_report"].get("state_bytes")})
+    except UvmPrefetchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "python": platform.python_version(),
+            "machine": platform.machine(), "cpus": os.cpu_count(), "numpy": np.__version__,
+            "note": "shared 2-core machine: medians are the robust figure"}
+    path = out / f"policy-cost-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.json"
+    path.write_text(json.dumps({"meta": meta, "results": rows}, indent=1))
+    print(f"| policy | trace | launches | on_launch median us | p90 | p99 | mean | other hooks us/launch | target |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        ok = "ok" if r["on_launch_median_us"] <= 20 else "MISSED (> 20 us)"
+        print(f"| {r['policy']} | {r['trace']} | {r['launches']} | {r['on_launch_median_us']:.1f} | "
+              f"{r['on_launch_p90_us']:.1f} | {r['on_launch_p99_us']:.1f} | {r['on_launch_mean_us']:.1f} | "
+              f"{r['other_hooks_us_per_launch']:.1f} | {ok} |")
+    print(f"JSON: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
