@@ -29,7 +29,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..trace.format import PHASE, READ, WRITE
+from ..trace.format import PHASE
+# What an op launches and touches is the recorder's knowledge (issue 2); the live observer reuses it so that
+# a live trace and a recorded one describe the same op the same way.
+from ..trace.recorder import accesses_of, launches_kernel, tensor_extent  # noqa: F401 - re-exported
 
 ALIGN = 512  # the CUDA caching allocator rounds every request up to 512 bytes
 
@@ -143,60 +146,6 @@ class StorageTracker:
         return died, freed
 
 
-# Ops that launch no kernel: views and allocation-only factories.
-_NO_KERNEL = {"aten::empty.memory_format", "aten::empty_strided", "aten::empty_like", "aten::lift_fresh",
-              "aten::_local_scalar_dense", "aten::set_.source_Storage_storage_offset"}
-
-
-def tensor_extent(t) -> tuple[int, int]:
-    """(byte offset in its storage, byte length) a strided tensor spans."""
-    es = t.element_size()
-    if t.numel() == 0:
-        return t.storage_offset() * es, 0
-    span = 1 + sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()))
-    return t.storage_offset() * es, span * es
-
-
-_MUTABLE: dict = {}  # op -> (positional indices, keyword names) of arguments the schema marks written
-
-
-def _mutable(func) -> tuple[frozenset, frozenset]:
-    m = _MUTABLE.get(func)
-    if m is None:
-        args = func._schema.arguments
-        w = [(i, a.name) for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write]
-        m = _MUTABLE[func] = (frozenset(i for i, _ in w), frozenset(n for _, n in w))
-    return m
-
-
-def accesses_of(func, args, kwargs, out, device_type: str):
-    """``[(tensor, mode)]`` for one dispatched op: inputs READ (WRITE too when the schema marks the argument
-    mutable), outputs WRITE. Only strided tensors on ``device_type``; tensors nested one level in lists
-    (``cat``, ``_foreach_*``) count too. Hot path: no pytree, schema facts cached per op."""
-    import torch
-    Tensor = torch.Tensor
-    strided = torch.strided
-    pos, names = _mutable(func)
-    res = []
-
-    def add(a, mode):
-        if isinstance(a, Tensor):
-            if a.layout == strided and a.device.type == device_type:
-                res.append((a, mode))
-        elif isinstance(a, (list, tuple)):
-            for x in a:
-                if isinstance(x, Tensor) and x.layout == strided and x.device.type == device_type:
-                    res.append((x, mode))
-
-    for i, a in enumerate(args):
-        add(a, READ | WRITE if i in pos else READ)
-    if kwargs:
-        for k, a in kwargs.items():
-            add(a, READ | WRITE if k in names else READ)
-    add(out, WRITE)
-    return res
-
-
 def make_mode(session):
     """A ``TorchDispatchMode`` that reports every kernel-launching op to ``session.on_op`` after it ran.
 
@@ -212,7 +161,7 @@ def make_mode(session):
     class UvmPrefetchMode(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
-            if session.active and _launches(func):
+            if session.active and launches_kernel(func):
                 try:
                     backward = current_node() is not None
                     session.on_op(func, args, kwargs, out, backward)
@@ -221,18 +170,6 @@ def make_mode(session):
             return out
 
     return UvmPrefetchMode()
-
-
-_LAUNCHES: dict = {}
-
-
-def _launches(func) -> bool:
-    """Does ``func`` launch a kernel? (not a view, not allocation-only, not a profiler/prim marker); cached."""
-    r = _LAUNCHES.get(func)
-    if r is None:
-        r = _LAUNCHES[func] = not (func.is_view or func.name() in _NO_KERNEL
-                                   or func.namespace in ("profiler", "prim"))
-    return r
 
 
 class GpuProgress:

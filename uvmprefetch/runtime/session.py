@@ -21,7 +21,9 @@ from ..config import RuntimeConfig
 from ..errors import ConfigError
 from ..policy import DEFAULT_POLICY, available, make_policy
 from ..policy.base import LaunchInfo, Policy
-from ..trace.format import PHASE, exec_id_of
+from ..trace.format import PHASE, READ, WRITE, exec_id_of
+from ..trace.recorder import _DTYPE_NAMES, _shape_key, flops_of
+from ..trace.roofline import estimate
 from .observe import StorageTracker, accesses_of, make_mode, tensor_extent
 
 log = logging.getLogger("uvmprefetch.runtime")
@@ -78,28 +80,6 @@ def make_backend(cfg: RuntimeConfig, policy: Policy):
         return DryrunBackend(cfg, policy)
     from .cuda_backend import CudaBackend
     return CudaBackend(cfg, policy)
-
-
-_FLOP_FN: dict = {}
-_DTYPES: dict = {}  # torch dtype -> GpuProfile.flops key, filled in Session.start (torch imported lazily)
-
-
-def _flops(func, args, kwargs, out) -> float:
-    """FLOPs of an op from PyTorch's own flop counter registry (matmuls, convolutions, attention); 0 else."""
-    f = _FLOP_FN.get(func, _FLOP_FN)
-    if f is _FLOP_FN:
-        try:
-            from torch.utils.flop_counter import flop_registry
-            f = flop_registry.get(func._overloadpacket)
-        except Exception:  # noqa: BLE001
-            f = None
-        _FLOP_FN[func] = f
-    if f is None:
-        return 0.0
-    try:
-        return float(f(*args, **(kwargs or {}), out_val=out))
-    except Exception:  # noqa: BLE001 - an estimate; unknown signatures count as 0
-        return 0.0
 
 
 class Session:
@@ -161,7 +141,6 @@ class Session:
         self._hooks = [register_optimizer_step_pre_hook(self._opt_pre),
                        register_optimizer_step_post_hook(self._opt_post)]
         self._torch = torch
-        _DTYPES.update({torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"})
         self.active = True
         atexit.register(self.stop)
         # A forked child (DataLoader worker) inherits the mode and this object: it must neither observe (its
@@ -250,8 +229,12 @@ class Session:
                 return
             self._drain_frees()
             acc = accesses_of(func, args, kwargs, out, self.device_type)
-            blocks, writes, trace_acc, shape_key = [], [], [], []
-            total = 0
+            if not acc:
+                return
+            phase = "optimizer" if self.in_optimizer else "backward" if backward else "forward"
+            if phase == "optimizer" and all(t.dim() == 0 for t, _ in acc):
+                return  # AdamW's step counters: host work in a GPU run (as the recorder counts it)
+            blocks, writes, merged = [], [], {}
             for t, mode in acc:
                 s = self.tracker.lookup(t.untyped_storage())
                 if s is None:
@@ -262,44 +245,37 @@ class Session:
                     self.builder.alloc(s.nbytes, kind)
                     self._alloc_seen += 1
                 off, length = tensor_extent(t)
+                length = min(length, s.nbytes - off)
                 if length <= 0:
                     continue
-                total += length
                 ids = self.backend.block_ids(s.base + off, length)
                 blocks.append(ids)
-                if mode & 2:
+                if mode & WRITE:
                     writes.append(ids)
-                shape_key.append((tuple(t.shape), str(t.dtype)))
-                if self.builder is not None:
-                    trace_acc.append((s.id, off, min(length, s.nbytes - off), mode))
+                k = (s.id, off, length)
+                merged[k] = merged.get(k, 0) | mode
             b = np.unique(np.concatenate(blocks)) if blocks else np.zeros(0, dtype=np.int64)
             w = np.unique(np.concatenate(writes)) if writes else np.zeros(0, dtype=np.int64)
             name = func.name()
             nid = self.names.setdefault(name, len(self.names))
-            phase = ("optimizer" if self.in_optimizer else "backward" if backward else "forward")
             self.phase_launches[phase] += 1
-            nbytes = int(sum(length for _, _, length, _ in trace_acc)) if trace_acc else int(b.size * self.block_size)
-            flops = _flops(func, args, kwargs, out)
-            duration = self._estimate(flops, total, _DTYPES.get(acc[0][0].dtype, "fp32") if acc else "fp32")
-            info = LaunchInfo(index=self.index, exec_id=exec_id_of(name, shape_key) & 0x7FFFFFFFFFFFFFFF,
+            accesses = [(a, off, ln, m) for (a, off, ln), m in merged.items()]
+            nbytes = sum(ln * (2 if m == READ | WRITE else 1) for _, _, ln, m in accesses)
+            flops = flops_of(func, args, kwargs, out)
+            dtype = "fp32"
+            if flops:
+                dtype = next((_DTYPE_NAMES.get(str(t.dtype), "fp32") for t, _ in acc if t.is_floating_point()), "fp32")
+            duration = estimate(flops, nbytes, dtype, self.gpu) if self.gpu is not None else 0.0
+            info = LaunchInfo(index=self.index, exec_id=exec_id_of(name, _shape_key(args, kwargs)),
                               name=nid, phase=PHASE[phase], iteration=self.iteration, duration=duration,
                               blocks=b, write_blocks=w)
             self.backend.launch(info)
             if self.builder is not None:
-                self.builder.launch(name, trace_acc, duration=duration, flops=flops, nbytes=nbytes,
+                self.builder.launch(name, accesses, duration=duration, flops=flops, nbytes=nbytes,
                                     exec_id=info.exec_id, phase=phase, iteration=self.iteration)
             self.index += 1
             if self.index % 64 == 0:
                 self._sample_window()
-
-    def _estimate(self, flops: float, nbytes: int, dtype: str = "fp32") -> float:
-        """Roofline duration on the modelled GPU (dryrun; cuda: the trace's estimate, the GPU runs it for real)."""
-        gpu = self.gpu
-        if gpu is None:
-            return 0.0
-        t_mem = nbytes / (gpu.hbm_bw * gpu.memory_efficiency)
-        t_flop = flops / (gpu.peak_flops(dtype) * gpu.matmul_efficiency) if flops else 0.0
-        return max(t_mem, t_flop) + gpu.launch_overhead_s
 
     def _sample_window(self) -> None:
         try:
