@@ -199,6 +199,18 @@ class CudaBackend:
         self.progress = GpuProgress(self.max_blocks)
         self.iter_events: list = []
         self.shim_launches = 0
+        self.cupti = None
+        self.cupti_status = "cupti-python not installed"
+        from .cupti import CuptiObserver, available
+        ok, why = available()
+        if ok:
+            try:
+                self.cupti = CuptiObserver(self.device)
+                self.cupti_status = "active"
+            except RuntimeError as e:  # optional: say why in the report, go on without it
+                self.cupti_status = str(e)
+        else:
+            self.cupti_status = why
         policy.on_start(PolicyContext(block_size=self.block_size, capacity_blocks=cap_blocks,
                                       max_blocks=self.max_blocks, gpu=self.gpu, live=True))
 
@@ -300,6 +312,8 @@ class CudaBackend:
         ev.record()
         self.iter_events.append(ev)
         self.shim_launches += len(self.shim.read_launches())
+        if self.cupti is not None:
+            self.cupti.flush()
         self.policy.on_iteration(k)
 
     def resident_bytes(self) -> int:
@@ -316,17 +330,28 @@ class CudaBackend:
                 times = [a.elapsed_time(b) / 1e3 for a, b in zip(self.iter_events, self.iter_events[1:])]
         except Exception:  # noqa: BLE001 - timing is best effort at exit
             times = []
-        r.update(gpu=self.device_name, faults=None, peak_managed_bytes=st["peak_managed_bytes"],
+        cup = None
+        if self.cupti is not None:
+            try:
+                self.cupti.flush()
+                cup = self.cupti.result()
+            except Exception as e:  # noqa: BLE001
+                self.cupti_status = f"flush failed: {e}"
+        r.update(gpu=self.device_name, faults=cup["gpu_page_fault_groups"] if cup else None, cupti=cup,
+                 cupti_status=self.cupti_status, peak_managed_bytes=st["peak_managed_bytes"],
                  managed_bytes_end=st["managed_bytes"], managed_limit_bytes=st["limit_bytes"],
                  shim=st, shim_mode=self.shim_mode, shim_launches_seen=self.shim_launches,
                  batch_api=self.mover.batch, discard_api=self.mover.can_discard, cuda_calls=self.mover.calls,
                  captured_launches_skipped=self.captured_launches,
                  driver_version=self.driver.version, gpu_iter_s_between_steps=times,
-                 note="faults need CUPTI; expected_faults counts blocks used that the books did not hold resident")
+                 note="faults: CUPTI GPU page-fault groups (null without cupti-python); expected_faults counts "
+                      "blocks launches used that the books did not hold resident")
         return r
 
     def close(self) -> None:
         self.mover.synchronize()
+        if self.cupti is not None:
+            self.cupti.close()
 
 
 __all__ = ["CudaBackend", "CudaCallError", "Mover", "profile_for", "EMPTY"]
