@@ -17,10 +17,11 @@ examples:
 
 
 def add_arguments(p) -> None:
+    from ..policy import available
     from .replay import add_gpu_arguments
     p.add_argument("traces", nargs="*", metavar="TRACE", help="trace files (replace the standard set)")
     p.add_argument("--policies", default="all", metavar="A,B|all",
-                   help="comma-separated policy specs (NAME[:k=v...] each), or all (default)")
+                   help=f"comma-separated policy specs (NAME[:k=v...] each), or all (default: {', '.join(available())})")
     p.add_argument("--oversub", default="1,1.25,1.5,2,3", metavar="X,Y,...",
                    help="oversubscription levels (footprint / capacity; default 1,1.25,1.5,2,3)")
     add_gpu_arguments(p)
@@ -46,7 +47,7 @@ def run(args) -> int:
         policies = [p.strip() for p in args.policies.split(",") if p.strip()]
         if not policies:
             raise ConfigError("--policies: empty list")
-    traces = B.load_traces(args.traces) if args.traces else B.standard_trace_set()
+    traces = B.load_traces(args.traces) if args.traces else B.standard_trace_set(progress=not args.no_progress)
     t0 = time.perf_counter()
     rows = B.run_bench(traces, policies, oversubs, gpu, block_size=bs, writeback_clean=args.writeback_clean,
                        progress=not args.no_progress)

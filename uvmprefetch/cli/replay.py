@@ -44,14 +44,14 @@ def block_size_from_args(args) -> int:
 
 
 def add_arguments(p) -> None:
-    from ..policy import DEFAULT_POLICY
+    from ..policy import DEFAULT_POLICY, available
     p.add_argument("trace", metavar="TRACE", help="trace file (.uvmt) from `uvmprefetch record`")
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--capacity", metavar="SIZE", help="GPU memory for managed data, e.g. 24GiB")
     g.add_argument("--oversub", type=float, metavar="X",
                    help="working footprint / capacity (1.0 = everything fits, 2.0 = half fits)")
     p.add_argument("--policy", default=DEFAULT_POLICY, metavar="NAME[:k=v,...]",
-                   help=f"policy and parameters (default {DEFAULT_POLICY}); see the policy list in --help of bench")
+                   help=f"policy and parameters (default {DEFAULT_POLICY}); policies: {', '.join(available())}")
     add_gpu_arguments(p)
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.add_argument("--perfetto", metavar="OUT.json", help="write a Chrome-trace timeline for ui.perfetto.dev")
@@ -103,7 +103,8 @@ def format_result(r: dict) -> str:
         f"gpu        {r['gpu']}  capacity {format_size(r['capacity_bytes'])}  footprint "
         f"{format_size(r['footprint_bytes'])}  oversub {r['oversub']:.3f}  block {format_size(r['block_size'])}",
         f"policy     {r['policy']}",
-        f"time       {r['time_s'] * 1e3:.3f} ms  (ideal {r['ideal_s'] * 1e3:.3f} ms, slowdown {r['slowdown']:.3f}x)",
+        f"time       {r['time_s'] * 1e3:.3f} ms  (ideal {r['ideal_s'] * 1e3:.3f} ms, slowdown {r['slowdown']:.3f}x, "
+        f"steady state {_fmt(r['steady_slowdown'])}x)",
         f"stall      {r['stall_s'] * 1e3:.3f} ms  (faults {r['fault_stall_s'] * 1e3:.3f} ms, late prefetch "
         f"{r['late_stall_s'] * 1e3:.3f} ms)",
         f"faults     {r['faults']} blocks in {r['fault_batches']} batches",

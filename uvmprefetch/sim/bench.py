@@ -24,12 +24,12 @@ from .replay import launch_durations, replay
 
 DEFAULT_OVERSUB = (1.0, 1.25, 1.5, 2.0, 3.0)
 CSV_FIELDS = ("trace", "policy", "gpu", "oversub_target", "oversub", "capacity_bytes", "time_s", "ideal_s",
-              "slowdown", "stall_s", "faults", "fault_batches", "bytes_htod", "bytes_dtoh", "prefetch_issued_bytes",
+              "slowdown", "steady_slowdown", "stall_s", "faults", "fault_batches", "bytes_htod", "bytes_dtoh", "prefetch_issued_bytes",
               "prefetch_useful_bytes", "accuracy", "coverage", "cold_first_touch_s", "evictions", "writebacks",
               "drops", "n_launches", "block_accesses", "wall_s", "events_per_s", "block_accesses_per_s", "error")
 
 
-def standard_trace_set() -> list[tuple[str, Trace]]:
+def standard_trace_set(progress: bool = True) -> list[tuple[str, Trace]]:
     """The standard traces: ``uvmprefetch.trace.standard.standard_traces()`` when it exists, else the
     ``.uvmt`` files shipped in ``traces/``.
 
@@ -43,7 +43,9 @@ def standard_trace_set() -> list[tuple[str, Trace]]:
     except ImportError:
         standard_traces = None
     if standard_traces is not None:
-        got = standard_traces()
+        import inspect
+        kw = {"progress": progress} if "progress" in inspect.signature(standard_traces).parameters else {}
+        got = standard_traces(**kw)
         items = got.items() if isinstance(got, dict) else ((None, x) for x in got)
         out = []
         for name, x in items:
@@ -137,6 +139,11 @@ def markdown(rows: list[dict], oversubs: list[float]) -> str:
         seen.setdefault((r["trace"], r["policy"]), {})[r["oversub_target"]] = r
     for (tname, pol), by in seen.items():
         cells = [_cell(by.get(o, {}).get("slowdown")) for o in oversubs]
+        lines.append(f"| {tname} | {pol} | " + " | ".join(cells) + " |")
+    lines += ["", "Steady state: last iteration / its ideal time (the first iteration pays the cold start):", "",
+              head, sep]
+    for (tname, pol), by in seen.items():
+        cells = [_cell(by.get(o, {}).get("steady_slowdown")) for o in oversubs]
         lines.append(f"| {tname} | {pol} | " + " | ".join(cells) + " |")
     lines += ["", "Replay throughput (this machine):", "",
               "| policy | replays | launches/s | block accesses/s | wall s |", "|---|---:|---:|---:|---:|"]

@@ -179,6 +179,9 @@ def replay(trace: Trace, policy: Policy | str, gpu: GpuProfile | str = "h100-pci
         ideal_iters.append(float(np.sum(dur[prev:last])))
         prev = last
     out["ideal_iteration_times_s"] = ideal_iters
+    # The last iteration is the steady state a long training run lives in (the first pays the cold start).
+    its_t = out["iteration_times_s"]
+    out["steady_slowdown"] = its_t[-1] / ideal_iters[-1] if its_t and ideal_iters and ideal_iters[-1] > 0 else None
     out["policy_report"] = policy.report()
     if timeline:
         out["timeline"] = eng.timeline()
