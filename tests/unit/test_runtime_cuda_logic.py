@@ -97,6 +97,7 @@ def backend(policy, cap_blocks, segments):
     be._segments, be._seg_starts, be._seg_version = [], [], -1
     be._checked_swap = True
     be._capturing, be.captured_launches = (lambda: False), 0
+    be._t0 = 0.0
     Event.done, Event.n = -1, 0
     be.progress = GpuProgress(be.max_blocks, event_factory=Event)
     policy.on_start(PolicyContext(block_size=BS, capacity_blocks=cap_blocks, max_blocks=be.max_blocks,
@@ -265,3 +266,39 @@ def test_mover_errors_raise_cuda_call_error():
     m, _ = mover(batch=True, fail="prefetch_batch")
     with pytest.raises(CudaCallError, match="cudaMemPrefetchBatchAsync to GPU failed: cudaErrorInvalidValue"):
         m.prefetch([(BASE, BS)], to_device=True)
+
+
+def test_live_clock_advances_for_pacing_policies():
+    pol = Scripted([])
+    be = backend(pol, 8, [(BASE, 8 * BS)])
+    be.block_ids(BASE, 8 * BS)
+    be.launch(info(0, be, BASE, BS))
+    t1 = be.res.now
+    be.launch(info(1, be, BASE + BS, BS))
+    assert 0 < t1 <= be.res.now  # a policy that paces against state.now sees time pass
+
+
+def test_uvmprefetch_policy_prefetches_through_the_live_backend():
+    # GIVEN the real default policy behind the cuda backend's books (CUDA calls faked), a loop of 3 iterations
+    # of 24 launches over 24 blocks with room for 12, launches ~0.5 ms apart as on a GPU
+    import time
+
+    from uvmprefetch.policy import make_policy
+    pol = make_policy("uvmprefetch")
+    be = backend(pol, 12, [(BASE, 24 * BS)])
+    be.block_ids(BASE, 24 * BS)
+    per_iter = []
+    for k in range(3):
+        before = sum(len(e[1]) for e in be.mover.log if e[0] == "to_gpu")
+        for i in range(24):
+            b = be.block_ids(BASE + i * BS, BS)
+            be.launch(LaunchInfo(index=k * 24 + i, exec_id=1000 + i, name=i, phase=1, iteration=k, duration=5e-4,
+                                 blocks=b, write_blocks=b))
+            Event.done = k * 24 + i  # the GPU keeps up
+            time.sleep(5e-4)
+        pol.on_iteration(k)
+        per_iter.append(sum(len(e[1]) for e in be.mover.log if e[0] == "to_gpu") - before)
+    # THEN once it has seen the loop it prefetches ahead, and the books never exceed the budget
+    assert per_iter[2] > 0, per_iter
+    assert be.res.m["peak_resident_blocks"] <= 12
+    assert be.res.result()["prefetch_useful_bytes"] > 0

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import bisect
 import ctypes
+import time
 
 import numpy as np
 
@@ -193,6 +194,7 @@ class CudaBackend:
         self._seg_starts: list[int] = []
         self._seg_version = -1
         self._checked_swap = False
+        self._t0 = time.perf_counter()
         self.captured_launches = 0
         self._capturing = torch.cuda.is_current_stream_capturing
         from .observe import GpuProgress
@@ -284,6 +286,10 @@ class CudaBackend:
         if not self._checked_swap:
             self._check_swap()
         res = self.res
+        # Policies pace prefetches against ``state.now`` (their link-queue model is in seconds): wall-clock
+        # since start is the live clock. It runs ahead of the GPU by the queued launches, which only makes the
+        # policy's link model look less busy than it is; the budget still caps what lands on the GPU.
+        res.now = time.perf_counter() - self._t0
         protected = self.progress.protected_mask(info.blocks)
         dec = self.policy.on_launch(info, res)
         discard, evict, pf = res.plan(dec, protected)
