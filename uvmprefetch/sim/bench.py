@@ -90,7 +90,7 @@ def run_bench(traces: list[tuple[str, Trace]], policies: list[str], oversubs: li
     for p in policies:  # fail early on a bad policy spec
         make_policy(p)
     total = sum(1 + (len(policies) - ("ideal" in policies)) * len(oversubs) for _ in traces)
-    bar = tqdm(total=total, desc="bench", unit="replay", disable=not progress, leave=False)
+    bar = tqdm(total=total, desc="bench", unit="replay", disable=not progress, leave=False, mininterval=1.0)
     rows: list[dict] = []
     try:
         for tname, t in traces:
@@ -174,8 +174,9 @@ def plot(rows: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     traces = list(dict.fromkeys(r["trace"] for r in rows))
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
     n = len(traces)
-    cols = min(n, 3)
+    cols = 2 if n == 4 else min(n, 3)
     nrows = math.ceil(n / cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(4.5 * cols, 3.4 * nrows), squeeze=False)
     for ax, tname in zip(axes.ravel(), traces):
@@ -187,6 +188,8 @@ def plot(rows: list[dict], path: Path) -> None:
             pts.sort()
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=pol)
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_formatter(NullFormatter())
         ax.set_title(tname, fontsize=9)
         ax.set_xlabel("oversubscription")
         ax.set_ylabel("slowdown vs ideal")
@@ -231,9 +234,16 @@ def load_traces(paths: list[str]) -> list[tuple[str, Trace]]:
 
 
 def bench_meta(gpu: GpuProfile, block_size: int, wall: float) -> dict:
+    import os
     import platform
+    import subprocess
 
     from .. import __version__
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
+                                cwd=Path(__file__).resolve().parent).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
     return {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "gpu": gpu.name, "block_size": block_size,
-            "uvmprefetch": __version__, "python": platform.python_version(), "machine": platform.machine(),
-            "wall_s": wall}
+            "uvmprefetch": __version__, "commit": commit, "python": platform.python_version(),
+            "machine": platform.machine(), "cpus": os.cpu_count(), "wall_s": wall}
