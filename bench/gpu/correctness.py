@@ -60,7 +60,7 @@ def main(argv=None) -> int:
 
     det = not args.nondeterministic
     if args.dry_run:
-        work = C.tiny_workload(iters=min(args.iters, 3), deterministic=det)
+        work = C.tiny_workload(iters=2, deterministic=det)
     else:
         work = C.Workload(args.model, args.config, args.batch, args.seq, args.iters, warmup=0, deterministic=det)
     tmp = Path(tempfile.mkdtemp(prefix="uvmp-correctness-"))

@@ -111,7 +111,7 @@ def main(argv=None) -> int:
         modes = [m.strip() for m in args.modes.split(",") if m.strip()]
         if not modes or any(m not in ("managed", "deepum", "uvmprefetch") for m in modes):
             C.fail(NAME, f"--modes {args.modes!r}: choose from managed, deepum, uvmprefetch")
-        work = C.tiny_workload(iters=4, foreach="off") if args.dry_run else C.Workload(
+        work = C.tiny_workload(iters=3, foreach="off") if args.dry_run else C.Workload(
             args.model, args.config, args.batch, args.seq, args.iters, args.warmup, args.dtype, foreach="off")
         warmup = work.warmup
         work_desc = work.__dict__
