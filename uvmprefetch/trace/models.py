@@ -233,7 +233,7 @@ def record_model(model: str, config: str, *, batch: int, seq: int | None = None,
     bar = None
     if progress:
         from tqdm import tqdm
-        bar = tqdm(total=iters, desc=f"record {model}-{config}", unit="iter", leave=False)
+        bar = tqdm(total=iters, desc=f"record {model}-{config}", unit="iter", leave=False, disable=None)
     rec = Recorder(device=device, gpu=gpu, meta=meta, progress=bar)
     try:
         with rec:

@@ -176,7 +176,7 @@ def record_script(script: str | Path, args: list[str] | None = None, *, iters: i
     bar = None
     if progress:
         from tqdm import tqdm
-        bar = tqdm(total=iters, desc=f"record {path.name}", unit="iter", leave=False)
+        bar = tqdm(total=iters, desc=f"record {path.name}", unit="iter", leave=False, disable=None)
     rec = Recorder(device="meta", gpu=gpu, max_iters=iters, on_stop=stop, progress=bar,
                    meta={"script": path.name, "args": list(args or []), "name": path.stem})
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a script that asks the hub for weights fails fast
