@@ -59,8 +59,9 @@ class UvmPrefetchParams(Params):
     invalidate: bool = True  # freed blocks are dead: dropped, never written back
     adaptive_window: bool = True  # the monitor moves the window (else fixed at `window`)
     advice: bool = True  # READ_MOSTLY / PREFER_HOST where it pays
-    window: int = 256  # initial lookahead, in launches
-    window_min: int = 1
+    track_moves: bool = True  # translate predicted blocks of tensors the allocator placed elsewhere
+    window: int = 1024  # initial lookahead, in launches
+    window_min: int = 64  # below this the plan cannot cover a layer's launches
     window_max: int = 8192
     patience: int = 4  # monitor events before the window moves
     pace: bool = True  # evict for later launches only while the link would idle before the next decision
@@ -77,9 +78,12 @@ class UvmPrefetchParams(Params):
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ConfigError(f"uvmprefetch: {f} must be a positive integer, got {v!r}")
-        if not self.window_min <= self.window <= self.window_max:
-            raise ConfigError(f"uvmprefetch: need window_min <= window <= window_max, got "
-                              f"{self.window_min} / {self.window} / {self.window_max}")
+        if self.window_min > self.window_max:
+            raise ConfigError(f"uvmprefetch: window_min {self.window_min} > window_max {self.window_max}")
+        if not self.window <= self.window_max:
+            raise ConfigError(f"uvmprefetch: window {self.window} > window_max {self.window_max}")
+        if self.window < self.window_min:  # an explicit small window lowers the floor with it
+            object.__setattr__(self, "window_min", self.window)
         if not (isinstance(self.lead_s, (int, float)) and self.lead_s >= 0):
             raise ConfigError(f"uvmprefetch: lead_s must be >= 0, got {self.lead_s!r}")
         if not (isinstance(self.margin, (int, float)) and 0 <= self.margin < 0.5):
@@ -126,6 +130,10 @@ class UvmPrefetchPolicy(Policy):
         self.h_soft = GrowArray(np.int8)
         self.f_blk = GrowArray(np.int64, initial=1 << 14)
         self.f_next = GrowArray(np.int64, fill=INF, initial=1 << 14)
+        self.f_w = GrowArray(np.bool_, fill=False, initial=1 << 14)  # the launch wrote this block
+        # recorded block -> where the tensor written there lives in this iteration (see _learn_moves)
+        self.remap = np.arange(n, dtype=np.int64)
+        self.iter_start = 0  # history position of this iteration's first launch
         self.base = 0
         self.fbase = 0
         self.sig_tab = LruMap(P.table_entries)
@@ -147,7 +155,7 @@ class UvmPrefetchPolicy(Policy):
         self.it_compute = 0.0
         self.stats = dict(launches=0, matched=0, soft=0, resync=0, unpredicted=0, prefetched_blocks=0,
                           evicted_blocks=0, discarded_blocks=0, late_blocks=0, predicted_faults=0, thrash_blocks=0,
-                          mispredicted_blocks=0, refetched_blocks=0, read_mostly_blocks=0,
+                          mispredicted_blocks=0, refetched_blocks=0, moved_blocks=0, read_mostly_blocks=0,
                           prefer_host_blocks=0)
 
     # ------------------------------------------------------------------------------------------ hooks
@@ -181,7 +189,7 @@ class UvmPrefetchPolicy(Policy):
 
     def on_fault(self, info: LaunchInfo, blocks: np.ndarray) -> None:
         if self.pending is not None and not info.known_accesses:
-            self.pending = self.pending[:3] + (np.union1d(self.pending[3], blocks),)
+            self.pending = self.pending[:3] + (np.union1d(self.pending[3], blocks), None)
         self.it_link_blocks += blocks.shape[0]
         if self.p is not None:
             pred = self._blocks_at(self.p)
@@ -192,6 +200,9 @@ class UvmPrefetchPolicy(Policy):
 
     def on_iteration(self, k: int) -> None:
         self.iters_seen += 1
+        self.iter_start = self.end + (self.pending is not None)
+        if self.stats["moved_blocks"]:
+            self.remap[:] = np.arange(self.remap.shape[0])  # predictions now come from this iteration's ids
         if self.params.advice and self.ctx is not None:
             self._plan_advice()
         self.prev_uses, self.uses = self.uses, self.prev_uses
@@ -210,6 +221,8 @@ class UvmPrefetchPolicy(Policy):
         name = int(info.name)
         sig = hash((name, blocks.tobytes())) if known else hash((key,))
         self._match(key, name, sig)
+        if known and self.p is not None and self.params.track_moves:
+            self._learn_moves(info.write_blocks)
         if known:
             self.dead[blocks] = False
             self.pf_unused[blocks] = False
@@ -220,7 +233,11 @@ class UvmPrefetchPolicy(Policy):
             self.last_use[blocks] = info.index
         cur = blocks if known else (self._blocks_at(self.p).copy() if self.p is not None else EMPTY)
         # Unknown accesses: what the launch used is what was predicted (and came in) plus what faults add.
-        self.pending = (key, name, sig, blocks if known else cur)
+        wmask = None
+        if known and info.write_blocks.size:
+            wmask = np.zeros(blocks.shape[0], dtype=bool)
+            wmask[np.searchsorted(blocks, info.write_blocks)] = True
+        self.pending = (key, name, sig, blocks if known else cur, wmask)
         self.it_compute += float(info.duration)
         if cur.size:
             thr = self.thrashed[cur]
@@ -228,7 +245,7 @@ class UvmPrefetchPolicy(Policy):
                 back = cur[thr]
                 self.thrashed[back] = False
                 again = int((~state.resident[back]).sum())  # evicted unused, needed now, not back in time
-                if again:
+                if again and self.p is not None:  # without a prediction the window is not what failed
                     self.stats["refetched_blocks"] += again
                     self.monitor.thrash(info.index, again)
             late = int(state.in_flight[cur].sum())
@@ -250,9 +267,9 @@ class UvmPrefetchPolicy(Policy):
         out["table_entries"] = {"signature": len(self.sig_tab), "exec_ngram": len(self.exec_tab),
                                 "name_ngram": len(self.name_tab)}
         arrays = (self.nu, self.dirty, self.dead, self.pf_unused, self.thrashed, self.written, self.uses, self.prev_uses,
-                  self.advice, self.last_flat, self.last_use)
+                  self.advice, self.last_flat, self.last_use, self.remap)
         out["state_bytes"] = int(sum(a.nbytes for a in arrays) + sum(
-            g.nbytes for g in (self.h_key, self.h_name, self.h_sig, self.h_ptr, self.f_blk, self.f_next)) +
+            g.nbytes for g in (self.h_key, self.h_name, self.h_sig, self.h_ptr, self.f_blk, self.f_next, self.f_w)) +
             self.sig_tab.nbytes + self.exec_tab.nbytes + self.name_tab.nbytes)
         n = self.stats["launches"]
         out["prediction_rate"] = (self.stats["matched"] + self.stats["soft"] + self.stats["resync"]) / n if n else None
@@ -275,7 +292,7 @@ class UvmPrefetchPolicy(Policy):
         a, b = self._span(pos, pos + 1)
         return self.f_blk.view()[a:b]
 
-    def _commit(self, key: int, name: int, sig: int, blocks: np.ndarray) -> None:
+    def _commit(self, key: int, name: int, sig: int, blocks: np.ndarray, wmask: np.ndarray | None = None) -> None:
         r = self.end
         self.h_key.append(key)
         self.h_name.append(name)
@@ -287,6 +304,7 @@ class UvmPrefetchPolicy(Policy):
         if k:
             self.f_blk.extend(blocks)
             self.f_next.extend(np.full(k, INF, dtype=np.int64))
+            self.f_w.extend(wmask if wmask is not None and wmask.shape[0] == k else np.zeros(k, dtype=bool))
             prev = self.last_flat[blocks]
             prev = prev[prev >= self.fbase]
             if prev.size:
@@ -318,6 +336,7 @@ class UvmPrefetchPolicy(Policy):
             g.drop_front(k)
         self.f_blk.drop_front(fk)
         self.f_next.drop_front(fk)
+        self.f_w.drop_front(fk)
         self.base += k
         self.fbase = cut
         if self.p is not None and self.p < self.base:
@@ -361,11 +380,34 @@ class UvmPrefetchPolicy(Policy):
         self.horizon = q + 1
         self._rebuild_nu(q)
 
+    def _learn_moves(self, writes: np.ndarray) -> None:
+        """The caching allocator may place a step's activations elsewhere than last step. When the launch
+        matched at ``p`` (in an earlier iteration) wrote other blocks than it writes now, pair the written
+        blocks in address order: later predicted reads of the recorded blocks are translated to the new ones.
+        Only writes are paired (a written block is where the output tensor lives), and only against earlier
+        iterations (inside one iteration a repeated layer is another tensor, not a moved one)."""
+        if self.p >= self.iter_start:
+            return
+        a, b = self._span(self.p, self.p + 1)
+        rec = self.f_blk.view()[a:b][self.f_w.view()[a:b]]
+        if rec.shape[0] != writes.shape[0] or not rec.size:
+            return
+        moved = rec != writes
+        if moved.any():
+            old, new = rec[moved], writes[moved]
+            self.remap[old] = new
+            # The tensor's predicted next use moves with it (victim choice reads nu by actual block).
+            self.nu[new] = self.nu[old]
+            self.stats["moved_blocks"] += int(moved.sum())
+
     def _advance(self, q: int) -> None:
         self.p = q
         a, b = self._span(q, q + 1)
         if b > a:
-            self.nu[self.f_blk.view()[a:b]] = self.f_next.view()[a:b]
+            blk = self.f_blk.view()[a:b]
+            if self.params.track_moves and self.stats["moved_blocks"]:
+                blk = self.remap[blk]
+            self.nu[blk] = self.f_next.view()[a:b]
 
     def _rebuild_nu(self, q: int) -> None:
         """Predicted next use of every block after a jump of the pointer to ``q`` (O(history))."""
@@ -441,6 +483,8 @@ class UvmPrefetchPolicy(Policy):
             return self._margin(state, cur) if P.pre_evict and self.margin_blocks else None
         blk = np.concatenate(cand_b) if len(cand_b) > 1 else cand_b[0]
         pos = np.concatenate(cand_p) if len(cand_p) > 1 else cand_p[0]
+        if p is not None and P.track_moves and self.stats["moved_blocks"]:
+            blk = np.where(pos >= 0, self.remap[blk], blk)  # recorded blocks -> where they live now
         if p is not None:
             # What the plan just read is the freshest prediction of these blocks' next use: keep ``nu``
             # consistent with it, so a block brought in (or kept) for launch j is never a victim for a later
