@@ -45,7 +45,16 @@ def test_perfetto_and_plot(trace_path, tmp_path, capsys):
     assert "timeline" not in r
     ev = json.loads(pj.read_text())["traceEvents"]
     assert {e["ph"] for e in ev} >= {"M", "X", "C", "i"}
-    assert sum(1 for e in ev if e["ph"] == "X" and e.get("tid") == 1) == r["n_launches"]
+    assert sum(1 for e in ev if e["ph"] == "X" and e["pid"] == 1 and e.get("tid") == 1) == r["n_launches"]
+    # per-block residency: intervals of one block never overlap, and every faulted block appears
+    per_block: dict = {}
+    for e in ev:
+        if e["ph"] == "X" and e["pid"] == 2:
+            per_block.setdefault(e["tid"], []).append((e["ts"], e["ts"] + e["dur"]))
+    assert sum(len(v) for v in per_block.values()) >= r["faults"]
+    for spans in per_block.values():
+        spans.sort()
+        assert all(a[1] <= b[0] + 1e-6 for a, b in zip(spans, spans[1:]))
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 

@@ -210,3 +210,32 @@ def test_density_prefetch_with_64k_blocks(touched, dense):
     else:
         assert r["driver_prefetch_bytes"] == 0 and r["bytes_htod"] == 16 * 64 * 1024
         assert r["time_s"] == pytest.approx(LAT + 16 * t64 + D, rel=1e-12)
+
+
+def test_block_cannot_return_before_its_write_back_ends():
+    """Slow D2H link (1 GB/s, so Td1 = 2 MiB / bw_d(2 MiB) ~ 2.1 ms > d). Capacity 3 blocks.
+    L0 writes block 0 (fault): e0 = lat + Tf + d. Before L1 the policy evicts block 0 (dirty: written back
+    from e0 to e0 + Td1) and L1 faults block 1 into free room: e1 = e0 + lat + Tf + d. L2 needs block 0
+    again: room is free, but its data is still on its way to the host, so its copy starts at
+    max(e1 + lat, e0 + Td1): e2 = max(e1 + lat, e0 + Td1) + Tf + d."""
+    import numpy as np
+    from uvmprefetch.policy.base import LaunchInfo
+
+    class EvictFirst(Policy):
+        name = "evict-first"
+
+        def on_launch(self, info, state):
+            return Decision(evict=np.array([0])) if info.index == 1 else None
+
+    gpu = GPU.with_overrides(link_dtoh_bw=1e9)
+    td1 = 2 * MiB / (1e9 * 2 / math.pi * math.atan(0.0729 * 2 * MiB / 1024))
+    m = GpuModel(gpu, 6 * MiB, 2 * MiB, 3, EvictFirst(), check=True)
+    none = np.array([], dtype=np.int64)
+    m.launch(LaunchInfo(0, 0, 0, 0, 0, D, np.array([0]), np.array([0])))
+    m.launch(LaunchInfo(1, 0, 0, 0, 0, D, np.array([1]), none))
+    r2 = m.launch(LaunchInfo(2, 0, 0, 0, 0, D, np.array([0]), none))
+    e0 = LAT + TF + D
+    e1 = e0 + LAT + TF + D
+    assert td1 > LAT + TF + D  # the write-back really is the constraint
+    assert r2["end"] == pytest.approx(max(e1 + LAT, e0 + td1) + TF + D, rel=1e-12)
+    assert m.result()["bytes_dtoh"] == 2 * MiB

@@ -129,6 +129,7 @@ def reference_demand(t, lay, cap_blocks, gpu=GPU):
     entries_per_block = math.ceil(0.51 * bs / (64 * 1024))
     resident: dict[int, int] = {}  # block -> migration sequence number
     dirty: set[int] = set()
+    wb_done: dict[int, float] = {}  # a block cannot come back before its write-back ends
     seq = 0
     t_c = t_d2h = 0.0
     faults = htod = dtoh = 0
@@ -146,13 +147,14 @@ def reference_demand(t, lay, cap_blocks, gpu=GPU):
                 if victim in dirty:
                     dirty.discard(victim)
                     t_d2h = max(t_d2h, now) + td
+                    wb_done[victim] = t_d2h
                     rooms.append(t_d2h)
                     dtoh += bs
                 else:
                     rooms.append(now)
             e = now + math.ceil(n * entries_per_block / gpu.fault_batch_size) * lat
-            for r in sorted(rooms):
-                e = max(e, r) + tf
+            for b, r in zip(missing, sorted(rooms)):
+                e = max(e, r, wb_done.get(b, 0.0)) + tf
             done = e
             for b in missing:
                 seq += 1

@@ -150,6 +150,7 @@ class GpuModel:
         self.advice = np.zeros(n, dtype=np.int8)
         self.pf_pending = np.zeros(n, dtype=bool)
         self.mig_seq = np.zeros(n, dtype=np.int64)
+        self.wb_done = np.zeros(n, dtype=np.float64)  # a block cannot come back before its write-back ends
         self._protect = np.zeros(n, dtype=bool)
         self._seq = 0
         self._lrm = _Queue(np.int64)  # resident blocks in migration order (lazy deletion by mig_seq)
@@ -181,7 +182,8 @@ class GpuModel:
                       invalidations=0, peak_used_blocks=0, cold_first_touch_bytes=0, cold_first_touch_s=0.0,
                       compute_s=0.0)
         self.iter_ends: list[tuple[int, float]] = []
-        self.events: dict[str, list] = {"compute": [], "h2d": [], "d2h": [], "fault": [], "resident": []}
+        self.events: dict[str, list] = {"compute": [], "h2d": [], "d2h": [], "fault": [], "resident": [], "block": []}
+        self._since = np.full(n, np.nan) if timeline else None  # when each block landed on the GPU
         ctx = PolicyContext(block_size=bs, capacity_blocks=self.capacity_blocks, max_blocks=n, gpu=gpu,
                             live=False, trace=trace if policy.offline else None,
                             layout=layout if policy.offline else None)
@@ -320,8 +322,14 @@ class GpuModel:
         """Recorded intervals (when built with ``timeline=True``): lists of tuples per track, seconds.
 
         ``compute``: (start, end, launch index, name id); ``h2d``/``d2h``: (start, end, blocks, kind);
-        ``fault``: (time, blocks, batches); ``resident``: (time, used blocks)."""
-        return self.events
+        ``fault``: (time, blocks, batches); ``resident``: (time, used blocks); ``block``: (block ids, landed,
+        left) arrays, one entry per eviction batch plus the blocks still on the GPU (left = now)."""
+        if not self._timeline:
+            return self.events
+        on = np.flatnonzero(~np.isnan(self._since))
+        ev = dict(self.events)
+        ev["block"] = self.events["block"] + ([(on, self._since[on], np.full(on.size, self.now))] if on.size else [])
+        return ev
 
     # ------------------------------------------------------------------------------------ internals
     def _ids(self, blocks, what: str) -> np.ndarray:
@@ -377,6 +385,7 @@ class GpuModel:
             start = max(self.t_d2h, now)
             ends = start + self.t_blk_d2h * np.arange(1, k + 1)
             rel[wb] = ends
+            self.wb_done[victims[wb]] = ends
             self.t_d2h = float(ends[-1])
             m["bytes_dtoh"] += k * self.block_size
             m["writebacks"] += k
@@ -388,6 +397,9 @@ class GpuModel:
         if wasted.any():
             m["prefetch_wasted_bytes"] += int(wasted.sum()) * self.block_size
             self.pf_pending[victims] = False
+        if self._timeline:
+            self.events["block"].append((victims.copy(), self._since[victims], rel.copy()))
+            self._since[victims] = np.nan
         self.resident[victims] = False
         self.dirty[victims] = False
         self.n_resident -= n
@@ -492,7 +504,7 @@ class GpuModel:
                 return
         times = self._transfer_times(b)
         start = max(self.t_h2d, now)
-        arr = _fifo_finish(start, rooms, times)
+        arr = _fifo_finish(start, np.maximum(rooms, self.wb_done[b]), times)
         self._issue(b, arr)
         self.t_h2d = float(arr[-1])
         nbytes = b.shape[0] * self.block_size
@@ -525,6 +537,8 @@ class GpuModel:
         return self.gpu.link_htod_bw * (2.0 / math.pi) * np.arctan(0.0729 * kb)
 
     def _issue(self, b: np.ndarray, arrive: np.ndarray) -> None:
+        if self._timeline:
+            self._since[b] = arrive
         self.in_flight[b] = True
         self.arrive[b] = arrive
         self.n_inflight += b.shape[0]
@@ -559,7 +573,7 @@ class GpuModel:
         if extra.size:
             times[n:] = self._transfer_times(extra)
         link = float(times.sum())
-        ends = _fifo_finish(now + batches * gpu.fault_batch_latency_s, rooms, times)
+        ends = _fifo_finish(now + batches * gpu.fault_batch_latency_s, np.maximum(rooms, self.wb_done[blocks]), times)
         done = float(ends[-1])
         # Faults preempt the H2D queue: everything queued after now slips by the link time they took.
         if link > 0 and len(self._inflight):
@@ -568,6 +582,8 @@ class GpuModel:
             arr[late] += link
             self.arrive[blk[late]] = arr[late]
         self.t_h2d = max(self.t_h2d + link if self.t_h2d > now else now, done)
+        if self._timeline:
+            self._since[blocks] = ends
         self.resident[blocks] = True
         self.n_resident += total
         self._migrated(blocks)

@@ -10,9 +10,10 @@ from ..errors import ConfigError
 _TRACKS = {"compute": 1, "h2d": 2, "d2h": 3, "fault": 4}
 
 
-def to_chrome_trace(result: dict, names: list[str] | None = None) -> dict:
+def to_chrome_trace(result: dict, names: list[str] | None = None, max_block_intervals: int = 200_000) -> dict:
     """Chrome-trace (``traceEvents``) dict of ``result["timeline"]``: one thread per engine, instants for
-    fault batches, a counter of GPU blocks in use. Times are microseconds."""
+    fault batches, a counter of GPU blocks in use, and one track per block showing when it was on the GPU
+    (left out, with a note, beyond ``max_block_intervals`` intervals). Times are microseconds."""
     tl = result.get("timeline")
     if tl is None:
         raise ConfigError("this replay was run without a timeline (timeline=True)")
@@ -32,6 +33,17 @@ def to_chrome_trace(result: dict, names: list[str] | None = None) -> dict:
     for t, n, batches in tl["fault"]:
         ev.append({"name": f"fault {n} blocks", "ph": "i", "s": "t", "pid": 1, "tid": 4, "ts": t * us,
                    "args": {"blocks": n, "batches": batches}})
+    # Per-block residency: one track per block (process "blocks"), capped to keep the file loadable.
+    n_iv = sum(len(b) for b, _, _ in tl.get("block", []))
+    if 0 < n_iv <= max_block_intervals:
+        ev.append({"name": "process_name", "ph": "M", "pid": 2, "args": {"name": "blocks on the GPU"}})
+        for blocks, landed, left in tl["block"]:
+            for b, s0, s1 in zip(blocks.tolist(), landed.tolist(), left.tolist()):
+                ev.append({"name": f"block {b}", "ph": "X", "pid": 2, "tid": b, "ts": s0 * us,
+                           "dur": max(s1 - s0, 0.0) * us})
+    elif n_iv:
+        ev.append({"name": f"per-block residency left out: {n_iv} intervals > {max_block_intervals}", "ph": "i",
+                   "s": "g", "pid": 1, "ts": 0})
     bs = result["block_size"]
     for t, used in tl["resident"]:
         ev.append({"name": "GPU memory in use (MiB)", "ph": "C", "pid": 1, "ts": t * us,
