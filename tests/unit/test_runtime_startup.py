@@ -133,3 +133,14 @@ def test_the_cli_never_observes_itself():
         assert d["cuda_ready"] == (r.returncode == 0)
         if not HAVE_GPU:
             assert not d["cuda_ready"] and not next(c for c in d["checks"] if c["name"] == "gpu")["ok"]
+
+
+def test_run_cli_json_last_line():
+    r = subprocess.run(["uvmprefetch", "run", "--json", "--backend", "dryrun", "--log", "quiet", "--", sys.executable,
+                        "-c", "import torch; print('child'); (torch.ones(4) + 1).sum()"],
+                       capture_output=True, text=True, timeout=120,
+                       env={k: v for k, v in os.environ.items() if not k.startswith("UVMPREFETCH")})
+    lines = r.stdout.splitlines()
+    assert r.returncode == 0 and lines[0] == "child"
+    d = json.loads(lines[-1])
+    assert d["returncode"] == 0 and d["report"]["backend"] == "dryrun" and d["report"]["launches"] >= 2

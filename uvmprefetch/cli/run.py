@@ -30,6 +30,8 @@ def add_arguments(p) -> None:
     p.add_argument("--trace", help="record the live run as a trace file here")
     p.add_argument("--gpu", help="dryrun: the simulated GPU profile")
     p.add_argument("--log", choices=["quiet", "warning", "info", "debug"])
+    p.add_argument("--json", action="store_true",
+                   help="after COMMAND exits, print {returncode, report} as one JSON line on stdout (last line)")
     p.add_argument("cmd", nargs="+", metavar="COMMAND", help="the program and its arguments (after --)")
 
 
@@ -57,12 +59,31 @@ def run(args) -> int:
             env["LD_PRELOAD"] = " ".join(filter(None, [str(shim_path()), env.get("LD_PRELOAD", "")]))
     elif not _is_python(cmd[0]):
         raise ConfigError("the dryrun backend observes PyTorch programs only; COMMAND must be a Python program")
+    tmp = None
+    if args.json and not cfg.report:
+        import tempfile
+        fd, tmp = tempfile.mkstemp(prefix="uvmprefetch-report-", suffix=".json")
+        os.close(fd)
+        os.unlink(tmp)
+        env["UVMPREFETCH_REPORT"] = tmp
     try:
-        return subprocess.call(cmd, env=env)
+        rc = subprocess.call(cmd, env=env)
     except FileNotFoundError:
         raise ConfigError(f"command not found: {cmd[0]}") from None
     except KeyboardInterrupt:
-        return 130
+        rc = 130
+    if args.json:
+        import json
+        from . import emit_json
+        path = env.get("UVMPREFETCH_REPORT")
+        report = None
+        if path and os.path.exists(path):
+            with open(path) as f:
+                report = json.load(f)
+            if tmp:
+                os.unlink(tmp)
+        emit_json({"returncode": rc, "report": report})
+    return rc
 
 
 def _is_python(prog: str) -> bool:
