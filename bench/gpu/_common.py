@@ -331,7 +331,11 @@ def steady_median(iter_s: list[float], warmup: int) -> float:
 
 
 def report_get(report: dict | None, *keys, default=None):
-    """The first of ``keys`` present in the runtime report (its field names are the runtime's contract)."""
+    """The first of ``keys`` (dotted paths) that the runtime report has with a non-null value.
+
+    The field names are the runtime's contract (docs/runtime.md); fallbacks matter where a figure may be
+    unobservable, e.g. ``faults`` is null on the cuda backend without CUPTI and ``expected_faults`` stands in.
+    """
     if not report:
         return default
     for k in keys:
@@ -342,7 +346,8 @@ def report_get(report: dict | None, *keys, default=None):
             else:
                 break
         else:
-            return cur
+            if cur is not None:
+                return cur
     return default
 
 

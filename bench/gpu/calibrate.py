@@ -98,7 +98,8 @@ class CudaProbe:
         self.info = {"free_bytes": int(free), "total_bytes": int(total), "managed_arena_bytes": int(arena),
                      "max_fraction": max_fraction, "concurrent_managed_access": bool(cma)}
         # One managed arena for every managed test, 2 MB aligned so that "N blocks" means N driver VA blocks.
-        self.base_raw = self._check(rt.cudaMallocManaged(arena + MB2, getattr(rt, "cudaMemAttachGlobal", 1)), "cudaMallocManaged")
+        attach_global = getattr(rt, "cudaMemAttachGlobal", 1)
+        self.base_raw = self._check(rt.cudaMallocManaged(arena + MB2, attach_global), "cudaMallocManaged")
         self.base = (int(self.base_raw) + MB2 - 1) // MB2 * MB2
         self.arena = arena
         self.arena_t = self._tensor(self.base, arena)

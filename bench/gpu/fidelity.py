@@ -166,7 +166,7 @@ def main(argv=None) -> int:
         # (slowdown over that reference, predicted vs measured); err + 1 = (compute + 1) * (slowdown ratio).
         compute_err = pred["ideal_s"] / t_ref - 1.0
         slow_sim, slow_live = pred["predicted_s"] / pred["ideal_s"], measured / t_ref
-        rep_faults = C.report_get(r.get("report"), "faults", default="-")
+        rep_faults = C.report_get(r.get("report"), "faults", "expected_faults", default="-")
         live_peak = C.report_get(r.get("report"), "peak_managed_bytes")
         live_over = f"{live_peak / r['budget']:.2f}" if live_peak else "-"
         # Oversubscription as each side sees it: a replay layout with another footprint than the live address
@@ -193,7 +193,8 @@ def main(argv=None) -> int:
                "median_abs_error": statistics.median(errs) if errs else None}
     rows.append(["profile", prof_desc, "-", "-", "-", "-", "-", "-", "-", "-", ""])
     return C.finish(args, NAME, payload, ["case", "budget B", "measured ms/iter", "predicted ms/iter", "error",
-                                          "compute model error", "slowdown sim / live", "oversub sim / live", "faults sim / live", "bytes H2D sim / live", "measured by"], rows, checks)
+                                          "compute model error", "slowdown sim / live", "oversub sim / live",
+                                          "faults sim / live", "bytes H2D sim / live", "measured by"], rows, checks)
 
 
 if __name__ == "__main__":

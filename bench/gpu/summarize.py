@@ -75,7 +75,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="bench/gpu/summarize.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--results", type=Path, default=C.RESULTS_DIR, help="folder of the result JSONs (default "
                    "bench/results)")
-    p.add_argument("--dry-run", action="store_true", help=f"read the dry-run results ({C.DRYRUN_DIR.relative_to(C.REPO)})")
+    p.add_argument("--dry-run", action="store_true",
+                   help=f"read the dry-run results ({C.DRYRUN_DIR.relative_to(C.REPO)})")
     p.add_argument("--md", type=Path, default=None, help="output file (default: <results>/gpu-summary.md)")
     args = p.parse_args(argv)
     results = C.DRYRUN_DIR if args.dry_run and args.results == C.RESULTS_DIR else args.results

@@ -124,7 +124,8 @@ def main(argv=None) -> int:
 
     res = {
         "model": a.model, "config": a.config, "batch": a.batch, "seq": a.seq, "iters": a.iters, "dtype": a.dtype,
-        "deterministic": a.deterministic, "foreach": a.foreach, "device": str(dev), "seed": a.seed, "n_params": n_params,
+        "deterministic": a.deterministic, "foreach": a.foreach, "device": str(dev), "seed": a.seed,
+        "n_params": n_params,
         # Parameters, gradients and the two AdamW moments: the part of the working set that lives all iteration.
         "state_bytes": 4 * 4 * n_params,
         "losses": losses,
