@@ -32,6 +32,14 @@ def test_meta_and_cpu_traces_agree_event_for_event(tiny_meta):
     assert cpu.equals(tiny_meta)  # every array: kinds, phases, accesses, exec ids, flops, durations
 
 
+@pytest.mark.parametrize("model,kw", [("bert", dict(seq=16)), ("resnet", dict(image_size=32)),
+                                      ("vit", dict(image_size=32))])
+def test_meta_and_cpu_agree_for_other_families(model, kw):
+    meta = record_model(model, "tiny", batch=2, iters=2, device="meta", **kw)
+    cpu = record_model(model, "tiny", batch=2, iters=2, device="cpu", **kw)
+    assert _names(cpu) == _names(meta) and cpu.equals(meta)
+
+
 def test_cuda_kernels_not_the_cpu_math_path(tiny_meta):
     names = set(tiny_meta.names)
     assert {"aten::_scaled_dot_product_efficient_attention", "aten::_scaled_dot_product_efficient_attention_backward",

@@ -64,7 +64,7 @@ def _host_copy(t):
     """A CPU tensor standing in for a meta tensor read back to the host (zeros)."""
     import torch
 
-    return torch.zeros(t.shape, dtype=t.dtype)
+    return torch.zeros(t.shape, dtype=t.dtype, device="cpu")  # explicit: the default device may be "cuda"
 
 
 @contextlib.contextmanager
