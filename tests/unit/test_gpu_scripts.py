@@ -102,16 +102,24 @@ def test_fit_link_is_exact_on_model_data():
     assert a == pytest.approx(33e9) and max(map(abs, resid)) < 1e-12
 
 
-def test_fault_model_matches_the_simulator_constants():
-    """calibrate.fault_model mirrors sim/engine.py: 17 entries per faulted 2 MB block, 64 KB granules."""
-    engine = pytest.importorskip("uvmprefetch.sim.engine")
-    from calibrate import GRANULE, MB2, fault_model
+@pytest.mark.parametrize("nblocks", [8, 32, 128, 512])
+def test_fault_model_matches_the_simulator(nblocks):
+    """Differential: calibrate.fault_model (what the fit inverts) charges what sim/engine.py charges for one
+    launch that faults ``nblocks`` 2 MB blocks on an empty GPU, so a fitted fault_batch_latency_s means the
+    same thing in the simulator."""
+    import numpy as np
+    from calibrate import MB2, fault_model
     from uvmprefetch.gpus import get_profile
-    gpu = get_profile("h100-pcie")
-    batches, link = fault_model(100, "full", gpu.link_htod_bw, gpu.fault_batch_size, gpu.fault_granule_bytes)
-    per_block_entries = -(-int(engine.DENSITY * 1000) * (MB2 // GRANULE) // 1000)
-    assert batches == -(-100 * per_block_entries // gpu.fault_batch_size)
-    assert link == pytest.approx(100 * (MB2 // GRANULE) * gpu.transfer_time(GRANULE))
+    from uvmprefetch.policy import make_policy
+    from uvmprefetch.policy.base import LaunchInfo
+    from uvmprefetch.sim.engine import GpuModel
+    gpu = get_profile("h100-pcie").with_overrides(fault_batch_latency_s=37e-6, link_htod_bw=31e9)
+    eng = GpuModel(gpu, 2 * nblocks * MB2, MB2, 2 * nblocks, make_policy("demand"))
+    res = eng.launch(LaunchInfo(index=0, exec_id=1, name="touch", phase=0, iteration=0, duration=1e-6,
+                                blocks=np.arange(nblocks, dtype=np.int64), write_blocks=np.zeros(0, dtype=np.int64)))
+    batches, link = fault_model(nblocks, "full", gpu.link_htod_bw, gpu.fault_batch_size, gpu.fault_granule_bytes)
+    assert res["faults"] == nblocks
+    assert res["stall"] == pytest.approx(batches * gpu.fault_batch_latency_s + link, rel=1e-9)
 
 
 @pytest.mark.slow
