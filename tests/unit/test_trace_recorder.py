@@ -165,3 +165,33 @@ def test_gpt2_large_footprint_matches_the_arithmetic():
     assert s["param_bytes"] == p and s["gradient_bytes"] == p and s["optimizer_bytes"] == 2 * p
     assert s["peak_live_bytes"] >= 4 * p
     assert s["peak_live_bytes"] <= 4 * p + s["activation_peak_bytes"] + s["other_peak_bytes"] + s["input_bytes"]
+
+
+@pytest.mark.parametrize("dtype,mask", [("float32", None), ("float32", "bool"), ("float32", "float"),
+                                        ("bfloat16", None)])
+def test_cpu_emulated_attention_kernels_compute_the_right_values(dtype, mask):
+    """On real CPU tensors the CUDA attention kernels are emulated: outputs and gradients equal PyTorch's."""
+    import torch
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(0)
+    dt = getattr(torch, dtype)
+    q, k, v = (torch.randn(2, 3, 16, 8, generator=g).to(dt).requires_grad_() for _ in range(3))
+    m = None
+    if mask == "bool":
+        m = torch.rand(16, 16, generator=g) > 0.3
+        m.fill_diagonal_(True)
+    elif mask == "float":
+        m = torch.randn(2, 1, 16, 16, generator=g)
+    causal = mask is None
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=causal)
+    ref_grads = torch.autograd.grad(ref.float().square().sum(), (q, k, v))
+    with Recorder(device="cpu") as rec:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=causal)
+        grads = torch.autograd.grad(out.float().square().sum(), (q, k, v))
+    tol = dict(atol=2e-2, rtol=2e-2) if dt == torch.bfloat16 else dict(atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(out, ref, **tol)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, **tol)
+    kernel = "flash" if dt == torch.bfloat16 else "efficient"
+    assert f"aten::_scaled_dot_product_{kernel}_attention" in rec.trace().names
