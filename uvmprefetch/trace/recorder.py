@@ -162,6 +162,15 @@ class Recorder:
         Extra entries for the trace's meta.
     route_kernels : bool
         Route attention and dropout to the kernels CUDA would use (default: on unless ``device == 'cuda'``).
+    progress : tqdm-like, optional
+        ``.update(1)`` is called after every optimizer step.
+
+    Raises
+    ------
+    RecordError
+        Unknown ``device`` or ``max_iters`` < 1.
+    ConfigError
+        Unknown ``gpu`` profile.
 
     Examples
     --------
@@ -191,7 +200,6 @@ class Recorder:
         self.default_kind = KIND["activation"]
         self._live: dict[int, _Alloc] = {}  # StorageImpl address -> allocation (live storages only)
         self._dead: collections.deque = collections.deque()
-        self._finalizers: list = []
         self._in_opt = False
         self._dtype_runs: list[list] = []
         self._exit = contextlib.ExitStack()
@@ -367,7 +375,7 @@ class Recorder:
 def _make_mode(rec: Recorder, torch):
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    emulate = _EMULATED if rec.device == "cpu" and rec.route_kernels else {}
+    emulate = _emulated_table() if rec.device == "cpu" and rec.route_kernels else {}
 
     class RecordMode(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -541,19 +549,6 @@ def _emulated_table() -> dict:
             ops._scaled_dot_product_flash_attention_backward.default: _emu_flash_bwd}
 
 
-class _LazyTable(dict):
-    def get(self, key, default=None):
-        if not self:
-            self.update(_emulated_table())
-        return super().get(key, default)
-
-
-_EMULATED = _LazyTable()
-
-
-def summary_line(t: Trace) -> str:
-    """One line for logs: launches, allocations, iterations."""
-    return f"{t.n_launches} launches, {t.n_allocs} allocations, {t.iterations} iterations"
 
 
 __all__ = ["RECORDER_VERSION", "Recorder", "accesses_of", "flops_of", "launches_kernel", "route_cuda_kernels",
