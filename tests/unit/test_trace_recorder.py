@@ -195,3 +195,16 @@ def test_cpu_emulated_attention_kernels_compute_the_right_values(dtype, mask):
         torch.testing.assert_close(a, b, **tol)
     kernel = "flash" if dt == torch.bfloat16 else "efficient"
     assert f"aten::_scaled_dot_product_{kernel}_attention" in rec.trace().names
+
+
+def test_bad_recorder_arguments():
+    from uvmprefetch.errors import ConfigError, RecordError
+
+    with pytest.raises(RecordError, match="device 'tpu'"):
+        Recorder(device="tpu")
+    with pytest.raises(RecordError, match="measured durations need device='cuda'"):
+        Recorder(device="meta", measure=True)
+    with pytest.raises(RecordError, match="max_iters"):
+        Recorder(max_iters=0)
+    with pytest.raises(ConfigError, match="unknown GPU profile"):
+        Recorder(gpu="tpu9")

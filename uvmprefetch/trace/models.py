@@ -197,7 +197,8 @@ def record_model(model: str, config: str, *, batch: int, seq: int | None = None,
     gpu : str
         GPU profile the durations are estimated for.
     device : str
-        'meta' (no memory, the default) or 'cpu' (real tensors, real arithmetic: slow, for tests).
+        'meta' (no memory, the default), 'cpu' (real tensors, real arithmetic: slow, for tests) or 'cuda'
+        (a real GPU: durations measured with CUDA events instead of estimated).
     progress : bool
         Show a progress bar on stderr.
 
@@ -220,8 +221,8 @@ def record_model(model: str, config: str, *, batch: int, seq: int | None = None,
 
     check_args(model, str(config), batch=batch, seq=seq, image_size=image_size, iters=iters, dtype=dtype)
     get_profile(gpu)
-    if device not in ("meta", "cpu"):
-        raise ConfigError(f"device {device!r}: record_model runs on meta or cpu")
+    if device not in ("meta", "cpu", "cuda"):
+        raise ConfigError(f"device {device!r}: record_model runs on meta, cpu or cuda")
     net = build_model(model, str(config), device)
     opt = torch.optim.AdamW(net.parameters(), lr=lr, foreach=True)  # foreach: PyTorch's default on CUDA
     params = list(net.parameters())

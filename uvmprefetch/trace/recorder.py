@@ -164,6 +164,9 @@ class Recorder:
         Route attention and dropout to the kernels CUDA would use (default: on unless ``device == 'cuda'``).
     progress : tqdm-like, optional
         ``.update(1)`` is called after every optimizer step.
+    measure : bool, optional
+        On ``device='cuda'`` (the default there), time every recorded launch with CUDA events and store
+        the measured durations (``meta['durations'] = 'measured (cuda events)'``) instead of estimates.
 
     Raises
     ------
@@ -181,7 +184,7 @@ class Recorder:
 
     def __init__(self, *, device: str = "meta", gpu: str = DEFAULT_GPU, max_iters: int | None = None,
                  on_stop=None, meta: dict | None = None, route_kernels: bool | None = None,
-                 progress=None) -> None:
+                 progress=None, measure: bool | None = None) -> None:
         if device not in ("meta", "cpu", "cuda"):
             raise RecordError(f"device {device!r}: expected meta, cpu or cuda")
         if max_iters is not None and max_iters < 1:
@@ -192,6 +195,10 @@ class Recorder:
         self.on_stop = on_stop
         self.route_kernels = device != "cuda" if route_kernels is None else route_kernels
         self.progress = progress
+        self.measure = device == "cuda" if measure is None else measure
+        if self.measure and device != "cuda":
+            raise RecordError("measured durations need device='cuda'")
+        self._events: list = []  # (launch index, start event, end event) when measuring
         self.builder = TraceBuilder({"format": "uvmprefetch-trace", "recorder": RECORDER_VERSION,
                                      "device": device, "gpu": gpu, "durations": "estimated", **(meta or {})})
         self.builder.iteration = 0
@@ -309,8 +316,9 @@ class Recorder:
         f.atexit = False
         return a
 
-    def on_op(self, func, args, kwargs, out) -> None:
-        """Record one dispatched op (called by the dispatch mode after the op ran)."""
+    def on_op(self, func, args, kwargs, out, events=None) -> None:
+        """Record one dispatched op (called by the dispatch mode after the op ran; ``events`` = the CUDA
+        start/end events around it when measuring)."""
         import torch
 
         self._drain()
@@ -353,6 +361,8 @@ class Recorder:
             if not self._dtype_runs or self._dtype_runs[-1][1] != dtype:
                 self._dtype_runs.append([self.builder.n_launches, dtype])
         name = func.name()
+        if events is not None:
+            self._events.append((self.builder.n_launches, *events))
         self.builder.launch(name, accesses, duration=estimate(flops, nbytes, dtype, self.profile), flops=flops,
                             nbytes=nbytes, exec_id=exec_id_of(name, _shape_key(args, kwargs)), phase=phase)
 
@@ -363,6 +373,8 @@ class Recorder:
         b = self.builder
         b.meta["flop_dtype_runs"] = [list(r) for r in self._dtype_runs]
         b.meta["iterations"] = self.steps
+        if self._events:
+            self._apply_measured()
         # Launches after the last optimizer step belong to no complete iteration.
         t = b.build(check=False)
         t.launch_iter[t.launch_iter >= self.steps] = -1
@@ -370,6 +382,18 @@ class Recorder:
             from .format import validate
             validate(t)
         return t
+
+
+    def _apply_measured(self) -> None:
+        import torch
+
+        torch.cuda.synchronize()
+        col = self.builder.launch_cols["launch_dur"]
+        for i, start, end in self._events:
+            col[i] = start.elapsed_time(end) / 1e3
+        self._events.clear()
+        self.builder.meta["durations"] = "measured (cuda events)"
+        self.builder.meta["gpu"] = torch.cuda.get_device_name()
 
 
 def _make_mode(rec: Recorder, torch):
@@ -381,9 +405,15 @@ def _make_mode(rec: Recorder, torch):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             em = emulate.get(func)
+            timed = rec.measure and rec.active and launches_kernel(func)
+            if timed:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
             out = em(func, args, kwargs) if em is not None else func(*args, **kwargs)
+            if timed:
+                end.record()
             if rec.active and launches_kernel(func):
-                rec.on_op(func, args, kwargs, out)
+                rec.on_op(func, args, kwargs, out, (start, end) if timed else None)
             return out
 
     return RecordMode()
