@@ -2,8 +2,9 @@
 
 Each entry is a ``record_model`` call at a training shape someone would run: big enough that its footprint
 exceeds a GPU's memory once oversubscribed, small enough to record in well under a minute and replay
-quickly. Files are ``<cache>/<hash>/<name>.uvmt`` where the hash covers the recording arguments and
-``RECORDER_VERSION``: a change of either re-records instead of using a stale file.
+quickly. Files are ``<cache>/<hash>/<name>.uvmt`` where the hash covers the recording arguments, ``RECORDER_VERSION``
+and the installed torch and transformers versions (which decide the kernels and model code): a change of any
+re-records instead of using a stale file.
 """
 
 from __future__ import annotations
@@ -35,8 +36,21 @@ def cache_dir(directory: str | Path | None = None) -> Path:
 def trace_path(name: str, directory: str | Path | None = None) -> Path:
     """Where the standard trace ``name`` lives (whether or not it was recorded yet)."""
     kw = STANDARD[name]
-    digest = hashlib.sha256(json.dumps({"kw": kw, "recorder": RECORDER_VERSION}, sort_keys=True).encode())
+    key = {"kw": kw, "recorder": RECORDER_VERSION, "libs": _lib_versions()}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode())
     return cache_dir(directory) / digest.hexdigest()[:12] / f"{name}.uvmt"
+
+
+def _lib_versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for lib in ("torch", "transformers"):
+        try:
+            out[lib] = version(lib)
+        except PackageNotFoundError:
+            out[lib] = None
+    return out
 
 
 def standard_traces(directory: str | Path | None = None, progress: bool = True,
