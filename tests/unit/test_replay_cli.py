@@ -77,3 +77,22 @@ def test_bad_input_is_one_line(trace_path, capsys, args, msg):
 def test_missing_trace(tmp_path, capsys):
     assert main(["replay", str(tmp_path / "none.uvmt"), "--oversub", "2", "--policy", "demand"]) == 3
     assert "no such trace" in capsys.readouterr().err
+
+
+def test_durations_are_re_estimated_for_another_gpu():
+    """A trace estimated for h100-pcie replayed on a100-pcie uses the roofline durations for the A100;
+    measured durations are kept as recorded."""
+    roofline = pytest.importorskip("uvmprefetch.trace.roofline")
+    import numpy as np
+
+    from uvmprefetch.sim.replay import replay
+    from uvmprefetch.trace import READ, TraceBuilder
+    b = TraceBuilder(meta={"gpu": "h100-pcie", "durations": "estimated"})
+    x = b.alloc(64 << 20)
+    b.launch("gemm", [(x, 0, 64 << 20, READ)], duration=1e-3, flops=5e12)
+    t = b.build()
+    r = replay(t, "ideal", "a100-pcie", oversub=1.0)
+    assert r["ideal_s"] == pytest.approx(float(np.sum(roofline.durations_for(t, "a100-pcie"))))
+    assert r["ideal_s"] != pytest.approx(1e-3)
+    t.meta["durations"] = "measured"
+    assert replay(t, "ideal", "a100-pcie", oversub=1.0)["ideal_s"] == pytest.approx(1e-3)
