@@ -508,7 +508,11 @@ class UvmPrefetchPolicy(Policy):
         q = max(self.q_end, now)
         evict = discard = EMPTY
         if not P.pre_evict:
-            placed = n  # the driver evicts (least recently migrated) for whatever we queue
+            # Without our own victims the driver evicts (least recently migrated) for whatever we queue:
+            # the running and the next launch's blocks go beyond the free room (DeepUM's "prefetch only"),
+            # further ones only into free room, or the driver would evict blocks needed sooner.
+            near = int((pos <= (p + 1 if p is not None else -1)).sum())
+            placed = min(n, max(near, free))
         else:
             placed = min(free, n)
             rest = n - placed
