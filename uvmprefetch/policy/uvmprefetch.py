@@ -59,6 +59,7 @@ class UvmPrefetchParams(Params):
     invalidate: bool = True  # freed blocks are dead: dropped, never written back
     adaptive_window: bool = True  # the monitor moves the window (else fixed at `window`)
     advice: bool = True  # READ_MOSTLY / PREFER_HOST where it pays
+    fault_late: bool = True  # leave next-launch blocks that a busy queue would deliver late to faults
     track_moves: bool = True  # translate predicted blocks of tensors the allocator placed elsewhere
     window: int = 1024  # initial lookahead, in launches
     window_min: int = 64  # below this the plan cannot cover a layer's launches
@@ -557,10 +558,17 @@ class UvmPrefetchPolicy(Policy):
         if P.prefetch:
             pf = blk[:placed]
             pp = pos[:placed]
-            if pf.size and q > now + (self.ctx.gpu.fault_batch_latency_s if self.ctx else 0.0):
+            lat = self.ctx.gpu.fault_batch_latency_s if self.ctx else 0.0
+            if pf.size and q > now + lat:
                 # The H2D queue is busy: the running launch's own misses fault instead (faults go ahead
                 # of queued prefetches); their room was reserved above.
-                pf = pf[pp >= 0]
+                keep = pp >= 0
+                if P.fault_late and p is not None:
+                    # So do the next launch's blocks that would arrive (FIFO, behind the queue) after it
+                    # starts: a fault would fetch them sooner.
+                    arrive = q + self.t_blk * np.cumsum(~self.dead[pf])
+                    keep &= ~((pp == p + 1) & (arrive > now + float(info.duration) + lat))
+                pf = pf[keep]
         else:
             pf = EMPTY
         done = placed == n
