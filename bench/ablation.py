@@ -134,8 +134,10 @@ def main() -> int:
         abl.append({"configuration": label, "spec": spec, "time_vs_demand": vals})
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     # 3. prediction quality
-    lines += ["", "## Prediction quality of uvmprefetch (accuracy = useful/issued bytes; coverage = served/(served+faults))",
-              "", "| trace | oversub | slowdown | accuracy | coverage | faults | window (end) |", "|---|---|---|---|---|---|---|"]
+    lines += ["", "## Prediction quality of uvmprefetch", "",
+              "accuracy = useful / issued prefetch bytes; coverage = prefetch-served / (served + faulted) blocks", "",
+              "| trace | oversub | slowdown | accuracy | coverage | faults | window (end) |",
+              "|---|---|---|---|---|---|---|"]
     quality = []
     for n in names:
         for ov in oversubs:

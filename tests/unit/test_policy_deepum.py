@@ -60,7 +60,8 @@ def test_learns_from_faults_and_chains_the_next_kernels():
     assert cap[(0, 0)] is None
     assert cap[(2, 0)].prefetch.tolist() == [0, 1, 2, 3, 4, 5]
     rep = pol.report()
-    assert rep["block_tables"] == 4 and rep["learned_faults"] == 8  # only iteration 0 faults: later each launch brings its own chain
+    # only iteration 0 faults: later each launch brings its own chain
+    assert rep["block_tables"] == 4 and rep["learned_faults"] == 8
 
 
 def test_never_reads_info_blocks():

@@ -200,7 +200,8 @@ def test_history_is_bounded():
     assert rep["matched"] > 40  # still predicting after trims
 
 
-@pytest.mark.parametrize("spec", ["uvmprefetch:window=0", "uvmprefetch:window_min=8,window_max=4", "uvmprefetch:window=9000",
+@pytest.mark.parametrize("spec", ["uvmprefetch:window=0", "uvmprefetch:window_min=8,window_max=4",
+                                  "uvmprefetch:window=9000",
                                   "uvmprefetch:margin=0.9", "uvmprefetch:bogus=1", "uvmprefetch:pace=maybe"])
 def test_bad_params_raise_one_config_error(spec):
     with pytest.raises(ConfigError):

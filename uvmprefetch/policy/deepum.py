@@ -58,7 +58,7 @@ class DeepUMParams(Params):
     pre_evict: bool = True
     invalidate: bool = True
     exec_key: str = "occurrence"  # "occurrence" (exec id + occurrence in the iteration) or "shape" (exec id)
-    cut_to_room: bool = True  # prefetch only what free + pre-evictable room holds (False: the driver evicts for the rest)
+    cut_to_room: bool = True  # prefetch only what free + pre-evictable room holds (False: the driver evicts)
 
     def __post_init__(self) -> None:
         for f in ("n_kernels", "rows", "ways", "successors", "history", "exec_entries", "max_tables"):

@@ -59,7 +59,7 @@ class UvmPrefetchParams(Params):
     invalidate: bool = True  # freed blocks are dead: dropped, never written back
     adaptive_window: bool = True  # the monitor moves the window (else fixed at `window`)
     advice: bool = True  # READ_MOSTLY / PREFER_HOST where it pays
-    fault_late: bool = True  # leave next-launch blocks that a busy queue would deliver late to faults
+    fault_late: bool = False  # next-launch blocks a busy queue would deliver late are left to fault (see docs)
     track_moves: bool = True  # translate predicted blocks of tensors the allocator placed elsewhere
     window: int = 1024  # initial lookahead, in launches
     window_min: int = 64  # below this the plan cannot cover a layer's launches
@@ -267,7 +267,8 @@ class UvmPrefetchPolicy(Policy):
         out["history_entries"] = len(self.f_blk)
         out["table_entries"] = {"signature": len(self.sig_tab), "exec_ngram": len(self.exec_tab),
                                 "name_ngram": len(self.name_tab)}
-        arrays = (self.nu, self.dirty, self.dead, self.pf_unused, self.thrashed, self.written, self.uses, self.prev_uses,
+        arrays = (self.nu, self.dirty, self.dead, self.pf_unused, self.thrashed, self.written, self.uses,
+                  self.prev_uses,
                   self.advice, self.last_flat, self.last_use, self.remap)
         out["state_bytes"] = int(sum(a.nbytes for a in arrays) + sum(
             g.nbytes for g in (self.h_key, self.h_name, self.h_sig, self.h_ptr, self.f_blk, self.f_next, self.f_w)) +
