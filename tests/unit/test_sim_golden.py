@@ -15,7 +15,6 @@ import math
 import pytest
 
 from uvmprefetch.gpus import get_profile
-from uvmprefetch.policy import make_policy
 from uvmprefetch.policy.base import Advice, Decision, Policy
 from uvmprefetch.sim.engine import GpuModel
 from uvmprefetch.sim.replay import replay

@@ -2,7 +2,6 @@
 
 Differential tests compare the vectorised results with slow obvious references on random traces."""
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
