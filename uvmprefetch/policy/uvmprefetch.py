@@ -598,19 +598,28 @@ class UvmPrefetchPolicy(Policy):
             res = np.flatnonzero(state.resident)
         if not res.size:
             return EMPTY, EMPTY
+        dead = self.dead[res]
+        nd = int(dead.sum())
+        if nd >= k:  # enough dead blocks: no ranking needed (and a partition over many equal keys is slow)
+            return res[dead][:k], np.full(k, _K_DEAD, dtype=np.int64)
+        # Dead blocks go first, unranked; only the live ones are ranked (a partition over many equal keys is
+        # slow: ~0.8 ms for 15k blocks, 5k of them dead, on this machine).
+        head = res[dead]
+        res = res[~dead]
+        need = k - nd
         nu = self.nu[res]
         p = self.p if self.p is not None else -1
         unpred = (nu >= INF) | (nu <= p)
         # Ties inside a class (nothing predicted, e.g. the first iteration): least recently used first.
         age = _AGE - self.last_use[res]
         key = np.where(unpred, np.where(self.dirty[res], _K_DIRTY, _K_CLEAN) + age, nu)
-        key = np.where(self.dead[res], _K_DEAD, key)
-        if k < res.shape[0]:
-            part = np.argpartition(-key, k - 1)[:k]
+        if need < res.shape[0]:
+            part = np.argpartition(-key, need - 1)[:need]
             order = part[np.argsort(-key[part], kind="stable")]
         else:
             order = np.argsort(-key, kind="stable")
-        return res[order], key[order]
+        return (np.concatenate([head, res[order]]),
+                np.concatenate([np.full(nd, _K_DEAD, dtype=np.int64), key[order]]))
 
     def _margin(self, state: ResidencyView, cur: np.ndarray) -> Decision | None:
         short = self.margin_blocks - (state.capacity_blocks - state.used_blocks)
