@@ -168,13 +168,16 @@ def write_csv(rows: list[dict], path: Path) -> None:
             w.writerow({k: r.get(k) for k in CSV_FIELDS})
 
 
+_Y_TICKS = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 15.0, 20.0)
+
+
 def plot(rows: list[dict], path: Path) -> None:
     """One panel per trace: slowdown vs. oversubscription, one line per policy (log y)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     traces = list(dict.fromkeys(r["trace"] for r in rows))
-    from matplotlib.ticker import NullFormatter, ScalarFormatter
+    from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator, ScalarFormatter
     n = len(traces)
     cols = 2 if n == 4 else min(n, 3)
     nrows = math.ceil(n / cols)
@@ -188,7 +191,11 @@ def plot(rows: list[dict], path: Path) -> None:
             pts.sort()
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=pol)
         ax.set_yscale("log")
+        # Slowdowns span ~1-6x, less than a decade: label readable steps instead of powers of ten.
+        top = max((p[1] for pts in by.values() for p in pts), default=1.0)
+        ax.yaxis.set_major_locator(FixedLocator([v for v in _Y_TICKS if v <= top * 1.05] or [1.0]))
         ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_locator(NullLocator())
         ax.yaxis.set_minor_formatter(NullFormatter())
         ax.set_title(tname, fontsize=9)
         ax.set_xlabel("oversubscription")
