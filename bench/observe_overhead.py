@@ -1,0 +1,195 @@
+#!/usr/bin/env python3
+"""Per-op cost of the live runtime's observation (issue 5 overhead target), measured on the CPU under the
+dryrun backend: a small GPT-2 training step, plain vs ``uvmprefetch.runtime.enable(backend='dryrun')``.
+
+Two kinds of figures:
+
+- **end to end**: median step time with the runtime on minus plain, divided by the ops the step dispatches
+  (every op goes through the dispatcher mode; only kernel-launching ones reach the session), and by the
+  launches the session observed;
+- **breakdown** (a separate run, with timers around each piece, so it carries the timers' own cost): median
+  microseconds per observed launch of ``on_op`` as a whole, the access walk, the execution id (shape key +
+  hash), the FLOP count, the policy hooks, the simulated GPU model (``backend.launch`` minus the policy),
+  and the rest of ``on_op`` (storage lookup, extents, block ids).
+
+Writes ``bench/results/observe-overhead-<date>.json`` and prints the table last.
+
+    python bench/observe_overhead.py [--steps 6] [--policies demand,uvmprefetch] [--label after]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+# Pieces of the session's per-launch path, by the module-level name ``uvmprefetch.runtime.session`` calls
+# them through (both the original names and the fast path's, so the same bench measures before and after).
+PIECES = {"accesses": ("accesses_of", "scan_op"),
+          "exec_id": ("_shape_key", "exec_id_of", "cached_exec_id"),
+          "flops": ("flops_of", "cached_flops")}
+POLICY_HOOKS = ("on_launch", "on_fault", "on_free", "on_evict", "on_iteration")
+
+
+def build(args):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_layer=args.layers, n_embd=args.embd, n_head=4, vocab_size=args.vocab, n_positions=args.seq,
+                     bos_token_id=0, eos_token_id=0, attn_implementation="eager")
+    model = GPT2LMHeadModel(cfg)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.randint(0, args.vocab, (args.batch, args.seq))
+
+    def step():
+        out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return step
+
+
+def count_ops(step) -> int:
+    from torch.utils._python_dispatch import TorchDispatchMode
+    n = [0]
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            n[0] += 1
+            return func(*args, **(kwargs or {}))
+    with Count():
+        step()
+    return n[0]
+
+
+def step_times(step, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        step()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def _timer(store: list, fn):
+    def wrapped(*a, **k):
+        t0 = time.perf_counter_ns()
+        try:
+            return fn(*a, **k)
+        finally:
+            store.append(time.perf_counter_ns() - t0)
+    return wrapped
+
+
+def breakdown(step, policy: str, budget: str, steps: int) -> dict:
+    """Median us per observed launch of each piece (timers around the module functions the session uses)."""
+    import uvmprefetch.runtime as rt
+    import uvmprefetch.runtime.session as S
+    ns: dict[str, list] = {k: [] for k in ("on_op", *PIECES, "backend", "policy")}
+    saved = {}
+    for piece, names in PIECES.items():
+        for name in names:
+            if hasattr(S, name):
+                saved[name] = getattr(S, name)
+                setattr(S, name, _timer(ns[piece], saved[name]))
+    on_op = S.Session.on_op
+    per_launch: list[dict] = []
+
+    def timed_on_op(self, *a, **k):
+        marks = {p: len(v) for p, v in ns.items()}
+        t0 = time.perf_counter_ns()
+        on_op(self, *a, **k)
+        ns["on_op"].append(time.perf_counter_ns() - t0)
+        per_launch.append({p: sum(v[marks[p]:]) for p, v in ns.items() if p != "on_op"})
+    S.Session.on_op = timed_on_op
+    try:
+        sess = rt.enable(backend="dryrun", budget=budget, policy=policy, report=None, trace=None)
+        for h in POLICY_HOOKS:
+            setattr(sess.policy, h, _timer(ns["policy"], getattr(sess.policy, h)))
+        sess.backend.launch = _timer(ns["backend"], sess.backend.launch)
+        step()  # warm-up iteration (first sight of every storage, policy learning)
+        ns["on_op"].clear()
+        per_launch.clear()
+        for _ in range(steps):
+            step()
+        launches = sess.index
+        rt.disable()
+    finally:
+        S.Session.on_op = on_op
+        for name, fn in saved.items():
+            setattr(S, name, fn)
+    n = len(per_launch)
+    rows = {"on_op": statistics.median(ns["on_op"]) / 1e3}
+    for p in ("accesses", "exec_id", "flops", "policy"):
+        rows[p] = statistics.median(r[p] for r in per_launch) / 1e3
+    rows["model"] = statistics.median(r["backend"] - r["policy"] for r in per_launch) / 1e3
+    rest = [tot - r["accesses"] - r["exec_id"] - r["flops"] - r["backend"]
+            for tot, r in zip(ns["on_op"][-n:], per_launch)]
+    rows["rest"] = statistics.median(rest) / 1e3
+    return {"us_median_per_launch": rows, "launches_total": launches, "launches_timed": n}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--policies", default="demand,uvmprefetch")
+    p.add_argument("--budget", default="24MiB")
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--embd", type=int, default=128)
+    p.add_argument("--seq", type=int, default=64)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--vocab", type=int, default=4096)
+    p.add_argument("--label", default="", help="free text stored in the JSON (e.g. before/after)")
+    p.add_argument("--out", help="JSON path (default bench/results/observe-overhead-<date>.json)")
+    args = p.parse_args()
+    torch.set_num_threads(1)  # a shared 2-core machine: one thread keeps the plain baseline stable
+    import uvmprefetch.runtime as rt
+
+    step = build(args)
+    step()
+    n_ops = count_ops(step)
+    plain = statistics.median(step_times(step, args.steps))
+    res = {"label": args.label, "host": platform.node(), "python": platform.python_version(),
+           "torch": torch.__version__, "model": vars(args), "ops_per_step": n_ops, "plain_step_s": plain,
+           "policies": {}}
+    for pol in args.policies.split(","):
+        sess = rt.enable(backend="dryrun", budget=args.budget, policy=pol, report=None, trace=None)
+        step()
+        i0 = sess.index
+        t = statistics.median(step_times(step, args.steps))
+        launches = (sess.index - i0) / args.steps
+        rt.disable()
+        plain2 = statistics.median(step_times(step, args.steps))  # plain again: the machine is shared
+        base = min(plain, plain2)
+        bd = breakdown(step, pol, args.budget, max(2, args.steps // 2))
+        res["policies"][pol] = {"step_s": t, "plain_step_s": base, "launches_per_step": launches,
+                                "overhead_us_per_op": (t - base) / n_ops * 1e6,
+                                "overhead_us_per_launch": (t - base) / launches * 1e6, "breakdown": bd}
+    out = Path(args.out) if args.out else ROOT / "bench" / "results" / f"observe-overhead-{time.strftime('%Y%m%d')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=2))
+    print(f"GPT-2 {args.layers}x{args.embd}, batch {args.batch}x{args.seq}: {n_ops} ops/step, "
+          f"plain {plain * 1e3:.1f} ms/step  ({out.relative_to(ROOT) if out.is_relative_to(ROOT) else out})")
+    cols = ("on_op", "accesses", "exec_id", "flops", "policy", "model", "rest")
+    print(f"{'policy':<12} {'step ms':>8} {'us/op':>7} {'us/launch':>9} | " + " ".join(f"{c:>8}" for c in cols))
+    for pol, r in res["policies"].items():
+        b = r["breakdown"]["us_median_per_launch"]
+        print(f"{pol:<12} {r['step_s'] * 1e3:8.1f} {r['overhead_us_per_op']:7.1f} {r['overhead_us_per_launch']:9.1f} | "
+              + " ".join(f"{b[c]:8.1f}" for c in cols))
+    print("(us/op, us/launch: end-to-end overhead vs plain; right: median us per observed launch, timed run)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
