@@ -9,8 +9,9 @@ Two kinds of figures:
   launches the session observed;
 - **breakdown** (a separate run, with timers around each piece, so it carries the timers' own cost): median
   microseconds per observed launch of ``on_op`` as a whole, the access walk, the execution id (shape key +
-  hash), the FLOP count, the policy hooks, the simulated GPU model (``backend.launch`` minus the policy),
-  and the rest of ``on_op`` (storage lookup, extents, block ids).
+  hash), the FLOP count, tensor deaths (``_drain_frees``, including the backend's ``free``), the policy
+  hooks, the simulated GPU model (``backend.launch`` minus the policy), and the rest of ``on_op`` (storage
+  lookup, extents, block ids, the launch record).
 
 Writes ``bench/results/observe-overhead-<date>.json`` and prints the table last.
 
@@ -96,7 +97,7 @@ def breakdown(step, policy: str, budget: str, steps: int) -> dict:
     """Median us per observed launch of each piece (timers around the module functions the session uses)."""
     import uvmprefetch.runtime as rt
     import uvmprefetch.runtime.session as S
-    ns: dict[str, list] = {k: [] for k in ("on_op", *PIECES, "backend", "policy")}
+    ns: dict[str, list] = {k: [] for k in ("on_op", *PIECES, "frees", "backend", "policy")}
     saved = {}
     for piece, names in PIECES.items():
         for name in names:
@@ -113,6 +114,8 @@ def breakdown(step, policy: str, budget: str, steps: int) -> dict:
         ns["on_op"].append(time.perf_counter_ns() - t0)
         per_launch.append({p: sum(v[marks[p]:]) for p, v in ns.items() if p != "on_op"})
     S.Session.on_op = timed_on_op
+    drain = S.Session._drain_frees
+    S.Session._drain_frees = _timer(ns["frees"], drain)
     try:
         sess = rt.enable(backend="dryrun", budget=budget, policy=policy, report=None, trace=None)
         for h in POLICY_HOOKS:
@@ -127,17 +130,22 @@ def breakdown(step, policy: str, budget: str, steps: int) -> dict:
         rt.disable()
     finally:
         S.Session.on_op = on_op
+        S.Session._drain_frees = drain
         for name, fn in saved.items():
             setattr(S, name, fn)
     n = len(per_launch)
     rows = {"on_op": statistics.median(ns["on_op"]) / 1e3}
-    for p in ("accesses", "exec_id", "flops", "policy"):
+    for p in ("accesses", "exec_id", "flops", "frees", "policy"):
         rows[p] = statistics.median(r[p] for r in per_launch) / 1e3
     rows["model"] = statistics.median(r["backend"] - r["policy"] for r in per_launch) / 1e3
-    rest = [tot - r["accesses"] - r["exec_id"] - r["flops"] - r["backend"]
+    rest = [tot - r["accesses"] - r["exec_id"] - r["flops"] - r["frees"] - r["backend"]
             for tot, r in zip(ns["on_op"][-n:], per_launch)]
     rows["rest"] = statistics.median(rest) / 1e3
-    return {"us_median_per_launch": rows, "launches_total": launches, "launches_timed": n}
+    means = {"on_op": statistics.fmean(ns["on_op"]) / 1e3, "rest": statistics.fmean(rest) / 1e3,
+             "model": statistics.fmean(r["backend"] - r["policy"] for r in per_launch) / 1e3}
+    for p in ("accesses", "exec_id", "flops", "frees", "policy"):
+        means[p] = statistics.fmean(r[p] for r in per_launch) / 1e3
+    return {"us_median_per_launch": rows, "us_mean_per_launch": means, "launches_total": launches, "launches_timed": n}
 
 
 def main() -> int:
@@ -181,13 +189,17 @@ def main() -> int:
     out.write_text(json.dumps(res, indent=2))
     print(f"GPT-2 {args.layers}x{args.embd}, batch {args.batch}x{args.seq}: {n_ops} ops/step, "
           f"plain {plain * 1e3:.1f} ms/step  ({out.relative_to(ROOT) if out.is_relative_to(ROOT) else out})")
-    cols = ("on_op", "accesses", "exec_id", "flops", "policy", "model", "rest")
+    cols = ("on_op", "accesses", "exec_id", "flops", "frees", "policy", "model", "rest")
     print(f"{'policy':<12} {'step ms':>8} {'us/op':>7} {'us/launch':>9} | " + " ".join(f"{c:>8}" for c in cols))
     for pol, r in res["policies"].items():
         b = r["breakdown"]["us_median_per_launch"]
         print(f"{pol:<12} {r['step_s'] * 1e3:8.1f} {r['overhead_us_per_op']:7.1f} {r['overhead_us_per_launch']:9.1f} | "
               + " ".join(f"{b[c]:8.1f}" for c in cols))
-    print("(us/op, us/launch: end-to-end overhead vs plain; right: median us per observed launch, timed run)")
+    for pol, r in res["policies"].items():
+        b = r["breakdown"]["us_mean_per_launch"]
+        print(f"{pol + ' (mean)':<40} | " + " ".join(f"{b[c]:8.1f}" for c in cols))
+    print("(us/op, us/launch: end-to-end overhead vs plain; right: median (and mean) us per observed launch, "
+          "timed run)")
     return 0
 
 

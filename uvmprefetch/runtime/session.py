@@ -270,7 +270,11 @@ class Session:
                             "optimizer" if self.in_optimizer else "activation")
                     builder.alloc(s.nbytes, kind)
                     self._alloc_seen += 1
-                off, length = tensor_extent(t)
+                if t.is_contiguous():  # tensor_extent's answer without the call and the stride walk
+                    es = t.element_size()
+                    off, length = t.storage_offset() * es, t.numel() * es
+                else:
+                    off, length = tensor_extent(t)
                 length = min(length, s.nbytes - off)
                 if length <= 0:
                     continue
@@ -281,8 +285,9 @@ class Session:
                     r[1] |= mode
                 k = (s.id, off, length)
                 merged[k] = merged.get(k, 0) | mode
-            b = _union([r[0] for r in ranges.values()])
-            w = _union([r[0] for r in ranges.values() if r[1] & WRITE])
+            rs = list(ranges.values())
+            b = _union([r[0] for r in rs])
+            w = _union([r[0] for r in rs if r[1] & WRITE])
             name = func.name()
             nid = self.names.get(name)
             if nid is None:
