@@ -148,6 +148,60 @@ def breakdown(step, policy: str, budget: str, steps: int) -> dict:
     return {"us_median_per_launch": rows, "us_mean_per_launch": means, "launches_total": launches, "launches_timed": n}
 
 
+class NullBackend:
+    """Takes launches and does nothing: ``on_op`` with it is the observation alone (what a GPU run pays
+    before the policy and the cuda backend's own work)."""
+
+    name, virtual_addresses, device_type, block_size, capacity_bytes, gpu = "null", True, "cpu", 2 << 20, 1 << 40, None
+
+    def block_ids(self, start, length):
+        import numpy as np
+        return np.arange(start // self.block_size, (start + max(length, 1) - 1) // self.block_size + 1,
+                         dtype=np.int64)
+
+    def free(self, blocks):
+        pass
+
+    def launch(self, info):
+        pass
+
+    def end_iteration(self, k):
+        pass
+
+    def close(self):
+        pass
+
+
+def observe_only(step, passes: int = 5) -> dict:
+    """Median/mean us per launch of ``Session.on_op`` (null backend) over one step's captured launches."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from uvmprefetch.config import RuntimeConfig
+    from uvmprefetch.runtime.session import Session
+    from uvmprefetch.trace.recorder import launches_kernel
+    ops = []
+
+    class Capture(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if launches_kernel(func):
+                ops.append((func, args, kwargs, out, torch._C._current_autograd_node() is not None))
+            return out
+    with Capture():
+        step()
+    sess = Session(RuntimeConfig(enabled=True, backend="dryrun", policy="demand"), backend=NullBackend())
+    sess.active = True  # not started: on_op is called directly, no dispatcher mode
+    times = []
+    for _ in range(passes):
+        for op in ops:
+            t0 = time.perf_counter_ns()
+            sess.on_op(*op)
+            times.append(time.perf_counter_ns() - t0)
+    times = times[len(ops):]  # the first pass registers every storage
+    return {"us_median_per_launch": statistics.median(times) / 1e3, "us_mean_per_launch": statistics.fmean(times) / 1e3,
+            "launches": len(ops)}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=6)
@@ -168,7 +222,8 @@ def main() -> int:
     step()
     n_ops = count_ops(step)
     plain = statistics.median(step_times(step, args.steps))
-    res = {"label": args.label, "host": platform.node(), "python": platform.python_version(),
+    obs = observe_only(step)
+    res = {"label": args.label, "observe_only": obs, "host": platform.node(), "python": platform.python_version(),
            "torch": torch.__version__, "model": vars(args), "ops_per_step": n_ops, "plain_step_s": plain,
            "policies": {}}
     for pol in args.policies.split(","):
@@ -189,6 +244,8 @@ def main() -> int:
     out.write_text(json.dumps(res, indent=2))
     print(f"GPT-2 {args.layers}x{args.embd}, batch {args.batch}x{args.seq}: {n_ops} ops/step, "
           f"plain {plain * 1e3:.1f} ms/step  ({out.relative_to(ROOT) if out.is_relative_to(ROOT) else out})")
+    print(f"observation alone (on_op, null backend, {obs['launches']} launches x 4 passes): median "
+          f"{obs['us_median_per_launch']:.1f} us, mean {obs['us_mean_per_launch']:.1f} us per launch")
     cols = ("on_op", "accesses", "exec_id", "flops", "frees", "policy", "model", "rest")
     print(f"{'policy':<12} {'step ms':>8} {'us/op':>7} {'us/launch':>9} | " + " ".join(f"{c:>8}" for c in cols))
     for pol, r in res["policies"].items():
