@@ -37,3 +37,11 @@ class ShimError(UvmPrefetchError):
     """The LD_PRELOAD shim could not be built or loaded."""
 
     exit_code = 6
+
+
+class SimError(UvmPrefetchError, RuntimeError):
+    """The simulated GPU cannot go on (a launch needs more blocks than the capacity, a policy broke the hook
+    contract). Raised by ``uvmprefetch.sim.engine`` (which re-exports it); still a ``RuntimeError`` for callers
+    that caught it as one."""
+
+    exit_code = 7

@@ -27,6 +27,26 @@ def test_small_tensors_pack_and_large_round_up():
     assert lay.reserved_bytes == 6 * MiB and lay.footprint_blocks == 3
 
 
+def test_exactly_one_mib_is_small_like_pytorch():
+    # PyTorch's get_pool sends size <= kSmallSize (1 MiB) to the small pool: two live 1 MiB tensors share one
+    # 2 MiB segment. (Counting 1 MiB as large gave each its own 2 MiB and inflated a GPT-2 replay's footprint.)
+    b = TraceBuilder()
+    x, y = b.alloc(MiB), b.alloc(MiB)
+    b.launch("k", [(x, 0, MiB, READ), (y, 0, MiB, WRITE)], duration=1e-6)
+    lay = build_layout(b.build(), allocator="caching")
+    assert lay.base[x] // (2 * MiB) == lay.base[y] // (2 * MiB)
+    assert lay.reserved_bytes == 2 * MiB and lay.footprint_blocks == 1
+    b2 = TraceBuilder()
+    z = b2.alloc(MiB + 1)  # just above: large, rounded to 2 MiB
+    b2.launch("k", [(z, 0, MiB + 1, READ)], duration=1e-6)
+    assert build_layout(b2.build(), allocator="caching").reserved_bytes == 2 * MiB
+
+
+def test_unknown_allocator():
+    with pytest.raises(ConfigError, match="allocator"):
+        build_layout(TraceBuilder().build(), allocator="buddy")
+
+
 def test_freed_space_is_reused_and_dead_blocks_reported():
     b = TraceBuilder()
     a = b.alloc(4 * MiB)

@@ -82,6 +82,12 @@ class DryrunBackend:
     def result(self) -> dict:
         r = self.model.result()
         r["peak_resident_bytes"] = int(r.get("peak_used_blocks", 0)) * self.block_size
+        # The replay's footprint definition (docs/simulator.md "Footprint"): distinct blocks any launch touched,
+        # and oversub = those blocks / capacity blocks, so a live report and its replay compare key by key.
+        fp = int(np.count_nonzero(self.model.touched))
+        r["footprint_bytes"] = fp * self.block_size
+        cap = self.capacity_bytes // self.block_size  # what replay divides by, ideal policies included
+        r["oversub"] = fp / cap if cap else None
         r["gpu"] = self.gpu.name
         return r
 

@@ -37,7 +37,7 @@ import math
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, SimError  # SimError lives in the error hierarchy; re-exported here
 from ..gpus import GpuProfile
 from ..policy.base import EMPTY, Advice, Decision, LaunchInfo, Policy, PolicyContext
 
@@ -45,10 +45,6 @@ DENSITY = 0.51  # nvidia-uvm tree prefetcher threshold (uvm_perf_prefetch.c, def
 REGION = 2 << 20  # the driver's VA block: the density prefetcher's scope
 _READ_MOSTLY = int(Advice.READ_MOSTLY)  # plain ints: enum attribute lookups are slow in the per-launch path
 _PREFER_HOST = int(Advice.PREFER_HOST)
-
-
-class SimError(RuntimeError):
-    """The model cannot go on (a launch needs more blocks than the capacity, a policy broke the contract)."""
 
 
 class _Queue:

@@ -7,8 +7,9 @@ for a unified-memory model: several small tensors share one 2 MB VA block, so to
 its neighbours too, and freed memory is handed to the next tensor, so the same blocks are reused every
 iteration. ``build_layout`` replays the allocations and frees through a small model of that allocator:
 
-- *small* requests (< 1 MiB) are rounded up to 512 B and packed best-fit into 2 MiB segments of a small
-  pool (PyTorch's ``kSmallSize`` / ``kSmallBuffer`` / ``kMinBlockSize``); a request never straddles two
+- *small* requests (<= 1 MiB: PyTorch's ``get_pool`` sends ``size <= kSmallSize`` to the small pool) are
+  rounded up to 512 B and packed best-fit into 2 MiB segments of a small pool (PyTorch's ``kSmallSize`` /
+  ``kSmallBuffer`` / ``kMinBlockSize``); a request never straddles two
   segments, and segments are cached, never given back;
 - *large* requests are rounded up to 2 MiB (``kRoundLarge``) and placed best-fit in the freed space of the
   large pool (free neighbours coalesce), else at the top of the address space, which then grows;
@@ -18,6 +19,13 @@ iteration. ``build_layout`` replays the allocations and frees through a small mo
 
 This is a model, not PyTorch's exact allocator (no 20 MiB segments for 1-10 MiB requests, no
 expandable segments, no per-stream pools), but it reproduces the two effects above.
+
+A second model, ``allocator="first-fit"``, is the live dryrun runtime's own address space
+(``uvmprefetch.runtime.observe.VirtualLayout``): every request rounded up to 512 B, one address space, the
+lowest hole that fits, coalescing, and the top given back when its last hole is freed. A trace recorded
+live by the dryrun backend is replayed with it by default (``allocator="auto"``), so the replay places every
+tensor where the live run placed it and both see the same blocks, the same footprint and the same
+oversubscription at the same budget; see ``docs/simulator.md`` "Footprint".
 
 From the addresses, everything the simulator needs per launch is precomputed with NumPy: the sorted
 unique block ids it touches and the written subset (CSR arrays), and the blocks that become *wholly
@@ -35,7 +43,7 @@ from ..errors import ConfigError
 from ..trace.format import WRITE, Trace
 
 SEGMENT = 2 << 20  # 2 MiB: PyTorch's small-pool segment and large-request rounding (kRoundLarge)
-SMALL_LIMIT = 1 << 20  # requests below 1 MiB go to the small pool (kSmallSize)
+SMALL_LIMIT = 1 << 20  # requests up to and including 1 MiB go to the small pool (kSmallSize)
 SMALL_ROUND = 512  # kMinBlockSize
 BLOCK_SIZES = (2 << 20, 64 << 10)  # the driver's VA block and its big page
 
@@ -64,6 +72,7 @@ class Layout:
     dead_blocks: np.ndarray
     footprint_blocks: int
     reserved_bytes: int
+    allocator: str = "caching"
     _next_use: np.ndarray | None = field(default=None, repr=False)
 
     @property
@@ -156,13 +165,73 @@ class _FreeList:
         return fstart
 
 
-def _allocate_addresses(t: Trace) -> tuple[np.ndarray, np.ndarray, int, list]:
-    """Run the caching-allocator model; returns (base, reserved size per allocation, peak top, the
+ALLOCATORS = ("caching", "first-fit")
+
+
+def allocator_for(t: Trace) -> str:
+    """The allocator model ``allocator="auto"`` picks for ``t``: ``"first-fit"`` for a trace the live dryrun
+    runtime recorded (its addresses came from that model), ``"caching"`` for everything else."""
+    meta = t.meta or {}
+    live = str(meta.get("source", "")).startswith("uvmprefetch live runtime")
+    return "first-fit" if live and meta.get("backend") == "dryrun" else "caching"
+
+
+class _FirstFit:
+    """The live dryrun runtime's address space (``runtime.observe.VirtualLayout``), re-implemented here so
+    that ``sim`` does not import the runtime (which imports torch); ``tests/unit/test_sim_live_consistency.py``
+    checks the two hand out the same addresses."""
+
+    def __init__(self) -> None:
+        self.holes: list[tuple[int, int]] = []  # sorted (start, size) below the top
+        self.top = 0
+        self.peak_top = 0
+
+    def alloc(self, size: int) -> int:
+        for i, (start, hole) in enumerate(self.holes):
+            if hole >= size:
+                if hole == size:
+                    del self.holes[i]
+                else:
+                    self.holes[i] = (start + size, hole - size)
+                return start
+        start = self.top
+        self.top += size
+        self.peak_top = max(self.peak_top, self.top)
+        return start
+
+    def free(self, start: int, size: int) -> None:
+        h = self.holes
+        i = bisect.bisect_left(h, (start, 0))
+        h.insert(i, (start, size))
+        if i + 1 < len(h) and start + size == h[i + 1][0]:
+            h[i] = (start, size + h[i + 1][1])
+            del h[i + 1]
+        if i > 0 and h[i - 1][0] + h[i - 1][1] == start:
+            h[i - 1] = (h[i - 1][0], h[i - 1][1] + h[i][1])
+            del h[i]
+        if h and h[-1][0] + h[-1][1] == self.top:
+            self.top = h.pop()[0]
+
+
+def _allocate_addresses(t: Trace, allocator: str = "caching") -> tuple[np.ndarray, np.ndarray, int, list]:
+    """Run the allocator model; returns (base, reserved size per allocation, peak top, the
     (free point, +1 alloc / -1 free, allocation) events in the order they were applied)."""
-    A, L = t.n_allocs, t.n_launches
+    A = t.n_allocs
     base = np.zeros(A, dtype=np.int64)
+    if allocator == "first-fit":
+        ff = _FirstFit()
+        rsize = np.maximum(SMALL_ROUND, -(-t.alloc_size // SMALL_ROUND) * SMALL_ROUND).astype(np.int64)
+
+        def do_alloc(a: int) -> None:
+            base[a] = ff.alloc(int(rsize[a]))
+
+        def do_free(a: int) -> None:
+            ff.free(int(base[a]), int(rsize[a]))
+
+        events = _apply_events(t, do_alloc, do_free)
+        return base, rsize, ff.peak_top, events
     rsize = np.zeros(A, dtype=np.int64)
-    small = t.alloc_size < SMALL_LIMIT
+    small = t.alloc_size <= SMALL_LIMIT  # exactly 1 MiB is small: a 1 MiB tensor in its own 2 MiB would waste half
     rsize[small] = -(-t.alloc_size[small] // SMALL_ROUND) * SMALL_ROUND
     rsize[~small] = -(-t.alloc_size[~small] // SEGMENT) * SEGMENT
     large_free = _FreeList()
@@ -191,6 +260,13 @@ def _allocate_addresses(t: Trace) -> tuple[np.ndarray, np.ndarray, int, list]:
     def do_free(a: int) -> None:
         (small_free if small[a] else large_free).put(int(base[a]), int(rsize[a]))
 
+    events = _apply_events(t, do_alloc, do_free)
+    return base, rsize, top, events
+
+
+def _apply_events(t: Trace, do_alloc, do_free) -> list:
+    """Apply ``t``'s allocations and frees in the order of the module docstring; returns the events."""
+    L = t.n_launches
     # Frees in free_rank order, grouped by free point; allocations in id order (ids are allocation order).
     freed = np.flatnonzero(t.free_at >= 0)
     freed = freed[np.argsort(t.free_rank[freed], kind="stable")]
@@ -212,23 +288,37 @@ def _allocate_addresses(t: Trace) -> tuple[np.ndarray, np.ndarray, int, list]:
         for a in fr[born_here]:
             do_free(int(a))
             events.append((i, -1, int(a)))
-    return base, rsize, top, events
+    return events
 
 
-def build_layout(t: Trace, block_size: int = 2 << 20) -> Layout:
-    """Place ``t``'s allocations with the caching-allocator model and precompute per-launch blocks.
+def build_layout(t: Trace, block_size: int = 2 << 20, allocator: str = "auto") -> Layout:
+    """Place ``t``'s allocations with an allocator model and precompute per-launch blocks.
+
+    Parameters
+    ----------
+    t
+        The trace.
+    block_size
+        Bytes per block.
+    allocator
+        ``"caching"`` (PyTorch's caching allocator, modelled), ``"first-fit"`` (the live dryrun runtime's
+        address space) or ``"auto"``: ``allocator_for(t)``.
 
     Raises
     ------
     ConfigError
-        If ``block_size`` is not a power of two between 4 KiB and 2 MiB.
+        If ``block_size`` is not a power of two between 4 KiB and 2 MiB, or ``allocator`` is unknown.
     """
     block_size = int(block_size)
     if block_size < 4096 or block_size > SEGMENT or block_size & (block_size - 1):
         raise ConfigError(f"block size {block_size} must be a power of two between 4 KiB and 2 MiB "
                           f"(the driver's choices are 2 MiB and 64 KiB)")
+    if allocator == "auto":
+        allocator = allocator_for(t)
+    if allocator not in ALLOCATORS:
+        raise ConfigError(f"allocator {allocator!r} is not one of auto, {', '.join(ALLOCATORS)}")
     L = t.n_launches
-    base, rsize, top, events = _allocate_addresses(t)
+    base, rsize, top, events = _allocate_addresses(t, allocator)
     max_blocks = max(1, -(-top // block_size))
 
     # Blocks that become wholly dead at each free point: a live-allocation count per block.
@@ -279,4 +369,4 @@ def build_layout(t: Trace, block_size: int = 2 << 20) -> Layout:
     footprint = int(np.unique(blocks).size)
     return Layout(block_size=block_size, base=base, max_blocks=max_blocks, ptr=ptr, blocks=blocks, wptr=wptr,
                   write_blocks=wblocks, dptr=dptr, dead_blocks=dead_blocks, footprint_blocks=footprint,
-                  reserved_bytes=int(top))
+                  reserved_bytes=int(top), allocator=allocator)

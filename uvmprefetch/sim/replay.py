@@ -66,7 +66,7 @@ def capacity_for(layout: Layout, capacity_bytes: int | None, oversub: float | No
 def replay(trace: Trace, policy: Policy | str, gpu: GpuProfile | str = "h100-pcie", capacity_bytes: int | None = None,
            oversub: float | None = None, block_size: int = DEFAULT_BLOCK, timeline: bool = False, *,
            layout: Layout | None = None, durations: np.ndarray | None = None, writeback_clean: bool = False,
-           check: bool = False) -> dict:
+           check: bool = False, allocator: str = "auto") -> dict:
     """Replay ``trace`` under ``policy`` on a simulated ``gpu`` with the given capacity or oversubscription.
 
     Parameters
@@ -90,6 +90,10 @@ def replay(trace: Trace, policy: Policy | str, gpu: GpuProfile | str = "h100-pci
         Model a driver without dirty tracking (every live evicted block is written back).
     check
         Verify the engine's invariants after every launch (tests).
+    allocator
+        The address model for ``build_layout``: ``"auto"`` (default: the live dryrun runtime's first-fit
+        address space for a trace it recorded, so the replay sees the live run's blocks; the caching-allocator
+        model otherwise), ``"caching"`` or ``"first-fit"``. Ignored when ``layout`` is given.
 
     Returns
     -------
@@ -107,7 +111,7 @@ def replay(trace: Trace, policy: Policy | str, gpu: GpuProfile | str = "h100-pci
         policy = make_policy(policy)
     if layout is None:
         t0 = time.perf_counter()
-        layout = build_layout(trace, block_size)
+        layout = build_layout(trace, block_size, allocator)
         layout_s = time.perf_counter() - t0
     else:
         layout_s = 0.0
@@ -161,6 +165,7 @@ def replay(trace: Trace, policy: Policy | str, gpu: GpuProfile | str = "h100-pci
         "block_size": bs,
         "footprint_bytes": layout.footprint_blocks * bs,
         "reserved_bytes": layout.reserved_bytes,
+        "allocator": layout.allocator,
         "time_s": res["time_s"],
         "ideal_s": ideal_s,
         "slowdown": res["time_s"] / ideal_s if ideal_s > 0 else None,
