@@ -10,6 +10,7 @@ import os
 import sys
 
 from ..errors import UvmPrefetchError
+from ..jsonutil import json_default
 
 # Order is the order shown in --help.
 _COMMANDS = ["record", "info", "replay", "bench", "run", "shim_path", "doctor"]
@@ -59,19 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def emit_json(obj) -> None:
     """Print one JSON object on stdout (the ``--json`` contract)."""
-    sys.stdout.write(json.dumps(obj, indent=None, separators=(",", ":"), default=_json_default) + "\n")
+    sys.stdout.write(json.dumps(obj, indent=None, separators=(",", ":"), default=json_default) + "\n")
     sys.stdout.flush()
 
-
-def _json_default(o):
-    import numpy as np
-    if isinstance(o, np.integer):
-        return int(o)
-    if isinstance(o, np.floating):
-        return float(o)
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,6 +17,7 @@ import os
 import sys
 
 from .. import __version__
+from ..jsonutil import json_default
 from ..units import format_size
 
 
@@ -118,11 +119,8 @@ def write_outputs(s, rep: dict) -> None:
 
 
 def _default(o):
-    import numpy as np
-    if isinstance(o, np.integer):
-        return int(o)
-    if isinstance(o, np.floating):
-        return float(o)
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    return str(o)
+    # A report must never fail to be written over an odd value: fall back to its text.
+    try:
+        return json_default(o)
+    except TypeError:
+        return str(o)

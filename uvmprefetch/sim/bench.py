@@ -13,10 +13,9 @@ import math
 import time
 from pathlib import Path
 
-import numpy as np
-
 from ..errors import ConfigError
 from ..gpus import GpuProfile
+from ..jsonutil import json_default
 from ..policy import make_policy
 from ..trace.format import Trace, load
 from .layout import build_layout
@@ -215,7 +214,7 @@ def save_outputs(rows: list[dict], oversubs: list[float], out: Path, meta: dict)
     try:
         out.mkdir(parents=True, exist_ok=True)
         write_csv(rows, out / "results.csv")
-        (out / "results.json").write_text(json.dumps({"meta": meta, "results": rows}, indent=1, default=_json))
+        (out / "results.json").write_text(json.dumps({"meta": meta, "results": rows}, indent=1, default=json_default))
         table = markdown(rows, oversubs)
         (out / "table.md").write_text(table + "\n")
         plot(rows, out / "slowdown.png")
@@ -224,15 +223,6 @@ def save_outputs(rows: list[dict], oversubs: list[float], out: Path, meta: dict)
     return {"csv": str(out / "results.csv"), "json": str(out / "results.json"), "plot": str(out / "slowdown.png"),
             "table": str(out / "table.md")}
 
-
-def _json(o):
-    if isinstance(o, np.integer):
-        return int(o)
-    if isinstance(o, np.floating):
-        return float(o)
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    raise TypeError(type(o).__name__)
 
 
 def load_traces(paths: list[str]) -> list[tuple[str, Trace]]:
