@@ -22,7 +22,14 @@ SCRIPTS = ["calibrate", "correctness", "overhead", "oversub", "fidelity"]
 sys.path.insert(0, str(GPU))
 
 
-def _run(args: list[str], timeout: float = 300.0) -> subprocess.CompletedProcess:
+# The dry runs train real (tiny) models in subprocesses; on a loaded 2-core machine one can take minutes. The
+# scripts' own --deadline/--timeout must stay below this outer limit, or a slow machine turns into a spurious
+# TimeoutExpired (or a "skipped: --deadline reached" case) instead of a result: see SCRIPT_LIMITS.
+OUTER_TIMEOUT = 1200.0
+SCRIPT_LIMITS = ["--timeout", "500", "--deadline", "1000"]
+
+
+def _run(args: list[str], timeout: float = OUTER_TIMEOUT) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("UVMPREFETCH")}
     env["CUDA_VISIBLE_DEVICES"] = ""  # these tests are about the no-GPU and dry-run paths, even on a GPU box
     return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True,
@@ -146,13 +153,13 @@ def test_overhead_dry_run(tmp_path):
 @pytest.mark.slow
 def test_oversub_then_fidelity_dry_run(tmp_path):
     proc = _run([str(GPU / "oversub.py"), "--dry-run", "--ratios", "1.5", "--modes", "managed,uvmprefetch",
-                 "--trace", "--out", str(tmp_path)])
+                 "--trace", "--out", str(tmp_path), *SCRIPT_LIMITS])
     res = _result(tmp_path, "oversub", proc)
     assert res["working_set_bytes"] > 0 and res["ratios"] == [1.5]
     budgeted = [r for r in _runtime_runs(res) if r["budget"]]  # the unbudgeted run sizes the working set
     assert {r["budget"] for r in budgeted} == {int(res["working_set_bytes"] / 1.5)}
     fid = _run([str(GPU / "fidelity.py"), "--dry-run", "--from", str(tmp_path / "oversub.json"), "--out",
-                str(tmp_path)])
+                str(tmp_path), *SCRIPT_LIMITS])
     fres = _result(tmp_path, "fidelity", fid)
     summ = _run([str(GPU / "summarize.py"), "--results", str(tmp_path)])
     assert summ.returncode == 0 and (tmp_path / "gpu-summary.md").exists()
