@@ -76,6 +76,17 @@ def test_prefetch_accuracy_and_coverage():
     assert m["accuracy"] == 0.5 and m["coverage"] == 1 / 3  # 1 served by prefetch, 2 faulted (0 and 3)
 
 
+def test_footprint_counts_blocks_launches_touched_once():
+    # the replay's definition: distinct blocks any launch used (a prefetched block never used is not in it),
+    # oversub = those blocks / capacity blocks
+    res = Residency(2, N, BS)
+    step(res, np.array([0, 1]), EMPTY, Decision(prefetch=np.array([7])))
+    step(res, np.array([1, 2]), EMPTY, None)
+    step(res, np.array([0]), EMPTY, None)
+    m = res.result()
+    assert m["footprint_bytes"] == 3 * BS and m["oversub"] == 1.5
+
+
 def test_policy_cannot_evict_queued_blocks():
     res = Residency(8, N, BS)
     step(res, np.array([1, 2]), EMPTY, None)

@@ -36,6 +36,7 @@ class Residency:
         self.in_flight = np.zeros(self.max_blocks, dtype=bool)  # prefetches count as resident at once
         self.pf_pending = np.zeros(self.max_blocks, dtype=bool)  # prefetched, not yet used
         self.mig_seq = np.zeros(self.max_blocks, dtype=np.int64)
+        self.touched = np.zeros(self.max_blocks, dtype=bool)  # used by a launch at least once: the footprint
         self._seq = 0
         self.n_resident = 0
         self.now = 0.0
@@ -133,6 +134,7 @@ class Residency:
         """A launch uses ``blocks``: returns those that were not resident (they fault), marks all resident."""
         if not blocks.size:
             return EMPTY
+        self.touched[blocks] = True
         missing = blocks[~self.resident[blocks]]
         used = blocks[self.pf_pending[blocks]]
         if used.size:
@@ -156,4 +158,8 @@ class Residency:
         m["coverage"] = served / (served + m["expected_faults"]) if served + m["expected_faults"] else None
         m["peak_resident_bytes"] = m["peak_resident_blocks"] * self.block_size
         m["capacity_blocks"] = self.capacity_blocks
+        # the simulator's footprint definition (docs/simulator.md "Footprint"): distinct blocks launches touched
+        fp = int(np.count_nonzero(self.touched))
+        m["footprint_bytes"] = fp * self.block_size
+        m["oversub"] = fp / self.capacity_blocks if self.capacity_blocks > 0 else None
         return m
