@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from uvmprefetch.errors import ConfigError  # noqa: E402
 from uvmprefetch.gpus import get_profile  # noqa: E402
+from uvmprefetch.jsonutil import json_default  # noqa: E402
 from uvmprefetch.sim import bench as B  # noqa: E402
 
 ABLATION = [
@@ -38,6 +39,13 @@ ABLATION = [
     ("+ invalidate", "uvmprefetch:adaptive_window=false,advice=false"),
     ("+ adaptive window", "uvmprefetch:advice=false"),
     ("+ advice (uvmprefetch)", "uvmprefetch"),
+    # Mechanisms tried beyond the default (issue 4 follow-up), each on top of it; see docs/policies.md.
+    ("  old defaults (guard_soft, no fault_late_soft)", "uvmprefetch:guard_soft=true,fault_late_soft=false"),
+    ("  guard_soft + soft_moves", "uvmprefetch:guard_soft=true,soft_moves=true"),
+    ("  no fault_late_soft", "uvmprefetch:fault_late_soft=false"),
+    ("  no stall_aware", "uvmprefetch:stall_aware=false"),
+    ("  + deadline", "uvmprefetch:deadline=true"),
+    ("  + whole", "uvmprefetch:whole=true"),
 ]
 BASE = ["demand", "deepum", "oracle"]
 
@@ -188,7 +196,7 @@ def main() -> int:
     slim = [{k: v for k, v in r.items() if k in B.CSV_FIELDS or k in ("iteration_times_s",)} for r in rows]
     path = out / f"ablation-{stamp}.json"
     path.write_text(json.dumps({"meta": meta, "targets": targets, "ablation": abl, "quality": quality,
-                                "robustness": robust, "results": slim}, indent=1, default=B._json))
+                                "robustness": robust, "results": slim}, indent=1, default=json_default))
     lines += ["", f"wall {wall:.1f} s; JSON: {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}"]
     print("\n".join(lines))
     return 0

@@ -60,12 +60,19 @@ class UvmPrefetchParams(Params):
     adaptive_window: bool = True  # the monitor moves the window (else fixed at `window`)
     advice: bool = True  # READ_MOSTLY / PREFER_HOST where it pays
     fault_late: bool = False  # next-launch blocks a busy queue would deliver late are left to fault (see docs)
+    fault_late_soft: bool = True  # ... only when the next launch is a soft (data-dependent) slot
     track_moves: bool = True  # translate predicted blocks of tensors the allocator placed elsewhere
     window: int = 1024  # initial lookahead, in launches
     window_min: int = 64  # below this the plan cannot cover a layer's launches
     window_max: int = 8192
     patience: int = 4  # monitor events before the window moves
     pace: bool = True  # evict for later launches only while the link would idle before the next decision
+    whole: bool = False  # pacing rounds up to whole launches (as the oracle)
+    guard_soft: bool = False  # data-dependent (soft-matched twice) launches get free room only
+    guess_unpredicted: bool = False  # ... but may take dead / unpredicted victims
+    soft_moves: bool = False  # a soft match whose new blocks hold this iteration's writes is a move, not a guess
+    stall_aware: bool = True  # the pacing budget counts the running launch's wait for in-flight blocks
+    deadline: bool = False  # ... or while the link is behind the predicted start times of coming launches
     lead_s: float = 0.0  # extra link time allowed beyond the next decision point
     margin: float = 0.0  # fraction of capacity kept free by pre-evicting dead / unpredicted blocks
     ngram: int = 3  # predecessors in the exec-id / name correlation context
@@ -116,6 +123,7 @@ class UvmPrefetchPolicy(Policy):
         self.pf_unused = np.zeros(n, dtype=bool)
         self.thrashed = np.zeros(n, dtype=bool)  # prefetched, evicted unused while still predicted
         self.written = np.zeros(n, dtype=bool)  # ever written (advice)
+        self.w_iter = np.full(n, -1, dtype=np.int64)  # last iteration (count of on_iteration) writing the block
         self.uses = np.zeros(n, dtype=np.int32)  # launches touching it this iteration (advice)
         self.prev_uses = np.zeros(n, dtype=np.int32)
         self.advice = np.zeros(n, dtype=np.int8)
@@ -129,6 +137,11 @@ class UvmPrefetchPolicy(Policy):
         # 0: the launch matched its prediction exactly; 1: same kernel, other blocks; 2: that happened at this
         # slot twice in a row (data-dependent, e.g. MoE routing: predictions there are guesses)
         self.h_soft = GrowArray(np.int8)
+        # Running sum of recorded launch durations before each position: the predicted start time of a coming
+        # launch relative to the next one is a difference of two entries (the deadline of its blocks).
+        self.h_cum = GrowArray(np.float64)
+        self.cum_total = 0.0
+        self.pending_dur = 0.0
         self.f_blk = GrowArray(np.int64, initial=1 << 14)
         self.f_next = GrowArray(np.int64, fill=INF, initial=1 << 14)
         self.f_w = GrowArray(np.bool_, fill=False, initial=1 << 14)  # the launch wrote this block
@@ -151,13 +164,14 @@ class UvmPrefetchPolicy(Policy):
         self.margin_blocks = int(P.margin * ctx.capacity_blocks)
         self.monitor = WindowMonitor(P.window, P.window_min, P.window_max, P.patience, P.adaptive_window)
         self.pending_advice: list = []
+        self.cur_waits = False  # the running launch waits for blocks still in flight
         self.iters_seen = 0
         self.it_link_blocks = 0
         self.it_compute = 0.0
         self.stats = dict(launches=0, matched=0, soft=0, resync=0, unpredicted=0, prefetched_blocks=0,
                           evicted_blocks=0, discarded_blocks=0, late_blocks=0, predicted_faults=0, thrash_blocks=0,
                           mispredicted_blocks=0, refetched_blocks=0, moved_blocks=0, read_mostly_blocks=0,
-                          prefer_host_blocks=0)
+                          prefer_host_blocks=0, soft_moves=0)
 
     # ------------------------------------------------------------------------------------------ hooks
     def on_free(self, blocks: np.ndarray) -> None:
@@ -215,7 +229,7 @@ class UvmPrefetchPolicy(Policy):
         st = self.stats
         st["launches"] += 1
         if self.pending is not None:
-            self._commit(*self.pending)
+            self._commit(*self.pending, dur=self.pending_dur)
         known = info.known_accesses
         blocks = info.blocks if known else EMPTY
         key = int(info.exec_id) & _MASK63
@@ -224,12 +238,15 @@ class UvmPrefetchPolicy(Policy):
         self._match(key, name, sig)
         if known and self.p is not None and self.params.track_moves:
             self._learn_moves(info.write_blocks)
+        if known and self.soft and self.params.soft_moves:
+            self._classify_soft(blocks, info.write_blocks)
         if known:
             self.dead[blocks] = False
             self.pf_unused[blocks] = False
             if info.write_blocks.size:
                 self.dirty[info.write_blocks] = True
                 self.written[info.write_blocks] = True
+                self.w_iter[info.write_blocks] = self.iters_seen
             self.uses[blocks] += 1
             self.last_use[blocks] = info.index
         cur = blocks if known else (self._blocks_at(self.p).copy() if self.p is not None else EMPTY)
@@ -239,6 +256,7 @@ class UvmPrefetchPolicy(Policy):
             wmask = np.zeros(blocks.shape[0], dtype=bool)
             wmask[np.searchsorted(blocks, info.write_blocks)] = True
         self.pending = (key, name, sig, blocks if known else cur, wmask)
+        self.pending_dur = float(info.duration)
         self.it_compute += float(info.duration)
         if cur.size:
             thr = self.thrashed[cur]
@@ -250,9 +268,12 @@ class UvmPrefetchPolicy(Policy):
                     self.stats["refetched_blocks"] += again
                     self.monitor.thrash(info.index, again)
             late = int(state.in_flight[cur].sum())
+            self.cur_waits = late > 0
             if late:
                 st["late_blocks"] += late
                 self.monitor.late(info.index, late)
+        else:
+            self.cur_waits = False
         dec = self._plan(info, state, cur)
         if self.pending_advice:
             dec = dec or Decision()
@@ -294,8 +315,11 @@ class UvmPrefetchPolicy(Policy):
         a, b = self._span(pos, pos + 1)
         return self.f_blk.view()[a:b]
 
-    def _commit(self, key: int, name: int, sig: int, blocks: np.ndarray, wmask: np.ndarray | None = None) -> None:
+    def _commit(self, key: int, name: int, sig: int, blocks: np.ndarray, wmask: np.ndarray | None = None,
+                dur: float = 0.0) -> None:
         r = self.end
+        self.h_cum.append(self.cum_total)
+        self.cum_total += dur
         self.h_key.append(key)
         self.h_name.append(name)
         self.h_sig.append(sig)
@@ -334,7 +358,7 @@ class UvmPrefetchPolicy(Policy):
         """Forget the oldest ``k`` launches of history (bounded state)."""
         cut = int(self.h_ptr.view()[k])
         fk = cut - self.fbase
-        for g in (self.h_key, self.h_name, self.h_sig, self.h_ptr, self.h_soft):
+        for g in (self.h_key, self.h_name, self.h_sig, self.h_ptr, self.h_soft, self.h_cum):
             g.drop_front(k)
         self.f_blk.drop_front(fk)
         self.f_next.drop_front(fk)
@@ -402,6 +426,26 @@ class UvmPrefetchPolicy(Policy):
             self.nu[new] = self.nu[old]
             self.stats["moved_blocks"] += int(moved.sum())
 
+    def _classify_soft(self, blocks: np.ndarray, writes: np.ndarray) -> None:
+        """A soft match (same kernel, other blocks) is data-dependent only if a block it reads that was not
+        predicted is older data (e.g. another expert's weights). New blocks that hold what this iteration wrote
+        (activations the allocator placed elsewhere) or that the launch writes itself are a move: the slot
+        stays predictable, and its blocks keep the right to evict (``guard_soft``)."""
+        pred = self._blocks_at(self.p)
+        if self.params.track_moves and self.stats["moved_blocks"]:
+            pred = self.remap[pred]
+        new = blocks[~np.isin(blocks, pred)]
+        if new.size == blocks.size:
+            return  # nothing as predicted: another tensor altogether, not a moved one
+        if new.size:
+            fresh = self.w_iter[new] == self.iters_seen
+            if writes.size:
+                fresh |= np.isin(new, writes, assume_unique=True)
+            if not fresh.all():
+                return
+        self.soft = 0
+        self.stats["soft_moves"] += 1
+
     def _advance(self, q: int) -> None:
         self.p = q
         a, b = self._span(q, q + 1)
@@ -423,6 +467,11 @@ class UvmPrefetchPolicy(Policy):
             blk, pos = blk[: self.params.scan_max], pos[: self.params.scan_max]
         u, first = np.unique(blk, return_index=True)
         self.nu[u] = pos[first]
+
+    def _until(self, p: int, pos):
+        """Predicted compute time from the start of launch ``p + 1`` to the start of ``pos`` (>= p + 1)."""
+        hc = self.h_cum.view()
+        return hc[np.asarray(pos) - self.base] - hc[p + 1 - self.base]
 
     def _positions(self, lo: int, hi: int, a: int, b: int) -> np.ndarray:
         """History position of each flat entry in ``[a, b)`` = positions ``lo..hi-1``."""
@@ -462,14 +511,22 @@ class UvmPrefetchPolicy(Policy):
                 free0 = max(0, state.capacity_blocks - state.used_blocks - self.margin_blocks)
                 if P.pace and P.pre_evict and self.t_blk > 0:
                     spare = (state.now + float(info.duration) + P.lead_s - max(self.q_end, state.now)) / self.t_blk
+                    if P.stall_aware and self.cur_waits:
+                        spare = (float(info.duration) + P.lead_s) / self.t_blk  # see the pacing below
                     cap = free0 + max(0, int(spare)) + 8
                 else:
                     cap = free0 + state.capacity_blocks
-                if free0 == 0 and cap <= 8:
+                if free0 == 0 and cap <= 8 and not (P.deadline and P.pace):
                     hi = min(hi, p + 1)  # link busy, no room: only the next launch can be served now
+                # Link-bound stretches (a burst of launches needing more link time than their compute) must
+                # be started early: keep scanning while the queue would not deliver by a launch's start.
+                chase = P.deadline and P.pace and P.pre_evict and self.t_blk > 0
+                q0 = max(self.q_end, state.now) + (miss.size if cur.size else 0) * self.t_blk
+                t0 = state.now + float(info.duration)
                 got, start, chunk, scanned = 0, lo, 16, 0
                 fb = self.f_blk.view()
-                while start <= hi and got < cap and scanned < P.scan_max:
+                behind = True
+                while start <= hi and (got < cap or (chase and behind)) and scanned < P.scan_max:
                     stop = min(hi, start + chunk - 1)
                     a, b = self._span(start, stop + 1)
                     if b > a:
@@ -479,6 +536,8 @@ class UvmPrefetchPolicy(Policy):
                         got += int((~present[cb]).sum())
                         scanned += b - a
                     scan_hi = stop
+                    if chase and stop + 1 <= hi:
+                        behind = q0 + got * self.t_blk > t0 + self._until(p, stop + 1)
                     start = stop + 1
                     chunk *= 2
         if not cand_b:
@@ -518,7 +577,8 @@ class UvmPrefetchPolicy(Policy):
         else:
             placed = min(free, n)
             rest = n - placed
-            if rest and p is not None:
+            guess = None
+            if rest and p is not None and P.guard_soft:
                 # Launches whose blocks changed the last time (data-dependent) get free room only: evicting
                 # a sure block for a guess is how a wrong prediction turns into thrash.
                 hs = self.h_soft.view() < 2
@@ -526,7 +586,9 @@ class UvmPrefetchPolicy(Policy):
                 tail = pos[placed:]
                 known = tail >= self.base
                 sure[known] = hs[tail[known] - self.base]
-                if not sure.all():
+                if P.guess_unpredicted:
+                    guess = ~sure  # kept: they may take dead / unpredicted victims below
+                elif not sure.all():
                     blk = np.concatenate([blk[:placed], blk[placed:][sure]])
                     pos = np.concatenate([pos[:placed], tail[sure]])
                     n = blk.shape[0]
@@ -535,14 +597,38 @@ class UvmPrefetchPolicy(Policy):
                 # Evictions for launches after the next one only while the link has spare time before the
                 # next decision point (decided before choosing victims: choosing them is the costly part).
                 until = now + float(info.duration) + P.lead_s
+                if P.stall_aware and self.cur_waits:
+                    # The running launch waits for blocks still in flight: the next decision point comes
+                    # only after they arrive (about when the queue drains), so the link has that much longer.
+                    until += max(0.0, q - now)
                 near = int((pos[placed:] <= (p + 1 if p is not None else -1)).sum())
                 budget = max(0, int((until - (q + placed * self.t_blk)) / self.t_blk))
-                rest = min(rest, near + budget)
+                rest_paced = min(rest, near + budget)
+                if P.whole and budget > 0 and rest_paced < rest:
+                    # As the oracle: the launch the budget reaches into is queued whole (a launch waits for
+                    # its last block, so a part of its blocks early buys nothing).
+                    tail = pos[placed:]
+                    rest_paced = int(np.searchsorted(tail, tail[rest_paced - 1], side="right")) if rest_paced else 0
+                if P.deadline and p is not None and p + 1 < self.end:
+                    # The link is behind schedule up to the last candidate that, queued now in order, would
+                    # still arrive after its launch's predicted start: deferring those only makes them later.
+                    tail = pos[placed:]
+                    arrive = q + self.t_blk * (placed + np.cumsum(~self.dead[blk[placed:]]))
+                    need_t = now + float(info.duration) + self._until(p, np.maximum(tail, p + 1))
+                    late = np.flatnonzero(arrive > need_t)
+                    if late.size:
+                        rest_paced = max(rest_paced, min(rest, int(late[-1]) + 1))
+                rest = rest_paced
             k_ok = 0
+            if guess is not None and rest < guess.shape[0]:
+                guess = guess[:rest]
             if rest:
                 vict, vkey = self._victims(state, cur, rest)
                 m = vict.shape[0]
                 ok = vkey > pos[placed:placed + m]
+                if guess is not None and guess.any():
+                    # A guessed block (data-dependent slot) never evicts a block with a predicted reuse.
+                    ok &= ~guess[:m] | (vkey > INF)
                 k_ok = int(np.argmin(ok)) if not ok.all() else m
                 if k_ok:
                     chosen = vict[:k_ok]
@@ -564,7 +650,8 @@ class UvmPrefetchPolicy(Policy):
                 # The H2D queue is busy: the running launch's own misses fault instead (faults go ahead
                 # of queued prefetches); their room was reserved above.
                 keep = pp >= 0
-                if P.fault_late and p is not None:
+                if (P.fault_late or P.fault_late_soft) and p is not None and (
+                        P.fault_late or (p + 1 < self.end and self.h_soft.view()[p + 1 - self.base] > 0)):
                     # So do the next launch's blocks that would arrive (FIFO, behind the queue) after it
                     # starts: a fault would fetch them sooner.
                     arrive = q + self.t_blk * np.cumsum(~self.dead[pf])
