@@ -13,15 +13,15 @@ and how far the GPU has got.
   ``on_free`` before ``on_launch``).
 - **Addresses.** The cuda backend uses real device addresses (managed memory). The dryrun backend runs on
   the CPU, whose allocator hands out addresses unlike PyTorch's CUDA caching allocator, so storages get
-  addresses from ``VirtualLayout``: a first-fit allocator over one address space that reuses freed ranges the
-  way the caching allocator reuses its segments.
+  addresses from ``VirtualLayout`` (``trace.addrspace.FirstFit``, shared with the replay and trace stats): a
+  first-fit allocator over one address space that reuses freed ranges the way the caching allocator reuses its
+  segments.
 - **GPU progress** (cuda): ``GpuProgress`` records a CUDA event after each observed launch; the launches
   whose events have not completed are queued on the GPU, and their blocks are never evicted.
 """
 
 from __future__ import annotations
 
-import bisect
 import collections
 import threading
 import weakref
@@ -29,49 +29,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..trace.addrspace import ALIGN, FirstFit  # noqa: F401 - ALIGN re-exported
 from ..trace.format import PHASE
 # What an op launches and touches is the recorder's knowledge (issue 2); the live observer reuses it so that
 # a live trace and a recorded one describe the same op the same way.
 from ..trace.recorder import accesses_of, launches_kernel, tensor_extent  # noqa: F401 - re-exported
 
-ALIGN = 512  # the CUDA caching allocator rounds every request up to 512 bytes
-
-
-class VirtualLayout:
-    """First-fit address allocator with coalescing: stable, reusing addresses for the dryrun backend."""
-
-    def __init__(self) -> None:
-        self._free: list[tuple[int, int]] = []  # sorted (start, size) holes below the top
-        self.top = 0
-        self.peak_top = 0
-
-    def alloc(self, size: int) -> int:
-        size = max(ALIGN, -(-int(size) // ALIGN) * ALIGN)
-        for i, (start, hole) in enumerate(self._free):
-            if hole >= size:
-                if hole == size:
-                    del self._free[i]
-                else:
-                    self._free[i] = (start + size, hole - size)
-                return start
-        start = self.top
-        self.top += size
-        self.peak_top = max(self.peak_top, self.top)
-        return start
-
-    def free(self, start: int, size: int) -> None:
-        size = max(ALIGN, -(-int(size) // ALIGN) * ALIGN)
-        i = bisect.bisect_left(self._free, (start, 0))
-        self._free.insert(i, (start, size))
-        # coalesce with the right and the left neighbour
-        if i + 1 < len(self._free) and start + size == self._free[i + 1][0]:
-            self._free[i] = (start, size + self._free[i + 1][1])
-            del self._free[i + 1]
-        if i > 0 and self._free[i - 1][0] + self._free[i - 1][1] == start:
-            self._free[i - 1] = (self._free[i - 1][0], self._free[i - 1][1] + self._free[i][1])
-            del self._free[i]
-        if self._free and sum(self._free[-1]) == self.top:  # give the last hole back to the top
-            self.top = self._free.pop()[0]
+# The dryrun address space is the shared first-fit allocator (trace/addrspace.py): the replay of a live trace
+# (sim ``allocator="first-fit"``) and trace stats use the same class, so all three agree byte for byte.
+VirtualLayout = FirstFit
 
 
 @dataclass

@@ -21,7 +21,7 @@ This is a model, not PyTorch's exact allocator (no 20 MiB segments for 1-10 MiB 
 expandable segments, no per-stream pools), but it reproduces the two effects above.
 
 A second model, ``allocator="first-fit"``, is the live dryrun runtime's own address space
-(``uvmprefetch.runtime.observe.VirtualLayout``): every request rounded up to 512 B, one address space, the
+(``uvmprefetch.trace.addrspace.FirstFit``, shared with the runtime and trace stats): every request rounded up to 512 B, one address space, the
 lowest hole that fits, coalescing, and the top given back when its last hole is freed. A trace recorded
 live by the dryrun backend is replayed with it by default (``allocator="auto"``), so the replay places every
 tensor where the live run placed it and both see the same blocks, the same footprint and the same
@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import ConfigError
+from ..trace.addrspace import FirstFit, alloc_events, first_fit_addresses
 from ..trace.format import WRITE, Trace
 
 SEGMENT = 2 << 20  # 2 MiB: PyTorch's small-pool segment and large-request rounding (kRoundLarge)
@@ -176,41 +177,10 @@ def allocator_for(t: Trace) -> str:
     return "first-fit" if live and meta.get("backend") == "dryrun" else "caching"
 
 
-class _FirstFit:
-    """The live dryrun runtime's address space (``runtime.observe.VirtualLayout``), re-implemented here so
-    that ``sim`` does not import the runtime (which imports torch); ``tests/unit/test_sim_live_consistency.py``
-    checks the two hand out the same addresses."""
-
-    def __init__(self) -> None:
-        self.holes: list[tuple[int, int]] = []  # sorted (start, size) below the top
-        self.top = 0
-        self.peak_top = 0
-
-    def alloc(self, size: int) -> int:
-        for i, (start, hole) in enumerate(self.holes):
-            if hole >= size:
-                if hole == size:
-                    del self.holes[i]
-                else:
-                    self.holes[i] = (start + size, hole - size)
-                return start
-        start = self.top
-        self.top += size
-        self.peak_top = max(self.peak_top, self.top)
-        return start
-
-    def free(self, start: int, size: int) -> None:
-        h = self.holes
-        i = bisect.bisect_left(h, (start, 0))
-        h.insert(i, (start, size))
-        if i + 1 < len(h) and start + size == h[i + 1][0]:
-            h[i] = (start, size + h[i + 1][1])
-            del h[i + 1]
-        if i > 0 and h[i - 1][0] + h[i - 1][1] == start:
-            h[i - 1] = (h[i - 1][0], h[i - 1][1] + h[i][1])
-            del h[i]
-        if h and h[-1][0] + h[-1][1] == self.top:
-            self.top = h.pop()[0]
+# The live dryrun runtime's address space. One implementation (trace/addrspace.py) serves the runtime, this
+# replay and trace stats, so a replay of a live trace places every tensor where the live run did;
+# ``_FirstFit`` is kept as this module's name for it (tests/unit/test_sim_live_consistency.py).
+_FirstFit = FirstFit
 
 
 def _allocate_addresses(t: Trace, allocator: str = "caching") -> tuple[np.ndarray, np.ndarray, int, list]:
@@ -219,17 +189,7 @@ def _allocate_addresses(t: Trace, allocator: str = "caching") -> tuple[np.ndarra
     A = t.n_allocs
     base = np.zeros(A, dtype=np.int64)
     if allocator == "first-fit":
-        ff = _FirstFit()
-        rsize = np.maximum(SMALL_ROUND, -(-t.alloc_size // SMALL_ROUND) * SMALL_ROUND).astype(np.int64)
-
-        def do_alloc(a: int) -> None:
-            base[a] = ff.alloc(int(rsize[a]))
-
-        def do_free(a: int) -> None:
-            ff.free(int(base[a]), int(rsize[a]))
-
-        events = _apply_events(t, do_alloc, do_free)
-        return base, rsize, ff.peak_top, events
+        return first_fit_addresses(t)
     rsize = np.zeros(A, dtype=np.int64)
     small = t.alloc_size <= SMALL_LIMIT  # exactly 1 MiB is small: a 1 MiB tensor in its own 2 MiB would waste half
     rsize[small] = -(-t.alloc_size[small] // SMALL_ROUND) * SMALL_ROUND
@@ -265,29 +225,11 @@ def _allocate_addresses(t: Trace, allocator: str = "caching") -> tuple[np.ndarra
 
 
 def _apply_events(t: Trace, do_alloc, do_free) -> list:
-    """Apply ``t``'s allocations and frees in the order of the module docstring; returns the events."""
-    L = t.n_launches
-    # Frees in free_rank order, grouped by free point; allocations in id order (ids are allocation order).
-    freed = np.flatnonzero(t.free_at >= 0)
-    freed = freed[np.argsort(t.free_rank[freed], kind="stable")]
-    free_pts = t.free_at[freed]
-    fo = np.argsort(free_pts, kind="stable")
-    freed, free_pts = freed[fo], free_pts[fo]
-    fptr = np.searchsorted(free_pts, np.arange(L + 2))
-    aptr = np.searchsorted(t.alloc_at, np.arange(L + 2))
-    events = []  # (free point, kind, alloc): one pass, kept for the dead-block computation
-    for i in range(L + 1):
-        fr = freed[fptr[i]:fptr[i + 1]]
-        born_here = t.alloc_at[fr] == i
-        for a in fr[~born_here]:
-            do_free(int(a))
-            events.append((i, -1, int(a)))
-        for a in range(aptr[i], aptr[i + 1]):
-            do_alloc(a)
-            events.append((i, 1, a))
-        for a in fr[born_here]:
-            do_free(int(a))
-            events.append((i, -1, int(a)))
+    """Apply ``t``'s allocations and frees in the order of the module docstring
+    (``trace.addrspace.alloc_events``); returns the events."""
+    events = alloc_events(t)
+    for _, kind, a in events:
+        (do_alloc if kind > 0 else do_free)(a)
     return events
 
 

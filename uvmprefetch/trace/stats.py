@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import bisect
-
 import numpy as np
 
 from ..gpus import PROFILES
+from .addrspace import first_fit_addresses
 from .format import KIND, KINDS, Trace
 from .roofline import durations_for
 
@@ -26,46 +25,11 @@ def steady_iteration(t: Trace) -> int:
     return t.iterations - 1
 
 
-ALIGN = 512  # the CUDA caching allocator rounds requests up to 512 bytes
-
-
 def first_fit_layout(t: Trace) -> np.ndarray:
-    """Base address of every allocation under a first-fit allocator that reuses freed ranges (coalescing),
-    the way PyTorch's caching allocator reuses its segments; events in trace order (allocations at launch
-    ``i`` after the frees at ``i``)."""
-    sizes = -(-t.alloc_size // ALIGN) * ALIGN
-    base = np.zeros(t.n_allocs, dtype=np.int64)
-    holes: list[list[int]] = []  # sorted [start, size]
-    top = 0
-    freed = np.flatnonzero(t.free_at >= 0)
-    frees = freed[np.argsort(t.free_rank[freed], kind="stable")]
-    fi = 0
-    for a in range(t.n_allocs):
-        at = t.alloc_at[a]
-        while fi < frees.size and t.free_at[frees[fi]] <= at:
-            f = int(frees[fi])
-            fi += 1
-            start, size = int(base[f]), int(sizes[f])
-            i = bisect.bisect_left(holes, [start, 0])
-            holes.insert(i, [start, size])
-            if i + 1 < len(holes) and start + size == holes[i + 1][0]:
-                holes[i][1] += holes.pop(i + 1)[1]
-            if i > 0 and holes[i - 1][0] + holes[i - 1][1] == start:
-                holes[i - 1][1] += holes.pop(i)[1]
-            if holes and sum(holes[-1]) == top:
-                top = holes.pop()[0]
-        need = int(sizes[a])
-        for h in holes:
-            if h[1] >= need:
-                base[a] = h[0]
-                h[0] += need
-                h[1] -= need
-                break
-        else:
-            base[a] = top
-            top += need
-        holes = [h for h in holes if h[1] > 0] if holes and any(h[1] == 0 for h in holes) else holes
-    return base
+    """Base address of every allocation in the shared first-fit address space (``trace.addrspace``): the
+    one the live dryrun runtime and the replay of its traces use, so ``working_set_bytes`` counts the bytes
+    they see. Sizes round up to 512 B; a zero-byte allocation takes no space here (``min_size=0``)."""
+    return first_fit_addresses(t, min_size=0)[0]
 
 
 def _union_length(start: np.ndarray, end: np.ndarray) -> int:
