@@ -96,3 +96,34 @@ def test_durations_are_re_estimated_for_another_gpu():
     assert r["ideal_s"] != pytest.approx(1e-3)
     t.meta["durations"] = "measured"
     assert replay(t, "ideal", "a100-pcie", oversub=1.0)["ideal_s"] == pytest.approx(1e-3)
+
+
+@pytest.mark.parametrize("flag, want", [([], "caching"), (["--allocator", "auto"], "caching"),
+                                        (["--allocator", "caching"], "caching"),
+                                        (["--allocator", "first-fit"], "first-fit")])
+def test_allocator_flag_reaches_the_result(trace_path, capsys, flag, want):
+    """A synthetic trace is not a live dryrun one, so auto is the caching model; the flag overrides it."""
+    assert main(["replay", str(trace_path), "--oversub", "2", "--policy", "demand", "--json", *flag]) == 0
+    assert json.loads(capsys.readouterr().out)["allocator"] == want
+
+
+def test_allocator_changes_the_placement(tmp_path, capsys):
+    from uvmprefetch.trace import READ, TraceBuilder
+    b = TraceBuilder({"gpu": "h100-pcie"})
+    xs = [b.alloc((1 << 20) + 512) for _ in range(5)]
+    b.launch("k", [(x, 0, (1 << 20) + 512, READ) for x in xs], duration=1e-4, flops=1e6)
+    path = tmp_path / "five.uvmt"
+    save(b.build(), path)
+    fp = {}
+    for a in ("caching", "first-fit"):
+        assert main(["replay", str(path), "--capacity", "64MiB", "--policy", "demand", "--json",
+                     "--allocator", a]) == 0
+        fp[a] = json.loads(capsys.readouterr().out)["footprint_bytes"]
+    # caching: each large request rounded to its own 2 MiB (5 blocks); first-fit packs them at 512 B (3 blocks)
+    assert fp == {"caching": 5 << 21, "first-fit": 3 << 21}
+
+
+def test_bad_allocator_is_one_line(trace_path, capsys):
+    rc = main(["replay", str(trace_path), "--oversub", "2", "--policy", "demand", "--allocator", "best-fit"])
+    err = capsys.readouterr().err
+    assert rc != 0 and "--allocator 'best-fit'" in err and len(err.strip().splitlines()) == 1

@@ -14,6 +14,7 @@ examples:
   uvmprefetch replay gpt2l.uvmt --capacity 24GiB --policy oracle --json
   uvmprefetch replay gpt2l.uvmt --oversub 1.5 --policy deepum:window=32 --perfetto run.json --plot run.png
   uvmprefetch replay gpt2l.uvmt --oversub 2 --block-size 64KiB --gpu-set fault_batch_latency_s=30e-6
+  uvmprefetch replay live.uvmt --oversub 1.5 --policy uvmprefetch --allocator first-fit --json
 """
 
 
@@ -53,16 +54,31 @@ def add_arguments(p) -> None:
     p.add_argument("--policy", default=DEFAULT_POLICY, metavar="NAME[:k=v,...]",
                    help=f"policy and parameters (default {DEFAULT_POLICY}); policies: {', '.join(available())}")
     add_gpu_arguments(p)
+    p.add_argument("--allocator", default="auto", metavar="{auto,caching,first-fit}",
+                   help="where the trace's tensors are placed in the simulated address space (decides which "
+                        "tensors share a block, hence the footprint and the faults): 'caching' models PyTorch's "
+                        "CUDA caching allocator (small-pool segments, 2 MiB-rounded large requests), right for "
+                        "traces from `uvmprefetch record` or a real GPU run; 'first-fit' is the live dryrun "
+                        "runtime's own address space, right for traces it recorded (UVMPREFETCH_TRACE with "
+                        "UVMPREFETCH_BACKEND=dryrun), so the replay sees exactly the live run's blocks; 'auto' "
+                        "(default) picks first-fit for traces the dryrun runtime recorded (trace meta), caching "
+                        "otherwise. The result's 'allocator' field says which was used")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.add_argument("--perfetto", metavar="OUT.json", help="write a Chrome-trace timeline for ui.perfetto.dev")
     p.add_argument("--plot", metavar="OUT.png", help="plot GPU memory in use and stalls over time")
 
 
+ALLOCATOR_CHOICES = ("auto", "caching", "first-fit")
+
+
 def run(args) -> int:
+    from ..errors import ConfigError
     from ..policy import make_policy
     from ..sim.replay import replay
     from ..trace.format import load
     from ..units import parse_size
+    if args.allocator not in ALLOCATOR_CHOICES:
+        raise ConfigError(f"--allocator {args.allocator!r}: choose one of {', '.join(ALLOCATOR_CHOICES)}")
     gpu = gpu_from_args(args)
     bs = block_size_from_args(args)
     cap = parse_size(args.capacity, "--capacity") if args.capacity is not None else None
@@ -70,7 +86,7 @@ def run(args) -> int:
     trace = load(args.trace)
     want_tl = bool(args.perfetto or args.plot)
     res = replay(trace, policy, gpu, capacity_bytes=cap, oversub=args.oversub, block_size=bs, timeline=want_tl,
-                 writeback_clean=args.writeback_clean)
+                 writeback_clean=args.writeback_clean, allocator=args.allocator)
     res["trace"] = str(args.trace)
     if args.perfetto:
         from ..sim.timeline import write_perfetto
@@ -102,7 +118,7 @@ def format_result(r: dict) -> str:
         f"trace      {r.get('trace', '-')}  ({r['n_launches']} launches, {r['iterations']} iterations)",
         f"gpu        {r['gpu']}  capacity {format_size(r['capacity_bytes'])}  footprint "
         f"{format_size(r['footprint_bytes'])}  oversub {r['oversub']:.3f}  block {format_size(r['block_size'])}",
-        f"policy     {r['policy']}",
+        f"policy     {r['policy']}  (allocator model {r.get('allocator', '-')})",
         f"time       {r['time_s'] * 1e3:.3f} ms  (ideal {r['ideal_s'] * 1e3:.3f} ms, slowdown {r['slowdown']:.3f}x, "
         f"steady state {_fmt(r['steady_slowdown'])}x)",
         f"stall      {r['stall_s'] * 1e3:.3f} ms  (faults {r['fault_stall_s'] * 1e3:.3f} ms, late prefetch "
