@@ -330,6 +330,25 @@ def steady_median(iter_s: list[float], warmup: int) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
+# Iterations a run that fits still pays for besides compute: iteration 0 starts up (and creates the optimizer
+# state at its step), iteration 1 places its activations around that state, so the address space grows and it
+# still takes first-touch faults (dryrun: +27 % over iteration 2 for the tiny model). The compute reference
+# skips them, on a GPU as in a dry run.
+FIRST_TOUCH_ITERS = 2
+
+
+def steady_reference(iter_s: list[float], warmup: int) -> tuple[float, str]:
+    """(median, which iterations) of a reference run's steady iterations: those from ``max(warmup,
+    FIRST_TOUCH_ITERS)`` on, else the last one (a short run); NaN when there are none."""
+    skip = max(int(warmup), FIRST_TOUCH_ITERS)
+    if len(iter_s) > skip:
+        return statistics.median(iter_s[skip:]), (f"iteration {skip}" if len(iter_s) == skip + 1
+                                                  else f"iterations {skip}-{len(iter_s) - 1}")
+    if iter_s:
+        return float(iter_s[-1]), f"iteration {len(iter_s) - 1} (the last; fewer than {skip + 1} ran)"
+    return float("nan"), "no iterations"
+
+
 def report_get(report: dict | None, *keys, default=None):
     """The first of ``keys`` (dotted paths) that the runtime report has with a non-null value.
 
