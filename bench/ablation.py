@@ -44,6 +44,7 @@ ABLATION = [
     ("  guard_soft + soft_moves", "uvmprefetch:guard_soft=true,soft_moves=true"),
     ("  no fault_late_soft", "uvmprefetch:fault_late_soft=false"),
     ("  no stall_aware", "uvmprefetch:stall_aware=false"),
+    ("  margin=0 (no free margin)", "uvmprefetch:margin=0"),
     ("  + deadline", "uvmprefetch:deadline=true"),
     ("  + whole", "uvmprefetch:whole=true"),
 ]

@@ -74,7 +74,7 @@ class UvmPrefetchParams(Params):
     stall_aware: bool = True  # the pacing budget counts the running launch's wait for in-flight blocks
     deadline: bool = False  # ... or while the link is behind the predicted start times of coming launches
     lead_s: float = 0.0  # extra link time allowed beyond the next decision point
-    margin: float = 0.0  # fraction of capacity kept free by pre-evicting dead / unpredicted blocks
+    margin: float = 0.01  # fraction of capacity kept free by pre-evicting dead / unpredicted blocks (docs)
     ngram: int = 3  # predecessors in the exec-id / name correlation context
     history_launches: int = 1 << 17  # launches of history kept (bounded state)
     table_entries: int = 1 << 17  # entries per correlation table
