@@ -165,26 +165,7 @@ def accesses_of(func, args, kwargs, out, device_type: str) -> list:
     """``[(tensor, mode)]`` for one dispatched op: inputs READ (READ|WRITE when the op's schema marks the
     argument mutable), outputs WRITE. Only strided tensors on ``device_type`` count (others stay on the host
     in a GPU run). Reusable by live observers: it needs nothing but the dispatcher's arguments."""
-    if _torch is None:
-        _init_torch()
-    Tensor, strided = _torch.Tensor, _STRIDED
-    res = []
-    mutable = _mutable_args(func)
-    buf: list = []
-    for src in (enumerate(args), (kwargs or {}).items()):
-        for i, a in src:
-            mode = READ | WRITE if i in mutable else READ
-            buf.clear()
-            _leaves(a, buf)
-            for t in buf:
-                if isinstance(t, Tensor) and t.layout == strided and t.device.type == device_type:
-                    res.append((t, mode))
-    buf.clear()
-    _leaves(out, buf)
-    for t in buf:
-        if isinstance(t, Tensor) and t.layout == strided and t.device.type == device_type:
-            res.append((t, WRITE))
-    return res
+    return scan_op(func, args, kwargs, out, device_type)[0]
 
 
 _MUTABLE: dict = {}
