@@ -50,4 +50,8 @@ def test_ablation_table_and_json(small_trace, tmp_path):
     labels = [a["configuration"] for a in data["ablation"]]
     assert labels[:2] == ["deepum", "prefetch only"] and labels[-1] == "oracle"
     assert data["targets"][0]["oversub"] == 2.0 and data["quality"]
-    assert "## Ablation" in r.stdout
+    # Both measures: the whole trace and the steady state (last iteration), each for every oversub level.
+    assert [t["measure"] for t in data["targets"]] == ["time_s", "steady_slowdown"]
+    assert {a["measure"] for a in data["ablation"]} == {"time_s", "steady_slowdown"}
+    assert all(t["uvm_over_oracle"] > 0 for t in data["targets"])
+    assert "## Ablation" in r.stdout and "## Targets: steady state" in r.stdout
