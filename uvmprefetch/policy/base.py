@@ -105,9 +105,13 @@ class Decision:
     evict: np.ndarray = field(default_factory=lambda: EMPTY)
     discard: np.ndarray = field(default_factory=lambda: EMPTY)
     advise: tuple = ()  # ((blocks ndarray, Advice), ...)
+    # Evict to the SSD tier (applied after ``evict``): resident blocks leave the GPU and their data goes to the
+    # SSD (a block whose SSD copy is current is just dropped); blocks already off the GPU whose data sits in
+    # host memory move host -> SSD. Needs a GPU profile with ``ssd_bw > 0`` (docs/tiers.md).
+    evict_ssd: np.ndarray = field(default_factory=lambda: EMPTY)
 
     def is_empty(self) -> bool:
-        return not (self.prefetch.size or self.evict.size or self.discard.size or self.advise)
+        return not (self.prefetch.size or self.evict.size or self.discard.size or self.advise or self.evict_ssd.size)
 
 
 class ResidencyView(typing.Protocol):
@@ -135,6 +139,9 @@ class Policy:
     Subclasses set ``name`` (the registry key), ``Params`` (a frozen dataclass of tunables) and optionally
     ``offline = True`` (sees the whole trace: planners, oracle). ``ideal = True`` tells the simulator to
     model infinite memory (only the ``ideal`` baseline sets it).
+
+    ``rank`` / ``world``: which of ``world`` data-parallel GPUs this policy object runs on (set before
+    ``on_start`` by ``sim/multigpu.py``; 0 / 1 everywhere else). Only multi-GPU-aware policies read them.
     """
 
     name: ClassVar[str] = ""
@@ -142,6 +149,8 @@ class Policy:
     ideal: ClassVar[bool] = False
     Params: ClassVar[type] = Params
     description: ClassVar[str] = ""
+    rank: int = 0
+    world: int = 1
 
     def __init__(self, params: Params | None = None, **overrides) -> None:
         if params is None:

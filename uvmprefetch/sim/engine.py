@@ -76,6 +76,38 @@ class _Queue:
     def view(self) -> tuple[np.ndarray, np.ndarray]:
         return self.blk[self.head:self.tail], self.val[self.head:self.tail]
 
+    def push_sorted(self, blocks: np.ndarray, values: np.ndarray) -> None:
+        """Push and keep the queue sorted by value (stable): SSD write-backs end out of D2H order."""
+        blk, val = self.view()
+        if not blk.shape[0] or values.min() >= val[-1]:
+            self.push(blocks, values)
+            return
+        allb, allv = np.concatenate([blk, blocks]), np.concatenate([val, values])
+        o = np.argsort(allv, kind="stable")
+        self.head = self.tail = 0
+        self.push(allb[o], allv[o])
+
+
+class Link:
+    """The host link's two copy engines: when each is next free, and how long each has been busy.
+
+    Every ``GpuModel`` has one of its own unless several are given the same object: data-parallel GPUs
+    behind one PCIe switch share its bandwidth (``sim/multigpu.py``), and a transfer of any of them then
+    queues behind what the others issued before it.
+    """
+
+    __slots__ = ("h2d", "d2h", "busy_htod", "busy_dtoh", "members", "fault_end")
+
+    def __init__(self) -> None:
+        self.h2d = 0.0  # when the host-to-device engine is next free
+        self.d2h = 0.0
+        self.busy_htod = 0.0  # seconds of transfer time queued on it so far
+        self.busy_dtoh = 0.0
+        self.members: list = []  # the GpuModels using it (a fault delays every member's queued prefetches)
+        # When the last fault migration ends: faults go ahead of queued prefetches but not of each other (with
+        # one GPU a launch's faults always end before the next launch's begin, so this only binds when shared).
+        self.fault_end = 0.0
+
 
 def _fifo_finish(start: float, rooms: np.ndarray, times: np.ndarray) -> np.ndarray:
     """Finish times of transfers served in order by one engine free at ``start``; transfer ``k`` takes
@@ -110,6 +142,8 @@ class GpuModel:
         Model a driver without dirty tracking: evicting any live block that is not read-mostly writes it back.
     check
         Verify invariants after every launch (capacity, counters): for tests; O(max_blocks) per launch.
+    link
+        The host link's copy engines (``Link``); a new one unless GPUs share one (``sim/multigpu.py``).
 
     Raises
     ------
@@ -119,7 +153,7 @@ class GpuModel:
 
     def __init__(self, gpu: GpuProfile, capacity_bytes: int, block_size: int, max_blocks: int, policy: Policy,
                  *, timeline: bool = False, trace=None, layout=None, writeback_clean: bool = False,
-                 check: bool = False) -> None:
+                 check: bool = False, link: Link | None = None) -> None:
         if block_size <= 0:
             raise ConfigError(f"block size must be positive, got {block_size}")
         self.gpu = gpu
@@ -156,8 +190,8 @@ class GpuModel:
         self.n_inflight = 0
         # Clocks.
         self.now = 0.0  # the compute stream: end of the last launch
-        self.t_h2d = 0.0
-        self.t_d2h = 0.0
+        self.link = link if link is not None else Link()
+        self.link.members.append(self)
         # Per-block transfer and fault costs.
         bs = self.block_size
         self.t_blk_h2d = gpu.transfer_time(bs, "htod")
@@ -169,6 +203,18 @@ class GpuModel:
         self.entries_per_block = math.ceil(DENSITY * granules) if granules > 1 else 1
         self.region_blocks = max(1, REGION // bs)
         self.remote_bw = gpu.remote_access_bw or gpu.link_htod_bw
+        # The SSD tier (docs/tiers.md), only when the profile has one: everything below is skipped otherwise.
+        self.tier = bool(getattr(gpu, "ssd_bw", 0) > 0)
+        if self.tier:
+            self.on_ssd = np.zeros(n, dtype=bool)  # the block's current data has a copy on the SSD
+            self.hosted = np.zeros(n, dtype=bool)  # the block's current data holds room in (bounded) host memory
+            self.n_host = 0
+            hc = int(gpu.host_capacity_bytes)
+            self.host_cap = hc // bs if hc > 0 else None  # None = unlimited host memory
+            self.t_ssd = 0.0  # the SSD's one FIFO queue (reads and writes): when it is next free
+            self.ssd_lat = float(gpu.ssd_latency_s)
+            self.t_ssd_rd = bs / gpu.ssd_bw
+            self.t_ssd_wr = bs / (gpu.ssd_write_bw or gpu.ssd_bw)
         # Metrics.
         self.m = dict(launches=0, block_accesses=0, stall_s=0.0, fault_stall_s=0.0, late_stall_s=0.0, faults=0,
                       fault_entries=0, fault_batches=0, late_blocks=0, bytes_htod=0, bytes_dtoh=0,
@@ -177,6 +223,10 @@ class GpuModel:
                       policy_evictions=0, writebacks=0, drops=0, discards=0, remote_bytes=0, remote_s=0.0,
                       invalidations=0, peak_used_blocks=0, cold_first_touch_bytes=0, cold_first_touch_s=0.0,
                       compute_s=0.0)
+        if self.tier:
+            self.m.update(bytes_to_ssd=0, bytes_from_ssd=0, ssd_busy_s=0.0,
+                          host_to_ssd_bytes=0, peak_host_blocks=0,
+                          host_capacity_blocks=self.host_cap if self.host_cap is not None else -1)
         self.iter_ends: list[tuple[int, float]] = []
         self.events: dict[str, list] = {"compute": [], "h2d": [], "d2h": [], "fault": [], "resident": [], "block": []}
         self._since = np.full(n, np.nan) if timeline else None  # when each block landed on the GPU
@@ -184,6 +234,23 @@ class GpuModel:
                             live=False, trace=trace if policy.offline else None,
                             layout=layout if policy.offline else None)
         policy.on_start(ctx)
+
+    # The copy engines' clocks live on the (possibly shared) link.
+    @property
+    def t_h2d(self) -> float:
+        return self.link.h2d
+
+    @t_h2d.setter
+    def t_h2d(self, t: float) -> None:
+        self.link.h2d = t
+
+    @property
+    def t_d2h(self) -> float:
+        return self.link.d2h
+
+    @t_d2h.setter
+    def t_d2h(self, t: float) -> None:
+        self.link.d2h = t
 
     # ------------------------------------------------------------------------------------ ResidencyView
     @property
@@ -205,6 +272,8 @@ class GpuModel:
         self.policy.on_free(blocks)
         if self.invalidate_frees and not self.ideal:
             self.dead[blocks] = self.touched[blocks]
+            if self.tier:
+                self._release(blocks[self.dead[blocks]])
 
     def launch(self, info: LaunchInfo) -> dict:
         """Run launch ``info`` on the compute stream: ``on_launch`` -> apply the Decision -> faults -> run.
@@ -277,6 +346,8 @@ class GpuModel:
                     extra += self.gpu.fault_batch_latency_s
                     m["invalidations"] += 1
                 self.dirty[wr] = True
+                if self.tier and wr.size:
+                    self._release(wr)  # written on the GPU: the host/SSD copies are stale
             self.dead[blocks] = False
             self._protect[blocks] = False
         self.touched[blocks] = True
@@ -364,7 +435,7 @@ class GpuModel:
         self.mig_seq[blocks] = np.arange(self._seq + 1, self._seq + n + 1)
         self._seq += n
 
-    def _evict(self, victims: np.ndarray, now: float) -> np.ndarray:
+    def _evict(self, victims: np.ndarray, now: float, to_ssd: bool = False) -> np.ndarray:
         """Take resident ``victims`` off the GPU; returns when each one's room is free (write-back end)."""
         if self.check:
             assert self.resident[victims].all(), "evicting a block that is not resident"
@@ -376,6 +447,10 @@ class GpuModel:
         else:
             wb = live & self.dirty[victims]
         rel = np.full(n, now)
+        k_ssd = 0
+        if self.tier:
+            wb, sw = self._tier_split(victims, live, wb, to_ssd)
+            k_ssd = int(sw.sum())
         k = int(wb.sum())
         if k:
             start = max(self.t_d2h, now)
@@ -383,11 +458,16 @@ class GpuModel:
             rel[wb] = ends
             self.wb_done[victims[wb]] = ends
             self.t_d2h = float(ends[-1])
+            self.link.busy_dtoh += k * self.t_blk_d2h
             m["bytes_dtoh"] += k * self.block_size
             m["writebacks"] += k
             if self._timeline:
                 self.events["d2h"].append((start, self.t_d2h, k, "writeback"))
-        m["drops"] += n - k
+        if k_ssd:
+            self._to_ssd(victims, sw, rel, now)
+        if self.tier and k:
+            self._host_store(victims[wb])
+        m["drops"] += n - k - k_ssd
         m["evictions"] += n
         wasted = self.pf_pending[victims]
         if wasted.any():
@@ -464,11 +544,24 @@ class GpuModel:
                 self.dead[res] = True  # dropped: no write-back
                 self._evict(res, now)
             self.dead[b] = self.touched[b]
+            if self.tier:
+                self._release(b[self.dead[b]])
         if dec.evict.size:
             b = np.unique(self._ids(dec.evict, "Decision.evict"))
             b = b[self.resident[b] & ~self._protect[b]]
             if b.size:
                 self._evict_to_host(b, now)
+        if dec.evict_ssd.size:
+            if not self.tier:
+                raise SimError("Decision.evict_ssd needs the SSD tier: give the GPU profile ssd_bw > 0 "
+                               "(e.g. --ssd pcie4-nvme or --gpu-set ssd_bw=7e9)")
+            b = np.unique(self._ids(dec.evict_ssd, "Decision.evict_ssd"))
+            res = b[self.resident[b] & ~self._protect[b]]
+            if res.size:
+                self._evict_to_host(res, now, to_ssd=True)
+            off = b[~self.resident[b] & ~self.in_flight[b] & self.hosted[b]]
+            if off.size:
+                self._host_to_ssd(off, now)
         for blocks, adv in dec.advise:
             b = np.unique(self._ids(blocks, "Decision.advise"))
             self.advice[b] = int(Advice(adv))
@@ -479,12 +572,15 @@ class GpuModel:
         if dec.prefetch.size:
             self._prefetch(self._ids(dec.prefetch, "Decision.prefetch"), now)
 
-    def _evict_to_host(self, b: np.ndarray, now: float) -> None:
-        rel = self._evict(b, now)
+    def _evict_to_host(self, b: np.ndarray, now: float, to_ssd: bool = False) -> None:
+        rel = self._evict(b, now, to_ssd) if self.tier else self._evict(b, now)
         self.m["policy_evictions"] += b.shape[0]
         pending = rel > now
         if pending.any():
-            self._wb.push(b[pending], rel[pending])
+            if self.tier:
+                self._wb.push_sorted(b[pending], rel[pending])
+            else:
+                self._wb.push(b[pending], rel[pending])
 
     def _prefetch(self, b: np.ndarray, now: float) -> None:
         _, first = np.unique(b, return_index=True)
@@ -500,9 +596,13 @@ class GpuModel:
                 return
         times = self._transfer_times(b)
         start = max(self.t_h2d, now)
-        arr = _fifo_finish(start, np.maximum(rooms, self.wb_done[b]), times)
+        ready = np.maximum(rooms, self.wb_done[b])
+        if self.tier:
+            ready = np.maximum(ready, self._ssd_read(b, now))
+        arr = _fifo_finish(start, ready, times)
         self._issue(b, arr)
         self.t_h2d = float(arr[-1])
+        self.link.busy_htod += float(times.sum())
         nbytes = b.shape[0] * self.block_size
         moved = int((times > 0).sum()) * self.block_size
         self.m["prefetch_issued_bytes"] += nbytes
@@ -569,15 +669,24 @@ class GpuModel:
         if extra.size:
             times[n:] = self._transfer_times(extra)
         link = float(times.sum())
-        ends = _fifo_finish(now + batches * gpu.fault_batch_latency_s, np.maximum(rooms, self.wb_done[blocks]), times)
+        ready = np.maximum(rooms, self.wb_done[blocks])
+        if self.tier:
+            ready = np.maximum(ready, self._ssd_read(blocks, now))
+        ends = _fifo_finish(max(now + batches * gpu.fault_batch_latency_s, self.link.fault_end),
+                            ready, times)
         done = float(ends[-1])
-        # Faults preempt the H2D queue: everything queued after now slips by the link time they took.
-        if link > 0 and len(self._inflight):
-            blk, arr = self._inflight.view()
-            late = arr > now
-            arr[late] += link
-            self.arrive[blk[late]] = arr[late]
+        self.link.fault_end = done
+        # Faults preempt the H2D queue: everything queued after now slips by the link time they took (on a
+        # shared link, every GPU's queued prefetches do).
+        if link > 0:
+            for e in self.link.members:
+                if len(e._inflight):
+                    blk, arr = e._inflight.view()
+                    late = arr > now
+                    arr[late] += link
+                    e.arrive[blk[late]] = arr[late]
         self.t_h2d = max(self.t_h2d + link if self.t_h2d > now else now, done)
+        self.link.busy_htod += link
         if self._timeline:
             self._since[blocks] = ends
         self.resident[blocks] = True
@@ -620,3 +729,104 @@ class GpuModel:
         assert self.n_inflight == int(self.in_flight.sum())
         assert not (self.resident & self.in_flight).any()
         assert len(self._inflight) == self.n_inflight
+        if self.tier:
+            assert self.n_host == int(self.hosted.sum()), (self.n_host, int(self.hosted.sum()))
+            assert self.host_cap is None or self.n_host <= self.host_cap, (self.n_host, self.host_cap)
+            assert not (self.hosted & self.on_ssd).any(), "a block is both in host memory and on the SSD"
+            assert not (self.dirty & self.on_ssd).any(), "a dirty block has a current SSD copy"
+            _, rel = self._wb.view()
+            assert (np.diff(rel) >= 0).all(), "write-back queue out of order"
+
+    # ------------------------------------------------------------------------------------ the SSD tier
+    def _release(self, b: np.ndarray) -> None:
+        """``b``'s host/SSD copies are no longer current (written on the GPU, or dead): free their room."""
+        h = b[self.hosted[b]]
+        if h.size:
+            h = np.unique(h)
+            self.hosted[h] = False
+            self.n_host -= h.shape[0]
+        self.on_ssd[b] = False
+
+    def _tier_split(self, victims: np.ndarray, live: np.ndarray, wb: np.ndarray, to_ssd: bool):
+        """Where evicted ``victims`` go: (to host, to SSD) masks. A block whose current data is on the SSD is
+        dropped. Asked for SSD: every other live block is written there. Otherwise the blocks that need a
+        write-back go to host memory while it has room (a block that still holds host room reuses it), the
+        rest to the SSD."""
+        cur = self.on_ssd[victims]
+        if to_ssd:
+            return np.zeros(victims.shape[0], dtype=bool), live & ~cur
+        need = wb & ~cur
+        host = need & self.hosted[victims]
+        sw = np.zeros(victims.shape[0], dtype=bool)
+        new = np.flatnonzero(need & ~host)
+        if self.host_cap is None:
+            host[new] = True
+        else:
+            room = max(self.host_cap - self.n_host, 0)
+            host[new[:room]] = True
+            sw[new[room:]] = True
+        return host, sw
+
+    def _host_store(self, b: np.ndarray) -> None:
+        """Written back to host memory: ``b`` now holds host room."""
+        new = b[~self.hosted[b]]
+        self.hosted[new] = True
+        self.n_host += new.shape[0]
+        self.on_ssd[b] = False
+        if self.n_host > self.m["peak_host_blocks"]:
+            self.m["peak_host_blocks"] = self.n_host
+
+    def _to_ssd(self, victims: np.ndarray, sw: np.ndarray, rel: np.ndarray, now: float) -> None:
+        """GPU -> SSD, the direct path (GPUDirect Storage style, as G10 assumes): each block crosses the link on
+        the D2H engine, then is written by the SSD (its own FIFO queue), store-and-forward per block and
+        pipelined across blocks. The block's GPU room is free when its SSD write ends."""
+        b = victims[sw]
+        k = b.shape[0]
+        m = self.m
+        start = max(self.t_d2h, now)
+        d2h_end = start + self.t_blk_d2h * np.arange(1, k + 1)
+        self.t_d2h = float(d2h_end[-1])
+        link = getattr(self, "link", None)
+        if link is not None and hasattr(link, "busy_dtoh"):
+            link.busy_dtoh += k * self.t_blk_d2h
+        ends = _fifo_finish(max(self.t_ssd, now) + self.ssd_lat, d2h_end, np.full(k, self.t_ssd_wr))
+        self.t_ssd = float(ends[-1])
+        rel[sw] = ends
+        self.wb_done[b] = ends
+        self._release(b)
+        self.on_ssd[b] = True
+        m["bytes_dtoh"] += k * self.block_size
+        m["writebacks"] += k
+        m["bytes_to_ssd"] += k * self.block_size
+        m["ssd_busy_s"] += self.ssd_lat + k * self.t_ssd_wr
+        if self._timeline:
+            self.events["d2h"].append((start, self.t_d2h, k, "to-ssd"))
+
+    def _host_to_ssd(self, b: np.ndarray, now: float) -> None:
+        """Off-GPU blocks whose data is in host memory move to the SSD (host room is freed at once: the host
+        buffer is handed to the SSD's DMA; the GPU link is not used)."""
+        k = b.shape[0]
+        end = max(self.t_ssd, now) + self.ssd_lat + k * self.t_ssd_wr
+        self.t_ssd = end
+        self.wb_done[b] = np.maximum(self.wb_done[b], end)
+        self._release(b)
+        self.on_ssd[b] = True
+        self.m["bytes_to_ssd"] += k * self.block_size
+        self.m["host_to_ssd_bytes"] += k * self.block_size
+        self.m["ssd_busy_s"] += self.ssd_lat + k * self.t_ssd_wr
+
+    def _ssd_read(self, b: np.ndarray, now: float) -> np.ndarray:
+        """SSD reads for those of ``b`` (about to cross the link to the GPU, in this order) whose data is on the
+        SSD: one request batch on the SSD queue (latency once, then one block per ``t_ssd_rd``). Returns per
+        block when it is ready to cross the link (0 for blocks that come from host memory)."""
+        src = self.on_ssd[b] & ~self.dead[b]
+        ready = np.zeros(b.shape[0])
+        k = int(src.sum())
+        if k:
+            s = max(self.t_ssd, now) + self.ssd_lat
+            ends = s + self.t_ssd_rd * np.arange(1, k + 1)
+            ready[src] = ends
+            self.t_ssd = float(ends[-1])
+            self.m["bytes_from_ssd"] += k * self.block_size
+            self.m["ssd_busy_s"] += self.ssd_lat + k * self.t_ssd_rd
+        return ready
