@@ -15,6 +15,12 @@ _REGISTRY: dict[str, str] = {
     "oracle": "oracle:OraclePolicy",
     "deepum": "deepum:DeepUMPolicy",
     "uvmprefetch": "uvmprefetch:UvmPrefetchPolicy",
+    "vdnn": "vdnn:VdnnPolicy",
+    "capuchin": "capuchin:CapuchinPolicy",
+    "sentinel": "sentinel:SentinelPolicy",
+    "autotm": "autotm:AutoTMPolicy",
+    "swapadvisor": "swapadvisor:SwapAdvisorPolicy",
+    "tmof": "tmof:TmofPolicy",
 }
 DEFAULT_POLICY = "uvmprefetch"
 
