@@ -34,6 +34,13 @@ class GpuProfile:
     launch_overhead_s: float = 4e-6  # smallest kernel duration (launch + tail)
     matmul_efficiency: float = 0.70  # fraction of peak FLOP/s a large GEMM reaches
     memory_efficiency: float = 0.80  # fraction of HBM bandwidth a streaming kernel reaches
+    # Optional third tier (docs/tiers.md): an NVMe SSD behind host memory. ssd_bw = 0 turns it off (the default:
+    # every existing result is unchanged). host_capacity_bytes bounds the host memory that evicted GPU data may
+    # occupy (0 = unlimited); data that does not fit there goes to the SSD.
+    ssd_bw: float = 0.0  # SSD sequential read bandwidth, bytes/s
+    ssd_write_bw: float = 0.0  # SSD sequential write bandwidth, bytes/s; 0 = ssd_bw
+    ssd_latency_s: float = 0.0  # per SSD request batch (one Decision's or one fault batch's SSD reads/writes)
+    host_capacity_bytes: int = 0  # host memory for evicted GPU data; 0 = unlimited
     calibrated: str = ""  # "" = starting values from the literature; else date + script that measured them
     sources: str = ""
 
@@ -44,11 +51,25 @@ class GpuProfile:
         for f in ("fault_batch_latency_s", "launch_overhead_s", "remote_access_bw"):
             if getattr(self, f) < 0:
                 raise ConfigError(f"gpu profile {self.name}: {f} must be >= 0, got {getattr(self, f)!r}")
+        for f in ("ssd_bw", "ssd_write_bw", "ssd_latency_s", "host_capacity_bytes"):
+            v = getattr(self, f)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ConfigError(f"gpu profile {self.name}: {f} must be a finite number >= 0, got {v!r}")
+        if self.ssd_bw == 0:
+            on = [f for f in ("ssd_write_bw", "ssd_latency_s", "host_capacity_bytes") if getattr(self, f)]
+            if on:
+                raise ConfigError(f"gpu profile {self.name}: {', '.join(on)} set but ssd_bw is 0 (the SSD tier is "
+                                  f"off); set ssd_bw too, e.g. --gpu-set ssd_bw=7e9 or --ssd pcie4-nvme")
         for f in ("matmul_efficiency", "memory_efficiency"):
             if not 0 < getattr(self, f) <= 1:
                 raise ConfigError(f"gpu profile {self.name}: {f} must be in (0, 1], got {getattr(self, f)!r}")
         if not self.flops or any(v <= 0 for v in self.flops.values()):
             raise ConfigError(f"gpu profile {self.name}: flops must map dtypes to positive FLOP/s")
+
+    @property
+    def ssd_tier(self) -> bool:
+        """True when the profile has an SSD tier (``ssd_bw > 0``)."""
+        return self.ssd_bw > 0
 
     def peak_flops(self, dtype: str) -> float:
         """Dense peak for ``dtype`` ('fp32', 'tf32', 'bf16', 'fp16'); unknown dtypes fall back to fp32."""
@@ -115,6 +136,19 @@ PROFILES["h200"] = dataclasses.replace(
 )
 
 DEFAULT_GPU = "h100-pcie"
+
+# SSD tiers for ``GpuProfile.with_overrides(**SSD_PRESETS[name])`` (``--ssd NAME`` in replay/bench). The host
+# capacity is left to the caller (``--gpu-set host_capacity_bytes=...``): it is a property of the experiment.
+SSD_PRESETS: dict[str, dict] = {
+    # Samsung 980 PRO (PCIe 4.0 x4 NVMe): 7,000 MB/s sequential read, 5,000 MB/s sequential write (Samsung's
+    # rating, e.g. pugetsystems.com parts page for the 1 TB model); the kind of drive G10 (MICRO'23) assumes.
+    # Latency: ~50 us per request batch, a typical NVMe 4 KiB QD1 read latency (order of magnitude, not measured).
+    "pcie4-nvme": {"ssd_bw": 7.0e9, "ssd_write_bw": 5.0e9, "ssd_latency_s": 50e-6},
+    # The same drive at the 6.4-6.5 GB/s read figure of early 980 PRO listings (Tom's Hardware, CES 2020: 6,500 MB/s).
+    "pcie4-nvme-6.4": {"ssd_bw": 6.4e9, "ssd_write_bw": 5.0e9, "ssd_latency_s": 50e-6},
+    # PCIe 3.0 x4 NVMe (Samsung 970 PRO 512 GB: 3,500 MB/s read, 2,300 MB/s write), FlashNeuron-era drives.
+    "pcie3-nvme": {"ssd_bw": 3.5e9, "ssd_write_bw": 2.3e9, "ssd_latency_s": 80e-6},
+}
 
 
 def get_profile(name: str) -> GpuProfile:

@@ -25,6 +25,9 @@ def add_gpu_arguments(p) -> None:
                    help=f"GPU profile ({', '.join(PROFILES)}; default {DEFAULT_GPU})")
     p.add_argument("--gpu-set", action="append", metavar="FIELD=VALUE",
                    help="override a profile number, e.g. link_htod_bw=20e9 (repeatable)")
+    p.add_argument("--ssd", metavar="PRESET",
+                   help="add an SSD tier behind host memory (docs/tiers.md): pcie4-nvme, pcie4-nvme-6.4 or "
+                        "pcie3-nvme; bound the host memory with --gpu-set host_capacity_bytes=N (default unlimited)")
     p.add_argument("--block-size", default="2MiB", metavar="SIZE",
                    help="simulated block: 2MiB (the driver's VA block, default) or 64KiB (its big page)")
     p.add_argument("--writeback-clean", action="store_true",
@@ -36,6 +39,13 @@ def gpu_from_args(args):
     from ..gpus import get_profile, parse_overrides
     gpu = get_profile(args.gpu)
     over = parse_overrides(args.gpu_set)
+    preset = getattr(args, "ssd", None)
+    if preset:
+        from ..errors import ConfigError
+        from ..gpus import SSD_PRESETS
+        if preset not in SSD_PRESETS:
+            raise ConfigError(f"--ssd {preset!r}: unknown SSD preset; valid: {', '.join(SSD_PRESETS)}")
+        over = {**SSD_PRESETS[preset], **over}
     return gpu.with_overrides(**over) if over else gpu
 
 

@@ -20,6 +20,8 @@ _REGISTRY: dict[str, str] = {
     "sentinel": "sentinel:SentinelPolicy",
     "autotm": "autotm:AutoTMPolicy",
     "swapadvisor": "swapadvisor:SwapAdvisorPolicy",
+    "g10": "g10:G10Policy",
+    "flashneuron": "flashneuron:FlashNeuronPolicy",
     "tmof": "tmof:TmofPolicy",
 }
 DEFAULT_POLICY = "uvmprefetch"

@@ -105,9 +105,10 @@ class Decision:
     evict: np.ndarray = field(default_factory=lambda: EMPTY)
     discard: np.ndarray = field(default_factory=lambda: EMPTY)
     advise: tuple = ()  # ((blocks ndarray, Advice), ...)
-    # Evict to the SSD tier (applied after ``evict``): resident blocks leave the GPU and their data goes to the
-    # SSD (a block whose SSD copy is current is just dropped); blocks already off the GPU whose data sits in
-    # host memory move host -> SSD. Needs a GPU profile with ``ssd_bw > 0`` (docs/tiers.md).
+    # Evict to the SSD tier (applied after ``evict``): resident blocks leave the GPU and those that need a
+    # write-back are written to the SSD instead of host memory (clean blocks with a current copy are dropped);
+    # blocks already off the GPU whose data sits in host memory move host -> SSD. Needs a GPU profile with
+    # ``ssd_bw > 0`` (docs/tiers.md).
     evict_ssd: np.ndarray = field(default_factory=lambda: EMPTY)
 
     def is_empty(self) -> bool:

@@ -29,6 +29,10 @@ launch, and the live runtime's ``dryrun`` backend feeds it live observations thr
   launch that writes any). ``Advice.PREFER_HOST``: the block stays in host memory and the kernel reads it
   over the link: ``blocks * block_size / remote_bw`` is added to the launch's duration.
 - A policy with ``ideal = True`` gets infinite memory: every launch starts when the previous one ends.
+- Optional SSD tier (``gpu.ssd_bw > 0``; off by default, and then none of its code runs): bounded host memory
+  (``host_capacity_bytes``) with an SSD behind it, reached over a direct GPU<->SSD path (link + SSD queue);
+  write-backs that do not fit in host memory, and those a policy sends with ``Decision.evict_ssd``, go to the
+  SSD and come back through it. See ``docs/tiers.md``.
 """
 
 from __future__ import annotations
@@ -208,6 +212,7 @@ class GpuModel:
         if self.tier:
             self.on_ssd = np.zeros(n, dtype=bool)  # the block's current data has a copy on the SSD
             self.hosted = np.zeros(n, dtype=bool)  # the block's current data holds room in (bounded) host memory
+            self.unbacked = np.zeros(n, dtype=bool)  # resident, clean, but its host copy was reclaimed: write back
             self.n_host = 0
             hc = int(gpu.host_capacity_bytes)
             self.host_cap = hc // bs if hc > 0 else None  # None = unlimited host memory
@@ -225,7 +230,7 @@ class GpuModel:
                       compute_s=0.0)
         if self.tier:
             self.m.update(bytes_to_ssd=0, bytes_from_ssd=0, ssd_busy_s=0.0,
-                          host_to_ssd_bytes=0, peak_host_blocks=0,
+                          host_to_ssd_bytes=0, host_reclaimed_blocks=0, peak_host_blocks=0,
                           host_capacity_blocks=self.host_cap if self.host_cap is not None else -1)
         self.iter_ends: list[tuple[int, float]] = []
         self.events: dict[str, list] = {"compute": [], "h2d": [], "d2h": [], "fault": [], "resident": [], "block": []}
@@ -449,6 +454,8 @@ class GpuModel:
         rel = np.full(n, now)
         k_ssd = 0
         if self.tier:
+            wb = wb | (live & self.unbacked[victims])
+            self.unbacked[victims] = False
             wb, sw = self._tier_split(victims, live, wb, to_ssd)
             k_ssd = int(sw.sum())
         k = int(wb.sum())
@@ -733,6 +740,8 @@ class GpuModel:
             assert self.n_host == int(self.hosted.sum()), (self.n_host, int(self.hosted.sum()))
             assert self.host_cap is None or self.n_host <= self.host_cap, (self.n_host, self.host_cap)
             assert not (self.hosted & self.on_ssd).any(), "a block is both in host memory and on the SSD"
+            assert not (self.unbacked & ~self.resident).any(), "an unbacked block is not resident"
+            assert not (self.unbacked & (self.hosted | self.on_ssd)).any()
             assert not (self.dirty & self.on_ssd).any(), "a dirty block has a current SSD copy"
             _, rel = self._wb.view()
             assert (np.diff(rel) >= 0).all(), "write-back queue out of order"
@@ -746,15 +755,30 @@ class GpuModel:
             self.hosted[h] = False
             self.n_host -= h.shape[0]
         self.on_ssd[b] = False
+        self.unbacked[b] = False
+
+    def _reclaim(self, k: int, victims: np.ndarray) -> int:
+        """Free up to ``k`` blocks of host room held by copies of blocks now resident on the GPU (clean: the copy
+        is a cache while the GPU has the data); those blocks then need a write-back when evicted."""
+        cand = np.flatnonzero(self.hosted & self.resident)
+        if victims.size and cand.size:
+            cand = cand[~np.isin(cand, victims)]
+        cand = cand[:k]
+        if cand.size:
+            self.hosted[cand] = False
+            self.n_host -= cand.shape[0]
+            self.unbacked[cand] = True
+            self.m["host_reclaimed_blocks"] += cand.shape[0]
+        return int(cand.shape[0])
 
     def _tier_split(self, victims: np.ndarray, live: np.ndarray, wb: np.ndarray, to_ssd: bool):
         """Where evicted ``victims`` go: (to host, to SSD) masks. A block whose current data is on the SSD is
-        dropped. Asked for SSD: every other live block is written there. Otherwise the blocks that need a
+        dropped. Asked for SSD: every block that needs a write-back is written there. Otherwise the blocks that need a
         write-back go to host memory while it has room (a block that still holds host room reuses it), the
         rest to the SSD."""
         cur = self.on_ssd[victims]
-        if to_ssd:
-            return np.zeros(victims.shape[0], dtype=bool), live & ~cur
+        if to_ssd:  # write-backs go to the SSD; clean blocks with a current copy anywhere are dropped
+            return np.zeros(victims.shape[0], dtype=bool), wb & ~cur
         need = wb & ~cur
         host = need & self.hosted[victims]
         sw = np.zeros(victims.shape[0], dtype=bool)
@@ -763,6 +787,8 @@ class GpuModel:
             host[new] = True
         else:
             room = max(self.host_cap - self.n_host, 0)
+            if new.shape[0] > room:
+                room += self._reclaim(new.shape[0] - room, victims)
             host[new[:room]] = True
             sw[new[room:]] = True
         return host, sw
