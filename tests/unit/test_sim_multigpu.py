@@ -100,3 +100,32 @@ def test_ranks_are_given_to_the_policies():
 def test_bad_gpu_count_is_a_clear_error(n):
     with pytest.raises(ConfigError, match="n_gpus"):
         replay_multi(one_block_step(), "demand", GPU, n, capacity_bytes=4 * MiB)
+
+
+def test_replay_cli_with_gpus(tmp_path):
+    import json
+    import subprocess
+    import sys
+    tr = str(TRACES / "resnet-50-b2i64.uvmt")
+    cmd = [sys.executable, "-m", "uvmprefetch", "replay", tr, "--oversub", "1.5", "--policy", "demand"]
+    r = subprocess.run(cmd + ["--gpus", "2", "--json"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["n_gpus"] == 2 and d["shared_link"] and len(d["per_gpu"]) == 2
+    r = subprocess.run(cmd + ["--gpus", "2"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "one shared host link" in r.stdout
+    for bad, msg in ((["--gpus", "two"], "--gpus"), (["--own-links"], "--own-links"),
+                     (["--gpus", "2", "--plot", str(tmp_path / "p.png")], "one GPU only")):
+        r = subprocess.run(cmd + bad, capture_output=True, text=True, timeout=300)
+        assert r.returncode != 0 and msg in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bench_with_gpus_marks_offline_policies(tmp_path):
+    from uvmprefetch.sim import bench as B
+    t = load(TRACES / "resnet-50-b2i64.uvmt")
+    rows = B.run_bench([("r50", t)], ["demand", "oracle", "tmof"], [1.5], GPU, progress=False, n_gpus=2)
+    by = {r["policy"]: r for r in rows}
+    assert by["oracle"]["offline"] and not by["tmof"]["offline"] and by["tmof"]["n_gpus"] == 2
+    assert by["tmof"]["time_s"] == replay_multi(t, "tmof", GPU, 2, oversub=1.5)["time_s"]
+    md = B.markdown(rows, [1.5])
+    assert md.startswith("2 data-parallel GPUs") and "| r50 | oracle (offline) |" in md and "planning s" in md

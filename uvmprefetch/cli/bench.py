@@ -13,18 +13,21 @@ examples:
   uvmprefetch bench
   uvmprefetch bench gpt2l.uvmt bert.uvmt --policies demand,oracle --oversub 1.5,2
   uvmprefetch bench --gpu a100-pcie --out /tmp/bench --json > results.json
+  uvmprefetch bench --policies capuchin,tmof,uvmprefetch --oversub 1.5,2 --gpus 4   # 4 GPUs, one host link
+  uvmprefetch bench --policies demand,g10,flashneuron,oracle --ssd pcie4-nvme --gpu-set host_capacity_bytes=8e9
 """
 
 
 def add_arguments(p) -> None:
     from ..policy import available
-    from .replay import add_gpu_arguments
+    from .replay import add_gpu_arguments, add_gpus_arguments
     p.add_argument("traces", nargs="*", metavar="TRACE", help="trace files (replace the standard set)")
     p.add_argument("--policies", default="all", metavar="A,B|all",
                    help=f"comma-separated policy specs (NAME[:k=v...] each), or all (default: {', '.join(available())})")
     p.add_argument("--oversub", default="1,1.25,1.5,2,3", metavar="X,Y,...",
                    help="oversubscription levels (footprint / capacity; default 1,1.25,1.5,2,3)")
     add_gpu_arguments(p)
+    add_gpus_arguments(p)
     p.add_argument("--out", metavar="DIR", help="where to write CSV/JSON/PNG (default bench/results/replay-<date>/)")
     p.add_argument("--json", action="store_true", help="print one JSON list of replay results (each with `trace`)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -37,8 +40,9 @@ def run(args) -> int:
     from ..errors import ConfigError
     from ..policy import available
     from ..sim import bench as B
-    from .replay import block_size_from_args, gpu_from_args
+    from .replay import block_size_from_args, gpu_from_args, gpus_from_args
     gpu = gpu_from_args(args)
+    n_gpus = gpus_from_args(args)
     bs = block_size_from_args(args)
     oversubs = B.parse_oversub_list(args.oversub)
     if args.policies.strip() == "all":
@@ -50,7 +54,7 @@ def run(args) -> int:
     traces = B.load_traces(args.traces) if args.traces else B.standard_trace_set(progress=not args.no_progress)
     t0 = time.perf_counter()
     rows = B.run_bench(traces, policies, oversubs, gpu, block_size=bs, writeback_clean=args.writeback_clean,
-                       progress=not args.no_progress)
+                       progress=not args.no_progress, n_gpus=n_gpus, shared_link=not args.own_links)
     wall = time.perf_counter() - t0
     out = Path(args.out) if args.out else Path("bench/results") / f"replay-{time.strftime('%Y%m%d', time.gmtime())}"
     files = B.save_outputs(rows, oversubs, out, B.bench_meta(gpu, bs, wall))

@@ -15,6 +15,7 @@ examples:
   uvmprefetch replay gpt2l.uvmt --oversub 1.5 --policy deepum:window=32 --perfetto run.json --plot run.png
   uvmprefetch replay gpt2l.uvmt --oversub 2 --block-size 64KiB --gpu-set fault_batch_latency_s=30e-6
   uvmprefetch replay live.uvmt --oversub 1.5 --policy uvmprefetch --allocator first-fit --json
+  uvmprefetch replay gpt2l.uvmt --oversub 2 --policy tmof --gpus 4          # 4 GPUs sharing one host link
 """
 
 
@@ -32,6 +33,29 @@ def add_gpu_arguments(p) -> None:
                    help="simulated block: 2MiB (the driver's VA block, default) or 64KiB (its big page)")
     p.add_argument("--writeback-clean", action="store_true",
                    help="model a driver without dirty tracking: every evicted live block is written back")
+
+
+def add_gpus_arguments(p) -> None:
+    """--gpus / --own-links, shared with ``bench``."""
+    p.add_argument("--gpus", default="1", metavar="N",
+                   help="data-parallel GPUs sharing one host link, each running the trace (default 1; "
+                        "docs/simulator.md 'Several GPUs on one host link'; the setting of the tmof policy)")
+    p.add_argument("--own-links", action="store_true",
+                   help="with --gpus N: give every GPU a link of its own (the no-contention reference)")
+
+
+def gpus_from_args(args) -> int:
+    """``--gpus`` as an int in 1..64 (ConfigError naming the flag otherwise)."""
+    from ..errors import ConfigError
+    try:
+        n = int(args.gpus)
+    except ValueError:
+        raise ConfigError(f"--gpus {args.gpus!r}: expected a whole number of GPUs, 1..64") from None
+    if not 1 <= n <= 64:
+        raise ConfigError(f"--gpus {n}: expected 1..64")
+    if args.own_links and n == 1:
+        raise ConfigError("--own-links needs --gpus N with N > 1")
+    return n
 
 
 def gpu_from_args(args):
@@ -64,6 +88,7 @@ def add_arguments(p) -> None:
     p.add_argument("--policy", default=DEFAULT_POLICY, metavar="NAME[:k=v,...]",
                    help=f"policy and parameters (default {DEFAULT_POLICY}); policies: {', '.join(available())}")
     add_gpu_arguments(p)
+    add_gpus_arguments(p)
     p.add_argument("--allocator", default="auto", metavar="{auto,caching,first-fit}",
                    help="where the trace's tensors are placed in the simulated address space (decides which "
                         "tensors share a block, hence the footprint and the faults): 'caching' models PyTorch's "
@@ -93,8 +118,22 @@ def run(args) -> int:
     bs = block_size_from_args(args)
     cap = parse_size(args.capacity, "--capacity") if args.capacity is not None else None
     policy = make_policy(args.policy)
+    n_gpus = gpus_from_args(args)
     trace = load(args.trace)
     want_tl = bool(args.perfetto or args.plot)
+    if n_gpus > 1:
+        if want_tl or args.writeback_clean:
+            raise ConfigError("--perfetto, --plot and --writeback-clean work with one GPU only (drop --gpus)")
+        from ..sim.multigpu import replay_multi
+        res = replay_multi(trace, args.policy, gpu, n_gpus, capacity_bytes=cap, oversub=args.oversub,
+                           block_size=bs, shared_link=not args.own_links, allocator=args.allocator)
+        res["trace"] = str(args.trace)
+        if args.json:
+            from . import emit_json
+            emit_json(res)
+        else:
+            print(format_multi(res))
+        return 0
     res = replay(trace, policy, gpu, capacity_bytes=cap, oversub=args.oversub, block_size=bs, timeline=want_tl,
                  writeback_clean=args.writeback_clean, allocator=args.allocator)
     res["trace"] = str(args.trace)
@@ -147,3 +186,25 @@ def format_result(r: dict) -> str:
     lines.append(f"replay     {r['wall_s']:.2f} s wall, {_fmt(r['events_per_s'])} launches/s, "
                  f"{_fmt(r['block_accesses_per_s'])} block accesses/s")
     return "\n".join(lines)
+
+
+def format_multi(r: dict) -> str:
+    """A short summary of a multi-GPU replay (``--gpus N``)."""
+    from ..units import format_size
+    link = "one shared host link" if r["shared_link"] else "a link each"
+    lines = [
+        f"trace      {r.get('trace', '-')}  ({r['n_launches']} launches, {r['iterations']} iterations)",
+        f"gpus       {r['n_gpus']} x {r['gpu']} on {link}  capacity {format_size(r['capacity_bytes'])} each  "
+        f"oversub {r['oversub']:.3f}",
+        f"policy     {r['policy']}",
+        f"time       {r['time_s'] * 1e3:.3f} ms  (one GPU's ideal {r['ideal_s'] * 1e3:.3f} ms, slowdown "
+        f"{r['slowdown']:.3f}x, steady state {_fmt(r['steady_slowdown'])}x)",
+        f"waits      stalls {r['stall_s'] * 1e3:.3f} ms (all GPUs), at the iteration barriers "
+        f"{r['sync_wait_s'] * 1e3:.3f} ms; shared H2D engine busy {_fmt(r['link_busy_htod'])} of the run",
+        f"moved      H2D {format_size(r['bytes_htod'])}  D2H {format_size(r['bytes_dtoh'])}  (all GPUs); faults "
+        f"{r['faults']}",
+        "per GPU    " + "  ".join(f"#{g['rank']} stall {g['stall_s'] * 1e3:.1f} ms" for g in r["per_gpu"]),
+        f"replay     {r['wall_s']:.2f} s wall",
+    ]
+    return "\n".join(lines)
+

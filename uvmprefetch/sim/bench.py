@@ -25,7 +25,8 @@ DEFAULT_OVERSUB = (1.0, 1.25, 1.5, 2.0, 3.0)
 CSV_FIELDS = ("trace", "policy", "gpu", "oversub_target", "oversub", "capacity_bytes", "time_s", "ideal_s",
               "slowdown", "steady_slowdown", "stall_s", "faults", "fault_batches", "bytes_htod", "bytes_dtoh", "prefetch_issued_bytes",
               "prefetch_useful_bytes", "accuracy", "coverage", "cold_first_touch_s", "evictions", "writebacks",
-              "drops", "n_launches", "block_accesses", "wall_s", "events_per_s", "block_accesses_per_s", "error")
+              "drops", "n_launches", "block_accesses", "wall_s", "events_per_s", "block_accesses_per_s", "offline",
+              "planning_s", "n_gpus", "error")
 
 
 def standard_trace_set(progress: bool = True) -> list[tuple[str, Trace]]:
@@ -79,12 +80,18 @@ def parse_oversub_list(text: str) -> list[float]:
 
 
 def run_bench(traces: list[tuple[str, Trace]], policies: list[str], oversubs: list[float], gpu: GpuProfile,
-              block_size: int = 2 << 20, writeback_clean: bool = False, progress: bool = True) -> list[dict]:
+              block_size: int = 2 << 20, writeback_clean: bool = False, progress: bool = True, n_gpus: int = 1,
+              shared_link: bool = True) -> list[dict]:
     """Replay every trace under every policy at every oversubscription level.
 
     A combination the capacity cannot hold (a launch wider than the capacity) becomes a row with ``error``
-    set instead of stopping the benchmark.
+    set instead of stopping the benchmark. With ``n_gpus`` > 1 every replay but ``ideal`` runs ``n_gpus``
+    data-parallel GPUs on one host link (``sim/multigpu.py``; ``shared_link=False``: a link each). Each row
+    says whether its policy is ``offline`` (sees the whole trace in advance) and its ``planning_s``.
     """
+    from .multigpu import replay_multi
+    if writeback_clean and n_gpus > 1:
+        raise ConfigError("--writeback-clean is not supported with --gpus > 1")
     from tqdm import tqdm
     for p in policies:  # fail early on a bad policy spec
         make_policy(p)
@@ -107,13 +114,20 @@ def run_bench(traces: list[tuple[str, Trace]], policies: list[str], oversubs: li
                     else:
                         bar.set_postfix_str(f"{tname}: {p} @ {ov}")
                         try:
-                            r = replay(t, p, gpu, oversub=ov, layout=lay, durations=dur,
-                                       writeback_clean=writeback_clean)
+                            if n_gpus > 1:
+                                r = replay_multi(t, p, gpu, n_gpus, oversub=ov, layout=lay, durations=dur,
+                                                 shared_link=shared_link)
+                            else:
+                                r = replay(t, p, gpu, oversub=ov, layout=lay, durations=dur,
+                                           writeback_clean=writeback_clean)
                         except ConfigError as e:
                             r = {"policy": p, "gpu": gpu.name, "oversub": ov, "error": str(e),
                                  "ideal_s": ideal["ideal_s"]}
                         bar.update(1)
                     r["trace"] = tname
+                    r["offline"] = bool(make_policy(p).offline)
+                    r["planning_s"] = (r.get("policy_report") or {}).get("planning_s")
+                    r["n_gpus"] = n_gpus if not r["policy"] == "ideal" else 1
                     r["policy_name"] = r["policy"]
                     r["policy"] = p  # the spec: variants of one policy stay apart in tables
                     r["oversub_target"] = ov
@@ -134,28 +148,42 @@ def markdown(rows: list[dict], oversubs: list[float]) -> str:
     lines = ["Slowdown vs. ideal (time / sum of kernel durations) by oversubscription (footprint / capacity):",
              "", head, sep]
     seen: dict[tuple, dict] = {}
+    offline = {r["policy"] for r in rows if r.get("offline") and r["policy"] != "ideal"}
+    gpus = max((r.get("n_gpus") or 1 for r in rows), default=1)
+    if gpus > 1:
+        lines[0:1] = [f"{gpus} data-parallel GPUs on one host link (sim/multigpu.py); " + lines[0][0].lower() + lines[0][1:]]
+
+    def label(pol: str) -> str:
+        return f"{pol} (offline)" if pol in offline else pol
+
     for r in rows:
         seen.setdefault((r["trace"], r["policy"]), {})[r["oversub_target"]] = r
     for (tname, pol), by in seen.items():
         cells = [_cell(by.get(o, {}).get("slowdown")) for o in oversubs]
-        lines.append(f"| {tname} | {pol} | " + " | ".join(cells) + " |")
+        lines.append(f"| {tname} | {label(pol)} | " + " | ".join(cells) + " |")
     lines += ["", "Steady state: last iteration / its ideal time (the first iteration pays the cold start):", "",
               head, sep]
     for (tname, pol), by in seen.items():
         cells = [_cell(by.get(o, {}).get("steady_slowdown")) for o in oversubs]
-        lines.append(f"| {tname} | {pol} | " + " | ".join(cells) + " |")
-    lines += ["", "Replay throughput (this machine):", "",
-              "| policy | replays | launches/s | block accesses/s | wall s |", "|---|---:|---:|---:|---:|"]
+        lines.append(f"| {tname} | {label(pol)} | " + " | ".join(cells) + " |")
+    if offline:
+        lines += ["", "(offline): the policy sees the whole trace in advance (planners, the oracle); the others "
+                  "learn from what a runtime observes. Compare them with that in mind."]
+    lines += ["", "Replay throughput (this machine); planning s = the offline planners' own planning time, summed:",
+              "", "| policy | replays | launches/s | block accesses/s | wall s | planning s |",
+              "|---|---:|---:|---:|---:|---:|"]
     pols: dict[str, list[dict]] = {}
     for r in rows:
         if r.get("error") is None and r["policy"] != "ideal" or (r["policy"] == "ideal" and r["oversub_target"] == oversubs[0]):
             pols.setdefault(r["policy"], []).append(r)
     for pol, rs in pols.items():
         wall = sum(r["wall_s"] for r in rs)
-        launches = sum(r["n_launches"] for r in rs)
+        launches = sum(r["n_launches"] * (r.get("n_gpus") or 1) for r in rs)
         acc = sum(r["block_accesses"] for r in rs)
-        lines.append(f"| {pol} | {len(rs)} | {launches / wall:,.0f} | {acc / wall:,.0f} | {wall:.2f} |"
-                     if wall > 0 else f"| {pol} | {len(rs)} | — | — | 0 |")
+        plan = [r["planning_s"] for r in rs if r.get("planning_s") is not None]
+        ptxt = f"{sum(plan):.2f}" if plan else "—"
+        lines.append(f"| {pol} | {len(rs)} | {launches / wall:,.0f} | {acc / wall:,.0f} | {wall:.2f} | {ptxt} |"
+                     if wall > 0 else f"| {pol} | {len(rs)} | — | — | 0 | {ptxt} |")
     return "\n".join(lines)
 
 
@@ -186,9 +214,12 @@ def plot(rows: list[dict], path: Path) -> None:
         for r in rows:
             if r["trace"] == tname and r.get("slowdown") is not None:
                 by.setdefault(r["policy"], []).append((r["oversub_target"], r["slowdown"]))
-        for pol, pts in by.items():
+        offline = {r["policy"] for r in rows if r.get("offline")}
+        for k, (pol, pts) in enumerate(by.items()):
             pts.sort()
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=pol)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="os^vDP*Xph"[k % 10], ms=3,
+                    ls="--" if pol in offline else "-", color=plt.cm.tab20(k % 20),
+                    label=f"{pol} (offline)" if pol in offline else pol)
         ax.set_yscale("log")
         # Slowdowns span ~1-6x, less than a decade: label readable steps instead of powers of ten.
         top = max((p[1] for pts in by.values() for p in pts), default=1.0)
@@ -201,7 +232,7 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.set_ylabel("slowdown vs ideal")
         ax.grid(alpha=0.3, which="both")
         if by:
-            ax.legend(fontsize=7)
+            ax.legend(fontsize=6, ncol=2 if len(by) > 6 else 1)
     for ax in axes.ravel()[n:]:
         ax.set_visible(False)
     fig.tight_layout()

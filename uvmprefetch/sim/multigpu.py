@@ -137,7 +137,10 @@ def replay_multi(trace: Trace, policy: str, gpu: GpuProfile | str = "h100-pcie",
            "capacity_bytes": (cap // bs) * bs, "oversub": layout.footprint_blocks / (cap // bs),
            "footprint_bytes": layout.footprint_blocks * bs, "block_size": bs,
            "time_s": t_end, "ideal_s": ideal_s, "slowdown": t_end / ideal_s if ideal_s > 0 else None,
-           "sync_wait_s": sync_wait, "wall_s": wall}
+           "sync_wait_s": sync_wait, "wall_s": wall, "n_launches": L, "iterations": trace.iterations,
+           "block_accesses": sum(r["block_accesses"] for r in res)}
+    out["events_per_s"] = L * n_gpus / wall if wall > 0 else None
+    out["block_accesses_per_s"] = out["block_accesses"] / wall if wall > 0 else None
     for k in _SUMMED:
         out[k] = sum(r[k] for r in res)
     busy = shared.busy_htod if shared_link else sum(e.link.busy_htod for e in engines) / n_gpus
