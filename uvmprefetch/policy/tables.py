@@ -195,14 +195,21 @@ class GrowArray:
             self._a = a
 
     def append(self, v) -> None:
-        self._reserve(self.n + 1)
-        self._a[self.n] = v
-        self.n += 1
+        n = self.n
+        if n >= self._a.shape[0]:
+            self._reserve(n + 1)
+        self._a[n] = v
+        self.n = n + 1
 
     def extend(self, values: np.ndarray) -> None:
         k = values.shape[0]
         self._reserve(self.n + k)
         self._a[self.n:self.n + k] = values
+        self.n += k
+
+    def extend_fill(self, k: int) -> None:
+        """``extend`` by ``k`` entries of the fill value (the unfilled part always holds it: no copy)."""
+        self._reserve(self.n + k)
         self.n += k
 
     def view(self) -> np.ndarray:

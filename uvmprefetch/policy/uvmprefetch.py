@@ -41,6 +41,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..errors import ConfigError
+from . import _uvmkernels as _k
 from .base import EMPTY, Advice, Decision, LaunchInfo, Params, Policy, PolicyContext, ResidencyView
 from .tables import GrowArray, LruMap
 from .window import WindowMonitor
@@ -129,6 +130,7 @@ class UvmPrefetchPolicy(Policy):
         self.advice = np.zeros(n, dtype=np.int8)
         self.last_flat = np.full(n, -1, dtype=np.int64)
         self.last_use = np.zeros(n, dtype=np.int64)  # launch index of the last use (LRU tie-break)
+        self._mark = np.zeros(n, dtype=np.uint8)  # zeroed scratch of the kernels (left zeroed)
         # History (absolute positions; entries before `base` / flat entries before `fbase` are forgotten).
         self.h_key = GrowArray(np.int64)
         self.h_name = GrowArray(np.int64)
@@ -185,21 +187,14 @@ class UvmPrefetchPolicy(Policy):
     def _note_thrash(self, blocks: np.ndarray, index: int, within: int | None = None) -> None:
         """Prefetched blocks leave unused. Only those whose predicted use is still ahead count as thrash (the
         window ran ahead of the room); the others were mispredictions, which a narrower window cannot fix."""
-        unused = self.pf_unused[blocks]
-        if not unused.any():
-            return
-        b = blocks[unused]
-        self.pf_unused[b] = False
-        p = self.p if self.p is not None else -1
-        nu = self.nu[b]
-        ahead = (nu > p) & (nu < INF)
-        if within is not None:
-            ahead &= nu <= within + max(1, self.monitor.window // 8)
-        wasted = int(ahead.sum())
         # The window is narrowed only when such a block is then needed again before it is back (see
         # on_launch): evicting a block brought in early for a sooner need is plain Belady, not thrash.
-        self.thrashed[b[ahead]] = True
-        self.stats["mispredicted_blocks"] += int(((nu <= p) | (nu >= INF)).sum())
+        # (One kernel: unused = pf_unused[blocks], cleared; "ahead" ones: predicted use after p, and within
+        # ``within`` + window/8 when given, are marked thrashed; those behind p or unpredicted: mispredicted.)
+        p = self.p if self.p is not None else -1
+        lim = within + max(1, self.monitor.window // 8) if within is not None else 0
+        wasted, mis = _k.note_thrash(blocks, self.pf_unused, self.nu, self.thrashed, p, lim, within is not None, INF)
+        self.stats["mispredicted_blocks"] += mis
         self.stats["thrash_blocks"] += wasted
 
     def on_fault(self, info: LaunchInfo, blocks: np.ndarray) -> None:
@@ -240,34 +235,25 @@ class UvmPrefetchPolicy(Policy):
             self._learn_moves(info.write_blocks)
         if known and self.soft and self.params.soft_moves:
             self._classify_soft(blocks, info.write_blocks)
-        if known:
-            self.dead[blocks] = False
-            self.pf_unused[blocks] = False
-            if info.write_blocks.size:
-                self.dirty[info.write_blocks] = True
-                self.written[info.write_blocks] = True
-                self.w_iter[info.write_blocks] = self.iters_seen
-            self.uses[blocks] += 1
-            self.last_use[blocks] = info.index
-        cur = blocks if known else (self._blocks_at(self.p).copy() if self.p is not None else EMPTY)
-        # Unknown accesses: what the launch used is what was predicted (and came in) plus what faults add.
         wmask = None
-        if known and info.write_blocks.size:
-            wmask = np.zeros(blocks.shape[0], dtype=bool)
-            wmask[np.searchsorted(blocks, info.write_blocks)] = True
-        self.pending = (key, name, sig, blocks if known else cur, wmask)
+        if known:
+            # not dead, not an unused prefetch; writes dirty / written / w_iter; uses += 1; last_use; the
+            # write mask over the blocks (for the history)
+            wmask = _k.launch_marks(blocks, info.write_blocks, self.iters_seen, info.index, self.dead,
+                                    self.pf_unused, self.dirty, self.written, self.w_iter, self.uses, self.last_use)
+            cur = blocks
+        else:
+            cur = self._blocks_at(self.p).copy() if self.p is not None else EMPTY
+        # Unknown accesses: what the launch used is what was predicted (and came in) plus what faults add.
+        self.pending = (key, name, sig, cur, wmask)
         self.pending_dur = float(info.duration)
         self.it_compute += float(info.duration)
         if cur.size:
-            thr = self.thrashed[cur]
-            if thr.any():
-                back = cur[thr]
-                self.thrashed[back] = False
-                again = int((~state.resident[back]).sum())  # evicted unused, needed now, not back in time
-                if again and self.p is not None:  # without a prediction the window is not what failed
-                    self.stats["refetched_blocks"] += again
-                    self.monitor.thrash(info.index, again)
-            late = int(state.in_flight[cur].sum())
+            _, again, late = _k.cur_marks(cur, self.thrashed, state.resident, state.in_flight)
+            # (thrashed blocks needed now: evicted unused, not back in time)
+            if again and self.p is not None:  # without a prediction the window is not what failed
+                self.stats["refetched_blocks"] += again
+                self.monitor.thrash(info.index, again)
             self.cur_waits = late > 0
             if late:
                 st["late_blocks"] += late
@@ -329,19 +315,15 @@ class UvmPrefetchPolicy(Policy):
         k = blocks.shape[0]
         if k:
             self.f_blk.extend(blocks)
-            self.f_next.extend(np.full(k, INF, dtype=np.int64))
-            self.f_w.extend(wmask if wmask is not None and wmask.shape[0] == k else np.zeros(k, dtype=bool))
-            prev = self.last_flat[blocks]
-            prev = prev[prev >= self.fbase]
-            if prev.size:
-                self.f_next.view()[prev - self.fbase] = r
-            self.last_flat[blocks] = np.arange(f0, f0 + k)
-            # Blocks with no predicted use ahead of the pointer recur (in predicted time) at this position.
-            nu = self.nu[blocks]
-            p = self.p if self.p is not None else -1
-            stale = (nu >= INF) | (nu <= p)
-            if stale.any():
-                self.nu[blocks[stale]] = r
+            self.f_next.extend_fill(k)  # INF
+            if wmask is not None and wmask.shape[0] == k:
+                self.f_w.extend(wmask)
+            else:
+                self.f_w.extend_fill(k)  # False
+            # Link the blocks' previous entries to r, make these their last; blocks with no predicted use
+            # ahead of the pointer recur (in predicted time) at this position.
+            _k.commit_blocks(blocks, self.f_next.view(), self.fbase, self.last_flat, f0, r, self.nu,
+                             self.p if self.p is not None else -1, INF)
         self.sig_tab.put(sig, r)
         n = self.params.ngram
         self.recent_exec.append(key)
@@ -457,16 +439,11 @@ class UvmPrefetchPolicy(Policy):
 
     def _rebuild_nu(self, q: int) -> None:
         """Predicted next use of every block after a jump of the pointer to ``q`` (O(history))."""
-        self.nu[:] = INF
         a, b = self._span(q + 1, self.end) if q + 1 < self.end else (len(self.f_blk), len(self.f_blk))
-        if b <= a:
-            return
-        blk = self.f_blk.view()[a:b]
-        pos = self._positions(q + 1, self.end, a, b)
-        if blk.shape[0] > self.params.scan_max:  # bounded cost: beyond this, next uses count as unknown
-            blk, pos = blk[: self.params.scan_max], pos[: self.params.scan_max]
-        u, first = np.unique(blk, return_index=True)
-        self.nu[u] = pos[first]
+        # nu = INF, then each block's first entry in [a, b) (positions from q + 1); bounded cost: beyond
+        # scan_max entries, next uses count as unknown.
+        _k.rebuild_nu(self.nu, self.f_blk.view(), a, b, self.h_ptr.view(), self.base, self.fbase, q + 1,
+                      self.params.scan_max, INF)
 
     def _until(self, p: int, pos):
         """Predicted compute time from the start of launch ``p + 1`` to the start of ``pos`` (>= p + 1)."""
@@ -483,31 +460,23 @@ class UvmPrefetchPolicy(Policy):
     def _plan(self, info: LaunchInfo, state: ResidencyView, cur: np.ndarray) -> Decision | None:
         P = self.params
         p = self.p
-        present = None
         scan_hi = p if p is not None else -1
-        cand_b: list = []
-        cand_p: list = []
+        res_, infl = state.resident, state.in_flight
+        miss = EMPTY
         if cur.size:
-            present = state.resident | state.in_flight
-            miss = cur[~present[cur]]
-            if miss.size:
-                cand_b.append(miss)
-                cand_p.append(np.full(miss.shape[0], -1, dtype=np.int64))
+            miss = _k.missing(cur, res_, infl)
+        pa = pb = sa = sb = 0
+        lo = 0
         if P.prefetch and p is not None:
             w = self.monitor.window
             lo = max(p + 1, self.horizon)
             hi = min(p + w, self.end - 1)
             if lo > p + 1:  # always re-check the very next launch (a block may have been evicted since)
-                a, b = self._span(p + 1, p + 2)
-                if b > a:
-                    cand_b.append(self.f_blk.view()[a:b])
-                    cand_p.append(np.full(b - a, p + 1, dtype=np.int64))
+                pa, pb = self._span(p + 1, p + 2)
             if lo <= hi:
                 # Scan in growing chunks and stop once more blocks are missing than this decision could
                 # place (free room + what the link can take before the next decision): the rest would be
                 # re-read next time anyway, and scanning it is the policy's main cost.
-                if present is None:
-                    present = state.resident | state.in_flight
                 free0 = max(0, state.capacity_blocks - state.used_blocks - self.margin_blocks)
                 if P.pace and P.pre_evict and self.t_blk > 0:
                     spare = (state.now + float(info.duration) + P.lead_s - max(self.q_end, state.now)) / self.t_blk
@@ -523,46 +492,22 @@ class UvmPrefetchPolicy(Policy):
                 chase = P.deadline and P.pace and P.pre_evict and self.t_blk > 0
                 q0 = max(self.q_end, state.now) + (miss.size if cur.size else 0) * self.t_blk
                 t0 = state.now + float(info.duration)
-                got, start, chunk, scanned = 0, lo, 16, 0
-                fb = self.f_blk.view()
-                behind = True
-                while start <= hi and (got < cap or (chase and behind)) and scanned < P.scan_max:
-                    stop = min(hi, start + chunk - 1)
-                    a, b = self._span(start, stop + 1)
-                    if b > a:
-                        cb = fb[a:b]
-                        cand_b.append(cb)
-                        cand_p.append(self._positions(start, stop + 1, a, b))
-                        got += int((~present[cb]).sum())
-                        scanned += b - a
-                    scan_hi = stop
-                    if chase and stop + 1 <= hi:
-                        behind = q0 + got * self.t_blk > t0 + self._until(p, stop + 1)
-                    start = stop + 1
-                    chunk *= 2
-        if not cand_b:
+                # One kernel: chunks of 16, 32, ... positions; the chunks are contiguous in the flat history,
+                # so the candidates read are the flat span [sa, sb) of positions lo..scan_hi.
+                scan_hi, sa, sb = _k.scan_window(
+                    self.h_ptr.view(), self.base, self.fbase, len(self.f_blk), self.end, self.f_blk.view(), res_,
+                    infl, self.h_cum.view(), lo, hi, p, cap, chase, q0, t0, self.t_blk, P.scan_max, scan_hi)
+        if not (miss.size or pb > pa or sb > sa):
             return self._margin(state, cur) if P.pre_evict and self.margin_blocks else None
-        blk = np.concatenate(cand_b) if len(cand_b) > 1 else cand_b[0]
-        pos = np.concatenate(cand_p) if len(cand_p) > 1 else cand_p[0]
-        if p is not None and P.track_moves and self.stats["moved_blocks"]:
-            blk = np.where(pos >= 0, self.remap[blk], blk)  # recorded blocks -> where they live now
-        if p is not None:
-            # What the plan just read is the freshest prediction of these blocks' next use: keep ``nu``
-            # consistent with it, so a block brought in (or kept) for launch j is never a victim for a later
-            # need. Reversed so that, among repeats, the earliest position is written last.
-            old = self.nu[blk]
-            upd = (pos > p) & ((old <= p) | (old > pos))
-            if upd.any():
-                self.nu[blk[upd][::-1]] = pos[upd][::-1]
-        if present is None:
-            present = state.resident | state.in_flight
-        keep = ~present[blk]
-        blk, pos = blk[keep], pos[keep]
-        if blk.size > 1:
-            _, first = np.unique(blk, return_index=True)
-            if first.shape[0] < blk.shape[0]:
-                first.sort()
-                blk, pos = blk[first], pos[first]
+        # Candidates in order of need (running launch's misses, the next launch, the scanned span); recorded
+        # blocks -> where they live now; ``nu`` updated from what the plan just read (the freshest prediction
+        # of these blocks' next use, so a block brought in or kept for launch j is never a victim for a later
+        # need: the earliest position ahead of ``p`` wins); then blocks resident or in flight and repeats go.
+        blk, pos = _k.candidates(
+            miss, self.f_blk.view(), pa, pb, (p + 1) if p is not None else -1, sa, sb, self.h_ptr.view(),
+            self.base, self.fbase, lo, self.remap,
+            bool(P.track_moves and self.stats["moved_blocks"]), self.nu, p if p is not None else -1,
+            p is not None, res_, infl, self._mark)
         n = blk.shape[0]
         free = max(0, state.capacity_blocks - state.used_blocks - self.margin_blocks)
         now = state.now
@@ -601,7 +546,7 @@ class UvmPrefetchPolicy(Policy):
                     # The running launch waits for blocks still in flight: the next decision point comes
                     # only after they arrive (about when the queue drains), so the link has that much longer.
                     until += max(0.0, q - now)
-                near = int((pos[placed:] <= (p + 1 if p is not None else -1)).sum())
+                near = _k.count_le(pos, placed, p + 1 if p is not None else -1)
                 budget = max(0, int((until - (q + placed * self.t_blk)) / self.t_blk))
                 rest_paced = min(rest, near + budget)
                 if P.whole and budget > 0 and rest_paced < rest:
@@ -623,22 +568,27 @@ class UvmPrefetchPolicy(Policy):
             if guess is not None and rest < guess.shape[0]:
                 guess = guess[:rest]
             if rest:
-                vict, vkey = self._victims(state, cur, rest)
+                vict, vkey, nxt = self._victims(state, cur, rest)
                 m = vict.shape[0]
-                ok = vkey > pos[placed:placed + m]
                 if guess is not None and guess.any():
+                    ok = vkey > pos[placed:placed + m]
                     # A guessed block (data-dependent slot) never evicts a block with a predicted reuse.
                     ok &= ~guess[:m] | (vkey > INF)
-                k_ok = int(np.argmin(ok)) if not ok.all() else m
+                    k_ok = int(np.argmin(ok)) if not ok.all() else m
+                else:  # the first victim whose key is not above the position it would make room for
+                    k_ok = _k.first_not_above(vkey, pos, placed)
                 if k_ok:
-                    chosen = vict[:k_ok]
-                    d = self.dead[chosen]
-                    discard, evict = chosen[d], chosen[~d]
-                    # Our own Belady choice of a prefetched block for a sooner need is not thrash by itself
-                    # (the link did useful work ahead); it counts when it happens with the window at its
-                    # reach, i.e. for victims whose predicted use is within the next launches.
-                    self._note_thrash(chosen, info.index, within=p + 1 if p is not None else -1)
-                    self.dirty[chosen] = False
+                    chosen = self._chosen(state, cur, rest, vict, vkey, nxt, k_ok)
+                    # Dead ones are discarded, the others evicted. Our own Belady choice of a prefetched block
+                    # for a sooner need is not thrash by itself (the link did useful work ahead); it counts when
+                    # it happens with the window at its reach, i.e. for victims whose predicted use is within
+                    # the next launches (``_note_thrash`` with ``within=p + 1``). Then they are clean.
+                    pw = p if p is not None else -1
+                    evict, discard, wasted, mis = _k.take_victims(
+                        chosen, self.dead, self.dirty, self.pf_unused, self.nu, self.thrashed, pw,
+                        (p + 1 if p is not None else -1) + max(1, self.monitor.window // 8), INF)
+                    self.stats["mispredicted_blocks"] += mis
+                    self.stats["thrash_blocks"] += wasted
                     self.stats["evicted_blocks"] += evict.shape[0]
                     self.stats["discarded_blocks"] += discard.shape[0]
                 placed += k_ok
@@ -666,8 +616,7 @@ class UvmPrefetchPolicy(Policy):
             elif placed:
                 self.horizon = max(self.horizon, int(pos[placed]) if pos[placed] >= 0 else p + 1)
         if pf.size:
-            self.pf_unused[pf] = True
-            live = int((~self.dead[pf]).sum())
+            live = _k.mark_prefetched(pf, self.pf_unused, self.dead)  # unused until touched; live ones move
             self.q_end = q + live * self.t_blk
             self.stats["prefetched_blocks"] += pf.shape[0]
             self.it_link_blocks += live
@@ -675,8 +624,47 @@ class UvmPrefetchPolicy(Policy):
             return None
         return Decision(prefetch=pf, evict=evict, discard=discard)
 
-    def _victims(self, state: ResidencyView, cur: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Up to ``k`` resident blocks in eviction order, with their keys (larger = evict first)."""
+    def _victims(self, state: ResidencyView, cur: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """Up to ``k`` resident blocks in eviction order, with their keys (larger = evict first), and the
+        largest key of a live block left out (-1 if none). One pass (``_uvmkernels.victims``) with the keys of
+        ``_victims_ref``; equal keys come by block id, where the reference takes ``np.argpartition``'s order:
+        take a prefix through ``_chosen``, which falls back to the reference where that order decides."""
+        if k > 64:  # rare; the kernel's bounded heaps are for small k
+            vict, vkey = self._victims_ref(state, cur, k)
+            return vict, vkey, -1
+        p = self.p if self.p is not None else -1
+        return _k.victims(state.resident, cur, self.dead, self.nu, self.dirty, self.last_use, p, k, self._mark, INF,
+                          _K_DEAD, _K_DIRTY, _K_CLEAN, _AGE)
+
+    def _chosen(self, state: ResidencyView, cur: np.ndarray, k: int, vict: np.ndarray, vkey: np.ndarray, nxt: int,
+                c: int) -> np.ndarray:
+        """The first ``c`` of ``_victims(state, cur, k)`` as a set equal to the reference's first ``c``. Keys
+        are the same in both; the blocks differ only inside a run of equal live keys, which matters only when
+        the cut at ``c`` splits such a run (ties with a block left out included): then the reference decides."""
+        nd = int(np.count_nonzero(vkey[:c] == _K_DEAD))
+        j = c - nd  # live blocks taken
+        if j > 0:
+            after = int(vkey[c]) if c < vkey.shape[0] else int(nxt)
+            if after == int(vkey[c - 1]):
+                return self._victims_exact(state, cur, k, vict, nd)[:c]
+        return vict[:c]
+
+    def _victims_exact(self, state: ResidencyView, cur: np.ndarray, k: int, vict: np.ndarray, nd: int) -> np.ndarray:
+        """``_victims_ref``'s blocks where ``vict`` has ``nd`` dead blocks and then live ones: the same dead
+        head, then the live blocks in the reference's order (its ``np.argpartition`` on the same keys)."""
+        p = self.p if self.p is not None else -1
+        res, key = _k.live_keys(state.resident, cur, self.dead, self.nu, self.dirty, self.last_use, p, self._mark,
+                                INF, _K_DIRTY, _K_CLEAN, _AGE)
+        need = k - nd
+        if need < res.shape[0]:
+            part = np.argpartition(-key, need - 1)[:need]
+            order = part[np.argsort(-key[part], kind="stable")]
+        else:
+            order = np.argsort(-key, kind="stable")
+        return np.concatenate([vict[:nd], res[order]])
+
+    def _victims_ref(self, state: ResidencyView, cur: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Reference of ``_victims`` (NumPy): up to ``k`` resident blocks in eviction order, with their keys."""
         if cur.size:
             mask = state.resident.copy()
             mask[cur] = False
@@ -717,10 +705,11 @@ class UvmPrefetchPolicy(Policy):
         short = self.margin_blocks - (state.capacity_blocks - state.used_blocks)
         if short <= 0:
             return None
-        vict, vkey = self._victims(state, cur, short)
-        vict = vict[vkey > INF]  # only dead or unpredicted blocks go for the margin
-        if not vict.size:
+        vict, vkey, nxt = self._victims(state, cur, short)
+        c = int(np.count_nonzero(vkey > INF))  # only dead or unpredicted blocks go for the margin (a prefix)
+        if not c:
             return None
+        vict = self._chosen(state, cur, short, vict, vkey, nxt, c)
         d = self.dead[vict]
         self.dirty[vict] = False
         return Decision(evict=vict[~d], discard=vict[d])

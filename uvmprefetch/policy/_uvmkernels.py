@@ -1,0 +1,453 @@
+"""Numba kernels of the ``uvmprefetch`` policy's hot path (``on_launch``): one pass each over arrays the
+policy already keeps, replacing chains of small NumPy operations. Each kernel computes exactly what the
+NumPy code it replaces computed (see the comments at the call sites in ``uvmprefetch.py``); the unit
+tests compare them with the reference implementations.
+
+Compiled on first use and cached on disk (``cache=True``).
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+
+@nb.njit(cache=True, nogil=True)
+def scan_window(h_ptr, base, fbase, nflat, end, f_blk, resident, in_flight, h_cum, lo, hi, p, cap, chase, q0, t0,
+                t_blk, scan_max, scan_hi):
+    """The chunked look-ahead scan of ``_plan``: chunks of 16, 32, ... positions from ``lo`` while fewer than
+    ``cap`` scanned blocks are missing (or, with ``chase``, while the link is behind), at most ``scan_max``
+    flat entries. Returns ``(scan_hi, a, b)``: the last position scanned (the given ``scan_hi`` if none) and
+    the flat span ``[a, b)`` of positions ``lo..scan_hi`` (the concatenation of the chunks)."""
+    got = 0
+    start = lo
+    chunk = 16
+    scanned = 0
+    behind = True
+    a0 = h_ptr[lo - base] - fbase
+    b_last = a0
+    while start <= hi and (got < cap or (chase and behind)) and scanned < scan_max:
+        stop = min(hi, start + chunk - 1)
+        a = h_ptr[start - base] - fbase
+        b = (h_ptr[stop + 1 - base] - fbase) if stop + 1 < end else nflat
+        if b > a:
+            for i in range(a, b):
+                blk = f_blk[i]
+                if not (resident[blk] or in_flight[blk]):
+                    got += 1
+            scanned += b - a
+            b_last = b
+        scan_hi = stop
+        if chase and stop + 1 <= hi:
+            behind = q0 + got * t_blk > t0 + (h_cum[stop + 1 - base] - h_cum[p + 1 - base])
+        start = stop + 1
+        chunk *= 2
+    return scan_hi, a0, b_last
+
+
+@nb.njit(cache=True, nogil=True)
+def candidates(miss, f_blk, pa, pb, ppos, a, b, h_ptr, base, fbase, lo, remap, use_remap, nu, p, has_p, resident,
+               in_flight, mark):
+    """Candidate blocks of ``_plan`` in order of need, with their history positions: ``miss`` (position -1),
+    flat entries ``[pa, pb)`` (position ``ppos``), flat entries ``[a, b)`` (positions from ``lo`` on).
+
+    As the NumPy code: recorded blocks are translated through ``remap`` (``use_remap``); the predicted next
+    use ``nu`` of each block takes the earliest of its candidate positions ahead of ``p`` when its current one
+    is behind ``p`` or later (``has_p``); then blocks resident or in flight are dropped, and repeats after the
+    first. ``mark`` is a zeroed scratch array of ``max_blocks`` bytes (left zeroed)."""
+    n = miss.shape[0] + max(0, pb - pa) + max(0, b - a)
+    blk = np.empty(n, dtype=np.int64)
+    pos = np.empty(n, dtype=np.int64)
+    j = 0
+    for i in range(miss.shape[0]):
+        blk[j] = miss[i]
+        pos[j] = -1
+        j += 1
+    for i in range(pa, pb):
+        blk[j] = f_blk[i]
+        pos[j] = ppos
+        j += 1
+    q = lo
+    nh = h_ptr.shape[0]
+    for i in range(a, b):
+        while q + 1 - base < nh and h_ptr[q + 1 - base] - fbase <= i:
+            q += 1
+        blk[j] = f_blk[i]
+        pos[j] = q
+        j += 1
+    if has_p and use_remap:
+        for i in range(n):
+            if pos[i] >= 0:
+                blk[i] = remap[blk[i]]
+    if has_p:
+        # nu[blk[upd][::-1]] = pos[upd][::-1] with upd from nu before the update: the first updating
+        # occurrence of each block wins.
+        for i in range(n):
+            x = blk[i]
+            ps = pos[i]
+            if ps > p and mark[x] == 0:
+                old = nu[x]
+                if old <= p or old > ps:
+                    nu[x] = ps
+                    mark[x] = 1
+        for i in range(n):
+            mark[blk[i]] = 0
+    out_b = np.empty(n, dtype=np.int64)
+    out_p = np.empty(n, dtype=np.int64)
+    m = 0
+    for i in range(n):
+        x = blk[i]
+        if resident[x] or in_flight[x] or mark[x] != 0:
+            continue
+        mark[x] = 1
+        out_b[m] = x
+        out_p[m] = pos[i]
+        m += 1
+    for i in range(m):
+        mark[out_b[i]] = 0
+    return out_b[:m], out_p[:m]
+
+
+@nb.njit(cache=True, nogil=True)
+def _worse(ka, ba, kb, bb):
+    return ka < kb or (ka == kb and ba > bb)
+
+
+@nb.njit(cache=True, nogil=True)
+def _sift_down(hk, hb, i, n):
+    while True:
+        l = 2 * i + 1
+        if l >= n:
+            return
+        w = l
+        r = l + 1
+        if r < n and _worse(hk[r], hb[r], hk[l], hb[l]):
+            w = r
+        if _worse(hk[w], hb[w], hk[i], hb[i]):
+            hk[i], hk[w] = hk[w], hk[i]
+            hb[i], hb[w] = hb[w], hb[i]
+            i = w
+        else:
+            return
+
+
+@nb.njit(cache=True, nogil=True)
+def _offer(hk, hb, h, key, x):
+    """Offer block ``x`` (larger than every block offered before) with ``key`` to the heap of the ``hk.size``
+    best (largest key, then smallest block). Returns ``(h, out)``: the new fill and the key of the block that
+    is out (offered and refused, or pushed out), -1 if none."""
+    if h < hk.shape[0]:
+        i = h
+        hk[i] = key
+        hb[i] = x
+        h += 1
+        while i > 0:
+            par = (i - 1) // 2
+            if _worse(hk[i], hb[i], hk[par], hb[par]):
+                hk[i], hk[par] = hk[par], hk[i]
+                hb[i], hb[par] = hb[par], hb[i]
+                i = par
+            else:
+                break
+        return h, np.int64(-1)
+    if key > hk[0]:  # x has the largest id so far: on equal keys it is the worse one
+        out = hk[0]
+        hk[0] = key
+        hb[0] = x
+        _sift_down(hk, hb, 0, h)
+        return h, out
+    return h, key
+
+
+@nb.njit(cache=True, nogil=True)
+def _drain(hk, hb, h, keep):
+    """Drop the worst of the heap's ``h`` entries down to ``keep``; return the best ``keep`` in order (key
+    descending, equal keys by block) as ``(blocks, keys, out)``, ``out`` the largest key dropped (-1 if none)."""
+    out = np.int64(-1)
+    while h > keep:
+        if hk[0] > out:
+            out = hk[0]
+        h -= 1
+        hk[0] = hk[h]
+        hb[0] = hb[h]
+        _sift_down(hk, hb, 0, h)
+    ob = np.empty(h, dtype=np.int64)
+    ok = np.empty(h, dtype=np.int64)
+    while h > 0:  # pop the worst first: fill from the back
+        h -= 1
+        ob[h] = hb[0]
+        ok[h] = hk[0]
+        hk[0] = hk[h]
+        hb[0] = hb[h]
+        _sift_down(hk, hb, 0, h)
+    return ob, ok, out
+
+
+@nb.njit(cache=True, nogil=True)
+def victims(resident, cur, dead, nu, dirty, last_use, p, k, mark, inf, k_dead, k_dirty, k_clean, age0):
+    """Up to ``k`` resident blocks not in ``cur``, in eviction order, with their keys (see ``_victims_ref``).
+
+    Dead blocks first (by predicted reuse, none or farthest first, then by block id: the reference's stable
+    sort), then the live ones by key, largest first, equal keys by block id. Returns ``(blocks, keys, nxt)``:
+    ``nxt`` is the largest key of a live block left out (-1 if none), which tells whether the cut between
+    chosen and left-out live blocks falls inside a run of equal keys (there the reference's choice depends
+    on ``np.argpartition``). One pass with two bounded heaps: O(blocks + resident log k), for small ``k``
+    (the common case; the caller takes the reference for large ones)."""
+    if k <= 0:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64), np.int64(-1)
+    for i in range(cur.shape[0]):
+        mark[cur[i]] = 1
+    dk = np.empty(k, dtype=np.int64)
+    db = np.empty(k, dtype=np.int64)
+    lk = np.empty(k, dtype=np.int64)
+    lb = np.empty(k, dtype=np.int64)
+    hd = 0
+    hl = 0
+    nd = 0
+    ninf = 0
+    nxt = np.int64(-1)
+    for x in range(resident.shape[0]):
+        if not resident[x] or mark[x] != 0:
+            continue
+        v = nu[x]
+        unpred = v >= inf or v <= p
+        if dead[x]:
+            nd += 1
+            key = inf if unpred else v
+            if hd < k or key > dk[0]:  # (the refusal inline: the common case, and cheap)
+                hd, _ = _offer(dk, db, hd, key, x)
+            if unpred:
+                ninf += 1
+                if ninf == k:
+                    # k dead blocks with the largest possible dead key, the first k by id: no block
+                    # after them can come before them, and only dead blocks are returned (nd >= k)
+                    break
+        else:
+            key = ((k_dirty if dirty[x] else k_clean) + (age0 - last_use[x])) if unpred else v
+            if hl < k or key > lk[0]:
+                hl, o = _offer(lk, lb, hl, key, x)
+                if o > nxt:
+                    nxt = o
+            elif key > nxt:
+                nxt = key
+    for i in range(cur.shape[0]):
+        mark[cur[i]] = 0
+    head, _, _ = _drain(dk, db, hd, hd)
+    if nd >= k:
+        return head, np.full(k, k_dead, dtype=np.int64), np.int64(-1)
+    live, lkeys, o = _drain(lk, lb, hl, k - nd)
+    if o > nxt:
+        nxt = o
+    out_b = np.empty(nd + live.shape[0], dtype=np.int64)
+    out_k = np.empty(nd + live.shape[0], dtype=np.int64)
+    out_b[:nd] = head
+    out_k[:nd] = k_dead
+    out_b[nd:] = live
+    out_k[nd:] = lkeys
+    return out_b, out_k, nxt
+
+
+@nb.njit(cache=True, nogil=True)
+def commit_blocks(blocks, f_next, fbase, last_flat, f0, r, nu, p, inf):
+    """``_commit``'s per-block bookkeeping: link each block's previous history entry to position ``r``, make
+    the new entries ``f0 ..`` the blocks' last, and move a block's predicted next use to ``r`` when it has
+    none ahead of ``p``."""
+    for i in range(blocks.shape[0]):
+        pv = last_flat[blocks[i]]
+        if pv >= fbase:
+            f_next[pv - fbase] = r
+    for i in range(blocks.shape[0]):
+        last_flat[blocks[i]] = f0 + i
+    for i in range(blocks.shape[0]):
+        x = blocks[i]
+        v = nu[x]
+        if v >= inf or v <= p:
+            nu[x] = r
+
+
+@nb.njit(cache=True, nogil=True)
+def live_keys(resident, cur, dead, nu, dirty, last_use, p, mark, inf, k_dirty, k_clean, age0):
+    """The live (not dead) resident blocks not in ``cur``, ascending, and their victim keys: the arrays
+    ``_victims_ref`` builds before its ``np.argpartition``."""
+    for i in range(cur.shape[0]):
+        mark[cur[i]] = 1
+    n = 0
+    for x in range(resident.shape[0]):
+        if resident[x] and mark[x] == 0 and not dead[x]:
+            n += 1
+    res = np.empty(n, dtype=np.int64)
+    key = np.empty(n, dtype=np.int64)
+    j = 0
+    for x in range(resident.shape[0]):
+        if resident[x] and mark[x] == 0 and not dead[x]:
+            v = nu[x]
+            res[j] = x
+            key[j] = ((k_dirty if dirty[x] else k_clean) + (age0 - last_use[x])) if (v >= inf or v <= p) else v
+            j += 1
+    for i in range(cur.shape[0]):
+        mark[cur[i]] = 0
+    return res, key
+
+
+@nb.njit(cache=True, nogil=True)
+def note_thrash(blocks, pf_unused, nu, thrashed, p, lim, use_lim, inf):
+    """``_note_thrash``: prefetched blocks leave unused. Returns ``(thrash, mispredicted)`` block counts."""
+    n = blocks.shape[0]
+    unused = np.empty(n, dtype=np.bool_)
+    anyu = False
+    for i in range(n):
+        unused[i] = pf_unused[blocks[i]]
+        anyu = anyu or unused[i]
+    if not anyu:
+        return 0, 0
+    wasted = 0
+    mis = 0
+    for i in range(n):
+        if unused[i]:
+            x = blocks[i]
+            pf_unused[x] = False
+            v = nu[x]
+            if v > p and v < inf and (not use_lim or v <= lim):
+                wasted += 1
+                thrashed[x] = True
+            if v <= p or v >= inf:
+                mis += 1
+    return wasted, mis
+
+
+@nb.njit(cache=True, nogil=True)
+def rebuild_nu(nu, f_blk, a, b, h_ptr, base, fbase, lo, scan_max, inf):
+    """``_rebuild_nu``: every block's predicted next use = the position of its first entry in the flat span
+    ``[a, b)`` (positions from ``lo``), only the first ``scan_max`` entries read; INF for the others."""
+    nu[:] = inf
+    m = min(b - a, scan_max)
+    if m <= 0:
+        return
+    pos = np.empty(m, dtype=np.int64)
+    q = lo
+    nh = h_ptr.shape[0]
+    for i in range(m):
+        while q + 1 - base < nh and h_ptr[q + 1 - base] - fbase <= a + i:
+            q += 1
+        pos[i] = q
+    for i in range(m - 1, -1, -1):  # the first entry of a block is written last
+        nu[f_blk[a + i]] = pos[i]
+
+
+@nb.njit(cache=True, nogil=True)
+def launch_marks(blocks, writes, iters_seen, index, dead, pf_unused, dirty, written, w_iter, uses, last_use):
+    """``on_launch``'s bookkeeping of a launch with known accesses (``blocks`` sorted, ``writes`` a subset):
+    not dead, not an unused prefetch, written ones dirty, one more use, last used now. Returns the write mask
+    over ``blocks`` (all False without writes). NumPy's buffered ``uses[blocks] += 1`` counts a repeat once."""
+    n = blocks.shape[0]
+    inc = np.empty(n, dtype=uses.dtype)
+    for i in range(n):
+        inc[i] = uses[blocks[i]] + 1
+    for i in range(n):
+        x = blocks[i]
+        dead[x] = False
+        pf_unused[x] = False
+        uses[x] = inc[i]
+        last_use[x] = index
+    wmask = np.zeros(n, dtype=np.bool_)
+    for i in range(writes.shape[0]):
+        x = writes[i]
+        dirty[x] = True
+        written[x] = True
+        w_iter[x] = iters_seen
+        wmask[np.searchsorted(blocks, x)] = True
+    return wmask
+
+
+@nb.njit(cache=True, nogil=True)
+def cur_marks(cur, thrashed, resident, in_flight):
+    """The running launch's blocks: ``(thrashed ones, of those not resident, in flight)``; clears
+    ``thrashed`` on them."""
+    n = cur.shape[0]
+    thr = np.empty(n, dtype=np.bool_)
+    nthr = 0
+    late = 0
+    for i in range(n):
+        thr[i] = thrashed[cur[i]]
+        if thr[i]:
+            nthr += 1
+        if in_flight[cur[i]]:
+            late += 1
+    again = 0
+    for i in range(n):
+        if thr[i]:
+            thrashed[cur[i]] = False
+            if not resident[cur[i]]:
+                again += 1
+    return nthr, again, late
+
+
+@nb.njit(cache=True, nogil=True)
+def take_victims(chosen, dead, dirty, pf_unused, nu, thrashed, p, lim, inf):
+    """``_plan``'s chosen victims: split into ``(evict, discard)`` (dead ones are discarded; order kept),
+    ``note_thrash`` with a limit, then clean. Returns ``(evict, discard, thrash, mispredicted)``."""
+    n = chosen.shape[0]
+    nd = 0
+    for i in range(n):
+        if dead[chosen[i]]:
+            nd += 1
+    evict = np.empty(n - nd, dtype=np.int64)
+    discard = np.empty(nd, dtype=np.int64)
+    a = 0
+    b = 0
+    for i in range(n):
+        x = chosen[i]
+        if dead[x]:
+            discard[b] = x
+            b += 1
+        else:
+            evict[a] = x
+            a += 1
+    wasted, mis = note_thrash(chosen, pf_unused, nu, thrashed, p, lim, True, inf)
+    for i in range(n):
+        dirty[chosen[i]] = False
+    return evict, discard, wasted, mis
+
+
+@nb.njit(cache=True, nogil=True)
+def mark_prefetched(pf, pf_unused, dead):
+    """Prefetched blocks are unused until a launch touches them; returns how many are live (move data)."""
+    live = 0
+    for i in range(pf.shape[0]):
+        pf_unused[pf[i]] = True
+        if not dead[pf[i]]:
+            live += 1
+    return live
+
+
+@nb.njit(cache=True, nogil=True)
+def missing(cur, resident, in_flight):
+    """``cur`` blocks neither resident nor in flight, in order."""
+    out = np.empty(cur.shape[0], dtype=np.int64)
+    m = 0
+    for i in range(cur.shape[0]):
+        x = cur[i]
+        if not (resident[x] or in_flight[x]):
+            out[m] = x
+            m += 1
+    return out[:m]
+
+
+@nb.njit(cache=True, nogil=True)
+def count_le(pos, start, v):
+    """How many of ``pos[start:]`` are ``<= v``."""
+    c = 0
+    for i in range(start, pos.shape[0]):
+        if pos[i] <= v:
+            c += 1
+    return c
+
+
+@nb.njit(cache=True, nogil=True)
+def first_not_above(vkey, pos, start):
+    """The first ``i`` with ``vkey[i] <= pos[start + i]`` (``len(vkey)`` if none): victims are taken while
+    their key (next use) is later than the need of the block they make room for."""
+    for i in range(vkey.shape[0]):
+        if not vkey[i] > pos[start + i]:
+            return i
+    return vkey.shape[0]
