@@ -36,7 +36,7 @@ def test_bench_json_and_files(two_traces, tmp_path, capsys):
         assert by[(t, "ideal", 2.0)]["slowdown"] == pytest.approx(1, rel=1e-12)
     with open(out / "results.csv") as f:
         assert len(list(csv.DictReader(f))) == 12
-    assert (out / "slowdown.png").read_bytes()[:4] == b"\x89PNG"
+    assert (out / "slowdown.png").read_bytes()[:4] == b"\x89PNG" and (out / "steady.png").read_bytes()[:4] == b"\x89PNG"
     assert "| small | demand |" in (out / "table.md").read_text()
 
 

@@ -7,7 +7,7 @@ from uvmprefetch.errors import ConfigError
 from uvmprefetch.gpus import get_profile
 from uvmprefetch.policy import make_policy
 from uvmprefetch.policy.base import Advice, LaunchInfo, PolicyContext
-from uvmprefetch.policy.uvmprefetch import UvmPrefetchPolicy
+from uvmprefetch.policy.uvmprefetch import INF, UvmPrefetchPolicy
 from uvmprefetch.policy.window import WindowMonitor
 
 BS = 2 << 20
@@ -136,6 +136,26 @@ def test_dead_blocks_are_discarded_first():
     # THEN the room for launch 1's blocks comes from the dead blocks, discarded (no write-back)
     assert dec is not None and set(dec.discard.tolist()) == {10, 11}
     assert set(dec.prefetch.tolist()) >= {2, 3}
+
+
+@pytest.mark.parametrize("dead_reuse", [True, False])
+def test_a_dead_address_about_to_be_reused_is_not_the_first_victim(dead_reuse):
+    # GIVEN two resident blocks: a dead one whose address the next launch uses again (a freed tensor's memory
+    # handed to the next tensor) and a live, clean one not used for 100 launches; and a dead one never used again
+    pol = UvmPrefetchPolicy(advice=False, dead_reuse=dead_reuse)
+    pol.on_start(ctx(8, 8))
+    view = FakeView(8, 8)
+    view.resident[[0, 1, 2]] = True
+    pol.p = 10
+    pol.nu[[0, 1, 2]] = [11, 110, INF]
+    pol.on_free(np.array([0, 2]))
+    # WHEN two victims are chosen
+    vict, _, _ = pol._victims(view, np.zeros(0, dtype=np.int64), 2)
+    ref, _ = pol._victims_ref(view, np.zeros(0, dtype=np.int64), 2)
+    # THEN the dead block with no future goes first either way; with dead_reuse the live block with the far
+    # reuse goes next (Belady), without it the other dead block does
+    assert vict[0] == 2 and ref[0] == 2
+    assert vict[1] == ref[1] == (1 if dead_reuse else 0)
 
 
 def test_without_known_accesses_it_learns_from_faults():
@@ -343,8 +363,9 @@ def test_victims_kernel_matches_reference(ties):
         from uvmprefetch.policy import _uvmkernels as K
         from uvmprefetch.policy.uvmprefetch import _AGE, _K_CLEAN, _K_DEAD, _K_DIRTY, INF
 
-        kb, kk, _ = K.victims(view.resident, cur, pol.dead, pol.nu, pol.dirty, pol.last_use,
-                              pol.p if pol.p is not None else -1, k, pol._mark, INF, _K_DEAD, _K_DIRTY, _K_CLEAN, _AGE)
+        pp = pol.p if pol.p is not None else -1
+        kb, kk, _ = K.victims(view.resident, cur, pol._victim_dead(pp), pol.nu, pol.dirty, pol.last_use,
+                              pp, k, pol._mark, INF, _K_DEAD, _K_DIRTY, _K_CLEAN, _AGE)
         assert np.array_equal(kk, rk) and np.array_equal(np.sort(kb[kk == _K_DEAD]), np.sort(rv[rk == _K_DEAD]))
         # AND the state is not disturbed (scratch left zeroed)
         assert not pol._mark.any()
@@ -450,10 +471,10 @@ def test_candidates_and_scan_kernels_match_numpy():
 
 
 @pytest.mark.parametrize("spec,expect", [
-    # Figures of the NumPy implementation (before the Numba kernels) on this shipped trace, oversub 1.5: the
-    # kernels must not change a single decision (time_s, faults, bytes: exact).
-    ("uvmprefetch", (0.2058510948777997, 353, 7426015232, 5324668928, 2959, 1401)),
-    ("uvmprefetch:deadline=true", (0.3127983345810277, 992, 13941866496, 6784286720, 6003, 2890)),
+    # Figures of the NumPy implementation (before the Numba kernels, whose default then was dead_reuse=false)
+    # on this shipped trace, oversub 1.5: the kernels must not change a single decision (exact).
+    ("uvmprefetch:dead_reuse=false", (0.2058510948777997, 353, 7426015232, 5324668928, 2959, 1401)),
+    ("uvmprefetch:dead_reuse=false,deadline=true", (0.3127983345810277, 992, 13941866496, 6784286720, 6003, 2890)),
 ])
 def test_replay_figures_unchanged_by_the_fast_path(spec, expect):
     from pathlib import Path

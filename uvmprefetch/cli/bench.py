@@ -7,7 +7,7 @@ HELP = "replay traces under every policy at several oversubscription levels: tab
 DESCRIPTION = ("Replay each trace (default: the standard traces) under each policy (default: every available "
                "one) at oversubscription 1.0/1.25/1.5/2/3 on a simulated GPU. Prints a Markdown table of "
                "slowdown vs. ideal and the replay throughput per policy; writes results.csv, results.json, "
-               "table.md and slowdown.png to --out. A progress bar goes to stderr.")
+               "table.md, slowdown.png and steady.png to --out. A progress bar goes to stderr.")
 EPILOG = """\
 examples:
   uvmprefetch bench
@@ -63,5 +63,5 @@ def run(args) -> int:
         emit_json(rows)
     else:
         print(B.markdown(rows, oversubs))
-        print(f"\n{len(rows)} results in {wall:.1f} s; wrote {files['csv']}, {files['plot']}")
+        print(f"\n{len(rows)} results in {wall:.1f} s; wrote {files['csv']}, {files['plot']}, {files['steady_plot']}")
     return 0

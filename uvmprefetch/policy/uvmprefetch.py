@@ -76,6 +76,7 @@ class UvmPrefetchParams(Params):
     deadline: bool = False  # ... or while the link is behind the predicted start times of coming launches
     lead_s: float = 0.0  # extra link time allowed beyond the next decision point
     margin: float = 0.01  # fraction of capacity kept free by pre-evicting dead / unpredicted blocks (docs)
+    dead_reuse: bool = True  # a dead block whose address is predicted to be used again ranks by that use (docs)
     ngram: int = 3  # predecessors in the exec-id / name correlation context
     history_launches: int = 1 << 17  # launches of history kept (bounded state)
     table_entries: int = 1 << 17  # entries per correlation table
@@ -633,8 +634,8 @@ class UvmPrefetchPolicy(Policy):
             vict, vkey = self._victims_ref(state, cur, k)
             return vict, vkey, -1
         p = self.p if self.p is not None else -1
-        return _k.victims(state.resident, cur, self.dead, self.nu, self.dirty, self.last_use, p, k, self._mark, INF,
-                          _K_DEAD, _K_DIRTY, _K_CLEAN, _AGE)
+        return _k.victims(state.resident, cur, self._victim_dead(p), self.nu, self.dirty, self.last_use, p, k,
+                          self._mark, INF, _K_DEAD, _K_DIRTY, _K_CLEAN, _AGE)
 
     def _chosen(self, state: ResidencyView, cur: np.ndarray, k: int, vict: np.ndarray, vkey: np.ndarray, nxt: int,
                 c: int) -> np.ndarray:
@@ -653,8 +654,8 @@ class UvmPrefetchPolicy(Policy):
         """``_victims_ref``'s blocks where ``vict`` has ``nd`` dead blocks and then live ones: the same dead
         head, then the live blocks in the reference's order (its ``np.argpartition`` on the same keys)."""
         p = self.p if self.p is not None else -1
-        res, key = _k.live_keys(state.resident, cur, self.dead, self.nu, self.dirty, self.last_use, p, self._mark,
-                                INF, _K_DIRTY, _K_CLEAN, _AGE)
+        res, key = _k.live_keys(state.resident, cur, self._victim_dead(p), self.nu, self.dirty, self.last_use, p,
+                                self._mark, INF, _K_DIRTY, _K_CLEAN, _AGE)
         need = k - nd
         if need < res.shape[0]:
             part = np.argpartition(-key, need - 1)[:need]
@@ -662,6 +663,17 @@ class UvmPrefetchPolicy(Policy):
         else:
             order = np.argsort(-key, kind="stable")
         return np.concatenate([vict[:nd], res[order]])
+
+    def _victim_dead(self, p: int) -> np.ndarray:
+        """The blocks that rank as dead victims (first, whatever their address's future): every dead block, or
+        with ``dead_reuse`` only those whose address has no predicted use; the others rank by that use like
+        live blocks (the caching allocator hands a freed address to the next tensor within a few launches:
+        evicting it there only sends it back through the H2D queue). Chosen, a dead block is discarded either
+        way (no write-back)."""
+        if not self.params.dead_reuse:
+            return self.dead
+        nu = self.nu
+        return self.dead & ((nu >= INF) | (nu <= p))
 
     def _victims_ref(self, state: ResidencyView, cur: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Reference of ``_victims`` (NumPy): up to ``k`` resident blocks in eviction order, with their keys."""
@@ -673,9 +685,9 @@ class UvmPrefetchPolicy(Policy):
             res = np.flatnonzero(state.resident)
         if not res.size:
             return EMPTY, EMPTY
-        dead = self.dead[res]
-        nd = int(dead.sum())
         p = self.p if self.p is not None else -1
+        dead = self._victim_dead(p)[res]
+        nd = int(dead.sum())
         # Dead blocks go first, ranked apart (one partition over all blocks with thousands of equal dead keys
         # measured ~0.8 ms for 15k blocks on this machine): the address reused last (a new tensor will land
         # there: resident, it comes back without a fault) leaves first.

@@ -198,8 +198,9 @@ def write_csv(rows: list[dict], path: Path) -> None:
 _Y_TICKS = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 15.0, 20.0)
 
 
-def plot(rows: list[dict], path: Path) -> None:
-    """One panel per trace: slowdown vs. oversubscription, one line per policy (log y)."""
+def plot(rows: list[dict], path: Path, key: str = "slowdown") -> None:
+    """One panel per trace: ``key`` (slowdown or steady_slowdown) vs. oversubscription, one line per policy
+    (log y; offline policies dashed)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -208,12 +209,13 @@ def plot(rows: list[dict], path: Path) -> None:
     n = len(traces)
     cols = 2 if n == 4 else min(n, 3)
     nrows = math.ceil(n / cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(4.5 * cols, 3.4 * nrows), squeeze=False)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.5 * cols, 3.4 * nrows + 0.6), squeeze=False)
+    legend: dict = {}
     for ax, tname in zip(axes.ravel(), traces):
         by: dict[str, list] = {}
         for r in rows:
-            if r["trace"] == tname and r.get("slowdown") is not None:
-                by.setdefault(r["policy"], []).append((r["oversub_target"], r["slowdown"]))
+            if r["trace"] == tname and r.get(key) is not None:
+                by.setdefault(r["policy"], []).append((r["oversub_target"], r[key]))
         offline = {r["policy"] for r in rows if r.get("offline")}
         for k, (pol, pts) in enumerate(by.items()):
             pts.sort()
@@ -229,19 +231,25 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.yaxis.set_minor_formatter(NullFormatter())
         ax.set_title(tname, fontsize=9)
         ax.set_xlabel("oversubscription")
-        ax.set_ylabel("slowdown vs ideal")
+        ax.set_ylabel("slowdown vs ideal" if key == "slowdown" else "steady-state slowdown (last iteration)")
         ax.grid(alpha=0.3, which="both")
-        if by:
-            ax.legend(fontsize=6, ncol=2 if len(by) > 6 else 1)
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(lab, h)
     for ax in axes.ravel()[n:]:
         ax.set_visible(False)
-    fig.tight_layout()
+    # One legend for all panels, under them: with a dozen policies a legend inside a panel hides its curves.
+    ncol = min(len(legend), 5) or 1
+    rows_l = math.ceil(len(legend) / ncol)
+    fig.tight_layout(rect=(0, 0.035 * rows_l / nrows + 0.02, 1, 1))
+    if legend:
+        fig.legend(list(legend.values()), list(legend.keys()), loc="lower center", ncol=ncol, fontsize=8,
+                   frameon=False)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
 def save_outputs(rows: list[dict], oversubs: list[float], out: Path, meta: dict) -> dict:
-    """Write ``results.csv``, ``results.json``, ``slowdown.png`` and ``table.md`` under ``out``."""
+    """Write ``results.csv``, ``results.json``, ``slowdown.png``, ``steady.png`` and ``table.md`` under ``out``."""
     try:
         out.mkdir(parents=True, exist_ok=True)
         write_csv(rows, out / "results.csv")
@@ -249,10 +257,11 @@ def save_outputs(rows: list[dict], oversubs: list[float], out: Path, meta: dict)
         table = markdown(rows, oversubs)
         (out / "table.md").write_text(table + "\n")
         plot(rows, out / "slowdown.png")
+        plot(rows, out / "steady.png", key="steady_slowdown")
     except OSError as e:
         raise ConfigError(f"--out {out}: cannot write ({e.strerror})") from None
     return {"csv": str(out / "results.csv"), "json": str(out / "results.json"), "plot": str(out / "slowdown.png"),
-            "table": str(out / "table.md")}
+            "steady_plot": str(out / "steady.png"), "table": str(out / "table.md")}
 
 
 
