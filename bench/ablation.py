@@ -47,6 +47,7 @@ ABLATION = [
     ("  no fault_late_soft", "uvmprefetch:fault_late_soft=false"),
     ("  no stall_aware", "uvmprefetch:stall_aware=false"),
     ("  margin=0 (no free margin)", "uvmprefetch:margin=0"),
+    ("  dead_reuse=false (dead blocks first, the old default)", "uvmprefetch:dead_reuse=false"),
     ("  + deadline", "uvmprefetch:deadline=true"),
     ("  + whole", "uvmprefetch:whole=true"),
 ]
