@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .base import EMPTY, Decision, LaunchInfo, Policy, PolicyContext, ResidencyView
+from .tables import group_by
 
 
 @dataclass
@@ -164,13 +165,6 @@ class Plan:
                 self.pf[a:b], self.pf_dist[a:b])
 
 
-def _csr(pos: np.ndarray, val: np.ndarray, P: int, key: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    order = np.lexsort((key, pos)) if key is not None else np.argsort(pos, kind="stable")
-    ptr = np.zeros(P + 1, dtype=np.int64)
-    np.cumsum(np.bincount(pos, minlength=P), out=ptr[1:])
-    return ptr, val[order]
-
-
 def _slices(s: int, r: int, P: int) -> tuple[slice, ...]:
     """Positions ``[s, r)`` (unwrapped, ``0 <= s < r < s + P``) as slices of a length-P array."""
     if r <= P:
@@ -290,10 +284,10 @@ def build_plan(P: int, g: Gaps, s: np.ndarray, r: np.ndarray, chosen: np.ndarray
     sel = np.flatnonzero(chosen)
     live = sel[~dead[sel]]
     dsel = sel[dead[sel]]
-    ev_ptr, ev = _csr(s[live] % P, g.blk[live], P)
-    dc_ptr, dc = _csr(s[dsel] % P, g.blk[dsel], P)
-    pf_ptr, pf = _csr(r[sel] % P, g.blk[sel], P, key=g.q[sel])
-    _, pf_dist = _csr(r[sel] % P, g.q[sel] - r[sel], P, key=g.q[sel])
+    ev_ptr, ev = group_by(s[live] % P, g.blk[live], P)
+    dc_ptr, dc = group_by(s[dsel] % P, g.blk[dsel], P)
+    pf_ptr, pf = group_by(r[sel] % P, g.blk[sel], P, order=g.q[sel])
+    _, pf_dist = group_by(r[sel] % P, g.q[sel] - r[sel], P, order=g.q[sel])
     stats.update(swapped_gaps=int(live.shape[0]), swapped_dead_gaps=int(dsel.shape[0]),
                  planning_s=time.perf_counter() - t_start)
     return Plan(P, ev_ptr, ev, dc_ptr, dc, pf_ptr, pf, pf_dist, allb, stats)

@@ -41,6 +41,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..trace.format import KIND, PHASE
 from .base import Decision, LaunchInfo, Params, Policy, PolicyContext, ResidencyView
+from .tables import group_by
 
 
 @dataclass(frozen=True)
@@ -56,13 +57,6 @@ class FlashNeuronParams(Params):
             raise ConfigError(f"flashneuron: lookahead must be >= 1, got {self.lookahead}")
         if self.keep_last < 2:
             raise ConfigError(f"flashneuron: keep_last must be >= 2, got {self.keep_last}")
-
-
-def _csr(keys: np.ndarray, vals: np.ndarray, order_key: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    o = np.lexsort((order_key, keys))
-    ptr = np.zeros(n + 1, dtype=np.int64)
-    np.add.at(ptr, keys + 1, 1)
-    return np.cumsum(ptr), vals[o].astype(np.int64)
 
 
 class FlashNeuronPolicy(Policy):
@@ -132,9 +126,9 @@ class FlashNeuronPolicy(Policy):
                         keep.append(j)
             e = e[np.sort(np.asarray(keep, dtype=np.int64))]
         u, v, b = launch_of[e], nxt[e], blk[e]
-        self.ev_ptr, self.ev = _csr(u + 1, b, b, L + 1)
+        self.ev_ptr, self.ev = group_by(u + 1, b, L + 1, order=b)
         back = np.maximum(u + 2, v - p.lookahead)
-        self.pf_ptr, self.pf = _csr(back, b, v, L + 1)
+        self.pf_ptr, self.pf = group_by(back, b, L + 1, order=v)
         self.n_offloads = int(e.shape[0])
         # Everything else is meant to stay on the GPU; what the driver evicts anyway comes back before its next use.
         self.lay, self.nxt = lay, nxt

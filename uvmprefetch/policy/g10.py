@@ -34,6 +34,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from .base import EMPTY, Decision, LaunchInfo, Params, Policy, PolicyContext, ResidencyView
+from .tables import group_by
 
 
 @dataclass(frozen=True)
@@ -54,14 +55,6 @@ class G10Params(Params):
             raise ConfigError(f"g10: stray_lookahead must be >= 1, got {self.stray_lookahead}")
         if not self.lead_s >= 0:
             raise ConfigError(f"g10: lead_s must be >= 0, got {self.lead_s}")
-
-
-def _csr(keys: np.ndarray, vals: np.ndarray, order_key: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Group ``vals`` by ``keys`` (0..n-1), within a group sorted by ``order_key``: (ptr, values)."""
-    o = np.lexsort((order_key, keys))
-    ptr = np.zeros(n + 1, dtype=np.int64)
-    np.add.at(ptr, keys + 1, 1)
-    return np.cumsum(ptr), vals[o].astype(np.int64)
 
 
 class G10Policy(Policy):
@@ -175,11 +168,11 @@ class G10Policy(Policy):
         ch, ssd = chosen, to_ssd
         # Per-launch evictions (CSR), right after the last use (launch u + 1).
         ev_at = launch_of[ch] + 1
-        self.evh_ptr, self.evh = _csr(ev_at[~ssd], blk[ch[~ssd]], blk[ch[~ssd]], L + 1)
-        self.evs_ptr, self.evs = _csr(ev_at[ssd], blk[ch[ssd]], blk[ch[ssd]], L + 1)
+        self.evh_ptr, self.evh = group_by(ev_at[~ssd], blk[ch[~ssd]], L + 1, order=blk[ch[~ssd]])
+        self.evs_ptr, self.evs = group_by(ev_at[ssd], blk[ch[ssd]], L + 1, order=blk[ch[ssd]])
         if p.drop_last:  # a block is evicted right after its last use (free when dead by then)
             lastu = np.flatnonzero((nxt >= L) & (launch_of + 1 < L))
-            self.dl_ptr, self.dl = _csr(launch_of[lastu] + 1, blk[lastu], blk[lastu], L + 1)
+            self.dl_ptr, self.dl = group_by(launch_of[lastu] + 1, blk[lastu], L + 1, order=blk[lastu])
         else:
             self.dl_ptr, self.dl = np.zeros(L + 2, dtype=np.int64), EMPTY
         # Returns in deadline order; each is issued at its due launch at the latest, earlier when room is free.
@@ -193,7 +186,7 @@ class G10Policy(Policy):
         o = np.lexsort((rb, rv))
         self.r_blk, self.r_v, self.r_ev, self.r_due = rb[o], rv[o], rev[o], rdue[o]
         self.r_done = np.zeros(o.shape[0], dtype=bool)
-        self.due_ptr, self.due_idx = _csr(self.r_due, np.arange(o.shape[0]), self.r_v, L + 1)
+        self.due_ptr, self.due_idx = group_by(self.r_due, np.arange(o.shape[0]), L + 1, order=self.r_v)
         self.head = 0
         self.q_end = 0.0  # estimated end of the H2D queue
         self.t_blk = t_h2d

@@ -226,3 +226,14 @@ class GrowArray:
     @property
     def nbytes(self) -> int:
         return int(self._a.nbytes)
+
+
+def group_by(keys: np.ndarray, vals: np.ndarray, n: int, order: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``vals`` grouped by integer ``keys`` in ``0..n-1`` as CSR: group ``k`` is ``out[ptr[k]:ptr[k+1]]``.
+    Inside a group, values come in ``order``'s ascending order (ties, and ``order=None``: input order). The
+    planners' per-launch action lists (evict / prefetch at launch ``k``) are built with it."""
+    idx = np.lexsort((order, keys)) if order is not None else np.argsort(keys, kind="stable")
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(keys, minlength=n), out=ptr[1:])
+    return ptr, vals[idx]
+

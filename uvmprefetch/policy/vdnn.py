@@ -41,6 +41,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..trace.format import KIND, PHASE, READ
 from .base import EMPTY, Decision, LaunchInfo, Params, Policy, PolicyContext, ResidencyView
+from .tables import group_by
 
 MODES = ("dyn", "all", "conv", "none")
 
@@ -52,13 +53,6 @@ class VdnnParams(Params):
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ConfigError(f"vdnn: mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-
-
-def _csr(pos: np.ndarray, val: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    order = np.argsort(pos, kind="stable")
-    ptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(pos, minlength=n), out=ptr[1:])
-    return ptr, val[order]
 
 
 class VdnnPolicy(Policy):
@@ -164,7 +158,7 @@ class VdnnPolicy(Policy):
         else:
             li, bb, nu, trig = self._offload_set(t, lay, mode == "conv")
         self.n_offload_pairs = int(li.shape[0])
-        self.ev_ptr, self.ev = _csr(li + 1, bb, L) if li.size else (np.zeros(L + 1, dtype=np.int64), EMPTY)
+        self.ev_ptr, self.ev = group_by(li + 1, bb, L) if li.size else (np.zeros(L + 1, dtype=np.int64), EMPTY)
         if li.size:
             o = np.lexsort((nu, trig))
             tr, b2 = trig[o], bb[o]
