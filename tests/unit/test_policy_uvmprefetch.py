@@ -323,7 +323,7 @@ def test_default_is_not_slower_than_demand_on_moe():
 # ------------------------------------------------------------------ fast path (Numba kernels) vs reference
 def _random_state(rng, n=400, ties=True):
     """A started policy with a random residency state: few distinct next uses / last uses (many equal keys)."""
-    pol = UvmPrefetchPolicy(advice=False)
+    pol = UvmPrefetchPolicy(advice=False, dead_reuse=bool(rng.random() < 0.5))  # both victim orders
     pol.on_start(ctx(n, n))
     view = FakeView(n, n)
     view.resident[:] = rng.random(n) < rng.uniform(0.2, 0.95)
@@ -364,8 +364,8 @@ def test_victims_kernel_matches_reference(ties):
         from uvmprefetch.policy.uvmprefetch import _AGE, _K_CLEAN, _K_DEAD, _K_DIRTY, INF
 
         pp = pol.p if pol.p is not None else -1
-        kb, kk, _ = K.victims(view.resident, cur, pol._victim_dead(pp), pol.nu, pol.dirty, pol.last_use,
-                              pp, k, pol._mark, INF, _K_DEAD, _K_DIRTY, _K_CLEAN, _AGE)
+        kb, kk, _ = K.victims(view.resident, cur, pol.dead, pol.nu, pol.dirty, pol.last_use,
+                              pp, k, pol._mark, INF, _K_DEAD, _K_DIRTY, _K_CLEAN, _AGE, pol.params.dead_reuse)
         assert np.array_equal(kk, rk) and np.array_equal(np.sort(kb[kk == _K_DEAD]), np.sort(rv[rk == _K_DEAD]))
         # AND the state is not disturbed (scratch left zeroed)
         assert not pol._mark.any()

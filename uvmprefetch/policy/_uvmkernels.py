@@ -184,7 +184,7 @@ def _drain(hk, hb, h, keep):
 
 
 @nb.njit(cache=True, nogil=True)
-def victims(resident, cur, dead, nu, dirty, last_use, p, k, mark, inf, k_dead, k_dirty, k_clean, age0):
+def victims(resident, cur, dead, nu, dirty, last_use, p, k, mark, inf, k_dead, k_dirty, k_clean, age0, dead_reuse):
     """Up to ``k`` resident blocks not in ``cur``, in eviction order, with their keys (see ``_victims_ref``).
 
     Dead blocks first (by predicted reuse, none or farthest first, then by block id: the reference's stable
@@ -192,7 +192,8 @@ def victims(resident, cur, dead, nu, dirty, last_use, p, k, mark, inf, k_dead, k
     ``nxt`` is the largest key of a live block left out (-1 if none), which tells whether the cut between
     chosen and left-out live blocks falls inside a run of equal keys (there the reference's choice depends
     on ``np.argpartition``). One pass with two bounded heaps: O(blocks + resident log k), for small ``k``
-    (the common case; the caller takes the reference for large ones)."""
+    (the common case; the caller takes the reference for large ones). With ``dead_reuse`` a dead block whose
+    next use is predicted ranks as a live one (the policy's ``_victim_dead``)."""
     if k <= 0:
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64), np.int64(-1)
     for i in range(cur.shape[0]):
@@ -211,7 +212,7 @@ def victims(resident, cur, dead, nu, dirty, last_use, p, k, mark, inf, k_dead, k
             continue
         v = nu[x]
         unpred = v >= inf or v <= p
-        if dead[x]:
+        if dead[x] and (unpred or not dead_reuse):
             nd += 1
             key = inf if unpred else v
             if hd < k or key > dk[0]:  # (the refusal inline: the common case, and cheap)
@@ -266,20 +267,21 @@ def commit_blocks(blocks, f_next, fbase, last_flat, f0, r, nu, p, inf):
 
 
 @nb.njit(cache=True, nogil=True)
-def live_keys(resident, cur, dead, nu, dirty, last_use, p, mark, inf, k_dirty, k_clean, age0):
-    """The live (not dead) resident blocks not in ``cur``, ascending, and their victim keys: the arrays
-    ``_victims_ref`` builds before its ``np.argpartition``."""
+def live_keys(resident, cur, dead, nu, dirty, last_use, p, mark, inf, k_dirty, k_clean, age0, dead_reuse):
+    """The resident blocks not in ``cur`` that rank as live (not dead; with ``dead_reuse`` also dead ones with a
+    predicted next use), ascending, and their victim keys: the arrays ``_victims_ref`` builds before its
+    ``np.argpartition``."""
     for i in range(cur.shape[0]):
         mark[cur[i]] = 1
     n = 0
     for x in range(resident.shape[0]):
-        if resident[x] and mark[x] == 0 and not dead[x]:
+        if resident[x] and mark[x] == 0 and not (dead[x] and (not dead_reuse or nu[x] >= inf or nu[x] <= p)):
             n += 1
     res = np.empty(n, dtype=np.int64)
     key = np.empty(n, dtype=np.int64)
     j = 0
     for x in range(resident.shape[0]):
-        if resident[x] and mark[x] == 0 and not dead[x]:
+        if resident[x] and mark[x] == 0 and not (dead[x] and (not dead_reuse or nu[x] >= inf or nu[x] <= p)):
             v = nu[x]
             res[j] = x
             key[j] = ((k_dirty if dirty[x] else k_clean) + (age0 - last_use[x])) if (v >= inf or v <= p) else v

@@ -634,8 +634,8 @@ class UvmPrefetchPolicy(Policy):
             vict, vkey = self._victims_ref(state, cur, k)
             return vict, vkey, -1
         p = self.p if self.p is not None else -1
-        return _k.victims(state.resident, cur, self._victim_dead(p), self.nu, self.dirty, self.last_use, p, k,
-                          self._mark, INF, _K_DEAD, _K_DIRTY, _K_CLEAN, _AGE)
+        return _k.victims(state.resident, cur, self.dead, self.nu, self.dirty, self.last_use, p, k,
+                          self._mark, INF, _K_DEAD, _K_DIRTY, _K_CLEAN, _AGE, self.params.dead_reuse)
 
     def _chosen(self, state: ResidencyView, cur: np.ndarray, k: int, vict: np.ndarray, vkey: np.ndarray, nxt: int,
                 c: int) -> np.ndarray:
@@ -654,8 +654,8 @@ class UvmPrefetchPolicy(Policy):
         """``_victims_ref``'s blocks where ``vict`` has ``nd`` dead blocks and then live ones: the same dead
         head, then the live blocks in the reference's order (its ``np.argpartition`` on the same keys)."""
         p = self.p if self.p is not None else -1
-        res, key = _k.live_keys(state.resident, cur, self._victim_dead(p), self.nu, self.dirty, self.last_use, p,
-                                self._mark, INF, _K_DIRTY, _K_CLEAN, _AGE)
+        res, key = _k.live_keys(state.resident, cur, self.dead, self.nu, self.dirty, self.last_use, p,
+                                self._mark, INF, _K_DIRTY, _K_CLEAN, _AGE, self.params.dead_reuse)
         need = k - nd
         if need < res.shape[0]:
             part = np.argpartition(-key, need - 1)[:need]
@@ -669,7 +669,7 @@ class UvmPrefetchPolicy(Policy):
         with ``dead_reuse`` only those whose address has no predicted use; the others rank by that use like
         live blocks (the caching allocator hands a freed address to the next tensor within a few launches:
         evicting it there only sends it back through the H2D queue). Chosen, a dead block is discarded either
-        way (no write-back)."""
+        way (no write-back). The kernels (``_uvmkernels.victims`` / ``live_keys``) apply the same rule per block."""
         if not self.params.dead_reuse:
             return self.dead
         nu = self.nu
