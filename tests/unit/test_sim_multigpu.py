@@ -129,3 +129,13 @@ def test_bench_with_gpus_marks_offline_policies(tmp_path):
     assert by["tmof"]["time_s"] == replay_multi(t, "tmof", GPU, 2, oversub=1.5)["time_s"]
     md = B.markdown(rows, [1.5])
     assert md.startswith("2 data-parallel GPUs") and "| r50 | oracle (offline) |" in md and "planning s" in md
+
+
+def test_capacity_under_one_block_with_the_ideal_policy():
+    """``ideal`` ignores the capacity (replay accepts any): the multi-GPU replay too, with no oversub figure
+    instead of a division by zero."""
+    t = one_block_step()
+    single = replay(t, "ideal", "h100-pcie", capacity_bytes=1000)
+    r = replay_multi(t, "ideal", "h100-pcie", 2, capacity_bytes=1000, check=True)
+    assert r["oversub"] is None and single["oversub"] is None
+    assert r["time_s"] == pytest.approx(single["time_s"], rel=1e-12)

@@ -272,3 +272,25 @@ def test_cli_replay_with_the_ssd_tier(tmp_path, capsys):
                  "--gpu-set", "host_capacity_bytes=4194304", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["policy"] == "g10" and "bytes_to_ssd" in r and r["host_capacity_blocks"] == 2
+
+
+def test_host_to_ssd_waits_for_the_write_back():
+    """``evict`` then ``evict_ssd`` of the same dirty block in one Decision: the block is written back to host
+    memory (D2H, Td) and then moved host -> SSD; the SSD write cannot start before the data is in host
+    memory, so (with no SSD latency) the run is timed exactly like the direct GPU -> SSD path, whose SSD write
+    follows the same D2H copy (``test_policy_evict_ssd_and_prefetch_back``)."""
+    d = 1e-4
+    gpu = GPU.with_overrides(**dict(SSD, ssd_latency_s=0.0))
+    direct = Scripted({1: Decision(evict_ssd=np.array([0])), 2: Decision(prefetch=np.array([0]))})
+    via_host = Scripted({1: Decision(evict=np.array([0]), evict_ssd=np.array([0])), 2: Decision(prefetch=np.array([0]))})
+    a = replay(abc_a(d), direct, gpu, capacity_bytes=8 * MiB, check=True)
+    b = replay(abc_a(d), via_host, gpu, capacity_bytes=8 * MiB, check=True)
+    assert b["host_to_ssd_bytes"] == 2 * MiB and a["host_to_ssd_bytes"] == 0
+    assert b["bytes_from_ssd"] == 2 * MiB and b["late_blocks"] == 1
+    assert b["time_s"] == pytest.approx(a["time_s"], rel=1e-12)
+
+
+def test_g10_infinite_lead_is_a_config_error():
+    """An infinite ``lead_s`` used to reach the pacing arithmetic (OverflowError in int()) mid-replay."""
+    with pytest.raises(ConfigError, match="lead_s"):
+        make_policy("g10:lead_s=inf")

@@ -320,9 +320,13 @@ class ProfiledSwapPolicy(Policy):
         self.planning_s = 0.0
         self.last_plan_stats: dict = {}
         self.sig: tuple | None = None
+        self._between: list[np.ndarray] = []  # frees seen between iterations (before the next one's first launch)
 
     def on_free(self, blocks: np.ndarray) -> None:
-        if self.recording:
+        if self.cur_iter is None:  # between iterations: they belong to the next one's position 0, if it is recorded
+            if blocks.size:
+                self._between.append(np.array(blocks, dtype=np.int64))
+        elif self.recording:
             self.prof.free(blocks)
 
     def on_iteration(self, k: int) -> None:
@@ -363,11 +367,15 @@ class ProfiledSwapPolicy(Policy):
 
     def on_launch(self, info: LaunchInfo, state: ResidencyView) -> Decision | None:
         it = info.iteration
+        between, self._between = self._between, []
         if it < 0:
             return None
         if self.cur_iter != it:
             self.cur_iter, self.pos = it, 0
             self._iteration_started(it)
+            if self.recording:
+                for b in between:  # freed before this iteration's first launch: dead from position 0
+                    self.prof.free(b)
         pos = self.pos
         self.pos += 1
         self.n_launch += 1

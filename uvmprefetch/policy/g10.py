@@ -53,8 +53,8 @@ class G10Params(Params):
             raise ConfigError(f"g10: headroom must be in [0, 1), got {self.headroom}")
         if self.stray_lookahead < 1:
             raise ConfigError(f"g10: stray_lookahead must be >= 1, got {self.stray_lookahead}")
-        if not self.lead_s >= 0:
-            raise ConfigError(f"g10: lead_s must be >= 0, got {self.lead_s}")
+        if not 0 <= self.lead_s < float("inf"):
+            raise ConfigError(f"g10: lead_s must be a finite number >= 0, got {self.lead_s}")
 
 
 class G10Policy(Policy):

@@ -830,11 +830,13 @@ class GpuModel:
 
     def _host_to_ssd(self, b: np.ndarray, now: float) -> None:
         """Off-GPU blocks whose data is in host memory move to the SSD (host room is freed at once: the host
-        buffer is handed to the SSD's DMA; the GPU link is not used)."""
+        buffer is handed to the SSD's DMA; the GPU link is not used). A block whose write-back to host memory is
+        still under way is written to the SSD once it has arrived (in order, as ``_to_ssd`` does)."""
         k = b.shape[0]
-        end = max(self.t_ssd, now) + self.ssd_lat + k * self.t_ssd_wr
+        ends = _fifo_finish(max(self.t_ssd, now) + self.ssd_lat, self.wb_done[b], np.full(k, self.t_ssd_wr))
+        end = float(ends[-1])
         self.t_ssd = end
-        self.wb_done[b] = np.maximum(self.wb_done[b], end)
+        self.wb_done[b] = np.maximum(self.wb_done[b], ends)
         self._release(b)
         self.on_ssd[b] = True
         self.m["bytes_to_ssd"] += k * self.block_size

@@ -127,6 +127,9 @@ def replay_multi(trace: Trace, policy: str, gpu: GpuProfile | str = "h100-pcie",
                 e.launch(info)
         if L and its[-1] >= 0:
             barrier(its[-1])
+        if dptr[L + 1] > dptr[L]:  # frees after the last launch (as replay does)
+            for e in engines:
+                e.free(dead[dptr[L]:dptr[L + 1]])
     except SimError as e:
         raise ConfigError(f"multi-GPU replay under policy {policy!r}: {e}") from None
     wall = time.perf_counter() - t0
@@ -134,7 +137,7 @@ def replay_multi(trace: Trace, policy: str, gpu: GpuProfile | str = "h100-pcie",
     ideal_s = float(np.sum(dur))
     t_end = max(e.now for e in engines)
     out = {"policy": policies[0].name, "gpu": gpu.name, "n_gpus": n_gpus, "shared_link": shared_link,
-           "capacity_bytes": (cap // bs) * bs, "oversub": layout.footprint_blocks / (cap // bs),
+           "capacity_bytes": (cap // bs) * bs, "oversub": layout.footprint_blocks / (cap // bs) if cap >= bs else None,
            "footprint_bytes": layout.footprint_blocks * bs, "block_size": bs,
            "time_s": t_end, "ideal_s": ideal_s, "slowdown": t_end / ideal_s if ideal_s > 0 else None,
            "sync_wait_s": sync_wait, "wall_s": wall, "n_launches": L, "iterations": trace.iterations,
