@@ -6,6 +6,13 @@
   forward from the first launch not yet covered (the *horizon*) and queues each upcoming launch's missing
   blocks, in order of need, while free room or a Belady victim used later than that launch exists.
   The H2D queue is FIFO, so queueing in order of need is what keeps the earliest needs first.
+  A victim the walk evicts is missing for the launches it reaches later: at its next use it is queued
+  again (``refetch``; the horizon moves back when a victim for the running launch is used behind it).
+- Pacing (``pace``): evictions for later launches only while the link would idle before the next decision
+  point, the end of the running launch; with ``stall_aware`` that launch starts only once its blocks in
+  flight have arrived (FIFO estimate), so the point is later when it waits.
+  ``refetch=false,stall_aware=false`` is the oracle before both (weaker: launches whose blocks were evicted
+  in a walk that had already passed them got them only when they ran, late).
 
 It is the reference every real policy is compared with. It is not a proof of optimality: Belady
 minimises misses, not write-backs, and the simulator's timing adds queueing effects, but it is the best
@@ -29,6 +36,13 @@ class OracleParams(Params):
     prefetch: bool = True  # False: Belady eviction only (faults bring the data in)
     pace: bool = True  # evict for later launches only while the link would idle before the next launch (+ lead_s)
     lead_s: float = 0.0  # extra link time queued beyond the next decision point
+    # Blocks evicted in a decision are missing for the launches the same walk reaches later (their next
+    # use): True queues them again there; False (the old behaviour) still counts them present, so they come
+    # back only when their own launch runs, late.
+    refetch: bool = True
+    # The next decision point is when launch i ends: True counts launch i's own wait for its blocks still in
+    # flight (their estimated arrival on the FIFO link), False assumes it starts now.
+    stall_aware: bool = True
 
     def __post_init__(self) -> None:
         if self.lookahead < 0:
@@ -61,6 +75,7 @@ class OraclePolicy(Policy):
         self.n_evicted = 0
         self.q_end = 0.0  # estimated end of the H2D queue
         self.t_blk = ctx.gpu.transfer_time(ctx.block_size)
+        self.eta = np.zeros(lay.max_blocks)  # estimated arrival of each block queued (FIFO link model)
 
     def on_launch(self, info: LaunchInfo, state: ResidencyView) -> Decision | None:
         i = info.index
@@ -82,7 +97,7 @@ class OraclePolicy(Policy):
         pf, ev = [], []
         h = i
         q = max(self.q_end, state.now)
-        until = state.now + info.duration + self.params.lead_s
+        until = None  # the next decision point (+ lead_s): set once launch i's own blocks are queued
         while h < self.L:
             if h > i and self.params.lookahead and h - i > self.params.lookahead:
                 break
@@ -91,6 +106,8 @@ class OraclePolicy(Policy):
             k = need.shape[0]
             take = min(max(free, 0), k)
             rem = k - take
+            if rem and h > i and self.params.pace and until is None:
+                until = self._until(info, state)
             if rem and h > i and self.params.pace and q >= until:
                 # Evicting now for a later need only risks evicting the wrong block; the link is busy past
                 # the next decision point anyway, so issuing later loses nothing. Free room is used greedily.
@@ -103,13 +120,18 @@ class OraclePolicy(Policy):
                     v = victims.take_any(rem)  # launch i: as much as possible; the engine faults the rest
                     need = need[: take + v.shape[0]]
                 ev.append(v)
+                if self.params.refetch:
+                    present[v] = False  # the walk may reach their next use: they must be queued again
+                    if h == i and v.size:  # ... and for launch i, their use may lie behind the horizon
+                        self.horizon = min(self.horizon, int(self.nu[v].min()))
             free -= take
             if need.size:
                 pf.append(need)
                 self.scheduled[need] = True
+                self.eta[need] = q + self.t_blk * np.arange(1, need.shape[0] + 1)
                 q += need.shape[0] * self.t_blk
             h = max(h + 1, self.horizon) if h == i else h + 1
-        self.horizon = max(self.horizon, h)
+        self.horizon = h if self.params.refetch else max(self.horizon, h)
         self.q_end = q
         prefetch = np.concatenate(pf) if pf else EMPTY
         evict = np.concatenate(ev) if ev else EMPTY
@@ -117,6 +139,17 @@ class OraclePolicy(Policy):
         self.n_prefetched += prefetch.shape[0]
         self.n_evicted += evict.shape[0]
         return Decision(prefetch=prefetch, evict=evict)
+
+    def _until(self, info: LaunchInfo, state: ResidencyView) -> float:
+        """When launch ``info.index`` ends (the next decision point), plus ``lead_s``. With ``stall_aware``
+        it starts once its blocks in flight (queued earlier or just now) have arrived, by the FIFO estimate."""
+        start = state.now
+        if self.params.stall_aware:
+            cur = self.lay.blocks[self.ptr[info.index]:self.ptr[info.index + 1]]
+            fl = cur[state.in_flight[cur] | self.scheduled[cur]]
+            if fl.size:
+                start = max(start, float(self.eta[fl].max()))
+        return start + info.duration + self.params.lead_s
 
     def report(self) -> dict:
         return {"prefetched_blocks": self.n_prefetched, "evicted_blocks": self.n_evicted, "horizon": self.horizon}
