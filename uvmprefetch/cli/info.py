@@ -39,7 +39,7 @@ def run(args) -> int:
     print(f"  events       {s['launches']} launches ({s['launches_per_iteration']} in steady iteration "
           f"{s['steady_iteration']}), {s['allocations']} allocations, {s['accesses']} accesses, "
           f"{s['iterations']} iterations")
-    print(f"  phases       " + ", ".join(f"{k} {v}" for k, v in s["phases"].items() if v))
+    print("  phases       " + ", ".join(f"{k} {v}" for k, v in s["phases"].items() if v))
     rows = [("peak live", s["peak_live_bytes"]), ("  parameters", s["param_bytes"]),
             ("  optimizer state", s["optimizer_bytes"]), ("  gradients (peak)", s["gradient_bytes"]),
             ("  activations (peak)", s["activation_peak_bytes"]), ("  inputs (peak)", s["input_bytes"]),

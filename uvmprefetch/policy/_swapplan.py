@@ -490,6 +490,24 @@ class OfflineSwapPolicy(ProfiledSwapPolicy):
     def _plan_offline(self, prof: Profile, g: Gaps, budget_s: float) -> Plan:
         raise NotImplementedError
 
+    def _plan_start(self, prof: Profile, g: Gaps, **stats_fields) -> tuple:
+        """What every planner starts with: ``(t_start, allb, nb, cap, stats, plan)``, where ``allb`` are the
+        profile's blocks (``nb`` of them), ``cap`` the capacity less the headroom, ``stats`` the common figures
+        plus ``stats_fields``, and ``plan`` the empty plan when there is nothing to plan (the iteration fits, or
+        has no launch or no gap), else None."""
+        t_start = time.perf_counter()
+        allb = np.unique(prof.blocks) if prof.blocks.size else EMPTY
+        nb = int(allb.shape[0])
+        cap = self.ctx.capacity_blocks - self.params.headroom
+        stats = dict(profile_launches=prof.P, profile_blocks=nb, capacity_blocks=int(self.ctx.capacity_blocks),
+                     **stats_fields)
+        m = g.blk.shape[0]
+        if prof.P == 0 or nb <= cap or not m:
+            z = np.zeros(m, dtype=np.int64)
+            return t_start, allb, nb, cap, stats, build_plan(prof.P, g, z, z, np.zeros(m, dtype=bool), allb, stats,
+                                                             t_start)
+        return t_start, allb, nb, cap, stats, None
+
     def _iteration_started(self, it: int) -> None:
         self.recording = False
         self.plan = self.plans.get(it)

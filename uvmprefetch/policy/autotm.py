@@ -32,7 +32,6 @@ Not reproduced:
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -40,7 +39,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ._swapplan import Gaps, OfflineSwapPolicy, Plan, Profile, build_plan, check_common, occupancy, swap_intervals
-from .base import EMPTY, Params
+from .base import Params
 
 
 @dataclass(frozen=True)
@@ -72,18 +71,13 @@ class AutoTMPolicy(OfflineSwapPolicy):
         from scipy.optimize import Bounds, LinearConstraint, milp
         from scipy.sparse import csr_matrix
 
-        t_start = time.perf_counter()
         p = self.params
         P = prof.P
-        allb = np.unique(prof.blocks) if prof.blocks.size else EMPTY
-        nb = int(allb.shape[0])
-        cap = self.ctx.capacity_blocks - p.headroom
-        stats = dict(profile_launches=P, profile_blocks=nb, capacity_blocks=int(self.ctx.capacity_blocks),
-                     variables=0, nonzeros=0, status="fits", fallback=False, objective=None)
+        t_start, allb, nb, cap, stats, done = self._plan_start(prof, g, variables=0, nonzeros=0, status="fits",
+                                                               fallback=False, objective=None)
+        if done is not None:
+            return done
         chosen = np.zeros(g.blk.shape[0], dtype=bool)
-        if P == 0 or nb <= cap or not g.blk.size:
-            return build_plan(P, g, np.zeros(g.blk.shape[0], dtype=np.int64), np.zeros(g.blk.shape[0], dtype=np.int64),
-                              chosen, allb, stats, t_start)
         dead, s, cost, r, ok = swap_intervals(g, self.t_blk, p.lead_s, p.lead_blocks)
         idx = np.flatnonzero(ok & (r > s))
         n = idx.shape[0]

@@ -41,7 +41,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ._swapplan import Gaps, OfflineSwapPolicy, Plan, Profile, build_plan, check_common, occupancy, swap_intervals
-from .base import EMPTY, Params
+from .base import Params
 
 
 @dataclass(frozen=True)
@@ -80,18 +80,13 @@ class SwapAdvisorPolicy(OfflineSwapPolicy):
     description: ClassVar[str] = "SwapAdvisor (ASPLOS'20), offline: genetic search over block swaps, link-model fitness"
 
     def _plan_offline(self, prof: Profile, g: Gaps, budget_s: float) -> Plan:
-        t_start = time.perf_counter()
         p = self.params
         P = prof.P
-        allb = np.unique(prof.blocks) if prof.blocks.size else EMPTY
-        nb = int(allb.shape[0])
-        cap = self.ctx.capacity_blocks - p.headroom
-        stats = dict(profile_launches=P, profile_blocks=nb, capacity_blocks=int(self.ctx.capacity_blocks),
-                     generations=0, evaluations=0, seed_fitness=None, best_fitness=None)
+        t_start, allb, nb, cap, stats, done = self._plan_start(prof, g, generations=0, evaluations=0,
+                                                               seed_fitness=None, best_fitness=None)
+        if done is not None:
+            return done
         m = g.blk.shape[0]
-        if P == 0 or nb <= cap or not m:
-            z = np.zeros(m, dtype=np.int64)
-            return build_plan(P, g, z, z, np.zeros(m, dtype=bool), allb, stats, t_start)
         tb = self.t_blk
         dead, s, cost, r, ok = swap_intervals(g, tb, p.lead_s, p.lead_blocks)
         idx = np.flatnonzero(ok & (r > s))

@@ -34,7 +34,6 @@ table (``report()['state_bytes']``).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import ClassVar
 
