@@ -131,7 +131,7 @@ class FlashNeuronPolicy(Policy):
         self.pf_ptr, self.pf = group_by(back, b, L + 1, order=v)
         self.n_offloads = int(e.shape[0])
         # Everything else is meant to stay on the GPU; what the driver evicts anyway comes back before its next use.
-        self.lay, self.nxt = lay, nxt
+        self.lay = lay
         self.nu = lay.first_use()
         self.stray = np.zeros(lay.max_blocks, dtype=bool)
         self.returned = 0
@@ -145,9 +145,8 @@ class FlashNeuronPolicy(Policy):
         i = info.index
         if i >= len(self.ev_ptr) - 1:
             return None
-        if i > 0:  # launch i-1 ran: its blocks' next use moves on
-            a, b = self.lay.ptr[i - 1], self.lay.ptr[i]
-            self.nu[self.lay.blocks[a:b]] = self.nxt[a:b]
+        if i > 0:
+            self.lay.ran(self.nu, i - 1)
         ev = self.ev[self.ev_ptr[i]:self.ev_ptr[i + 1]]
         pf = self.pf[self.pf_ptr[i]:self.pf_ptr[i + 1]]
         if self.params.keep_resident and self.stray.any():

@@ -191,7 +191,7 @@ class G10Policy(Policy):
         self.q_end = 0.0  # estimated end of the H2D queue
         self.t_blk = t_h2d
         # Blocks the driver evicted on its own (the plan's headroom was short): brought back before their next use.
-        self.lay, self.nxt = lay, nxt
+        self.lay = lay
         self.nu = lay.first_use()
         self.stray = np.zeros(lay.max_blocks, dtype=bool)
         self.issued = dict(prefetch=0, prefetch_early=0, prefetch_stray=0, evict_host=0, evict_ssd=0, drop_last=0)
@@ -212,9 +212,8 @@ class G10Policy(Policy):
         i = info.index
         if i >= len(self.due_ptr) - 1:
             return None
-        if i > 0:  # launch i-1 ran: its blocks' next use moves on
-            a, b = self.lay.ptr[i - 1], self.lay.ptr[i]
-            self.nu[self.lay.blocks[a:b]] = self.nxt[a:b]
+        if i > 0:
+            self.lay.ran(self.nu, i - 1)
         evh = self.evh[self.evh_ptr[i]:self.evh_ptr[i + 1]]
         evs = self.evs[self.evs_ptr[i]:self.evs_ptr[i + 1]]
         dl = self.dl[self.dl_ptr[i]:self.dl_ptr[i + 1]]

@@ -67,7 +67,6 @@ class OraclePolicy(Policy):
         self.lay = lay
         self.L = lay.n_launches
         self.ptr = lay.ptr
-        self.nxt = lay.next_use()
         self.nu = lay.first_use()  # per block: the next launch (from now) that touches it
         self.horizon = 0
         self.scheduled = np.zeros(lay.max_blocks, dtype=bool)
@@ -80,9 +79,8 @@ class OraclePolicy(Policy):
     def on_launch(self, info: LaunchInfo, state: ResidencyView) -> Decision | None:
         i = info.index
         lay, ptr = self.lay, self.ptr
-        if i > 0:  # launch i-1 ran: its blocks' next use moves on
-            a, b = ptr[i - 1], ptr[i]
-            self.nu[lay.blocks[a:b]] = self.nxt[a:b]
+        if i > 0:
+            lay.ran(self.nu, i - 1)
         present = state.resident | state.in_flight
         free = state.capacity_blocks - state.used_blocks
         victims = _Victims(state.resident, self.nu, i)

@@ -111,6 +111,12 @@ class Layout:
             self._next_use = nxt
         return self._next_use
 
+    def ran(self, nu: np.ndarray, i: int) -> None:
+        """Launch ``i`` ran: in ``nu`` (per block, its next launch; start from ``first_use()``), each block
+        launch ``i`` touched moves on to its following use. The offline policies keep their future this way."""
+        a, b = self.ptr[i], self.ptr[i + 1]
+        nu[self.blocks[a:b]] = self.next_use()[a:b]
+
     def first_use(self) -> np.ndarray:
         """Per block id: the first launch that touches it (``n_launches`` if none)."""
         L = self.n_launches
