@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Run the GPU validation on a lent GPU machine, in parts that each fit one 10-minute device command.
 #
-#   bench/gpu/run_all.sh part1     # calibrate + correctness + overhead            (~6 min, at most ~9)
+#   bench/gpu/run_all.sh part1     # calibrate + tests/gpu + correctness           (~6 min, at most ~9)
 #   bench/gpu/run_all.sh part2     # oversub --trace + fidelity --from oversub     (~8 min, at most ~9.5)
+#   bench/gpu/run_all.sh part3     # overhead                                      (~3 min, at most ~3.5)
 #   bench/gpu/run_all.sh fidelity  # fidelity alone, its own runs (if part2 ran out of time)
 #   bench/gpu/run_all.sh summary   # gpu-summary.md from whatever results exist
 #   bench/gpu/run_all.sh dry-run   # every script with --dry-run, on any machine (CPU)
@@ -77,10 +78,15 @@ part1)
     setup
     step calibrate 120 "$PY" bench/gpu/calibrate.py --quiet
     save calibrate.json
+    # the GPU tests (runtime under cuda, trace recording on a GPU); their output is in run_all-part1.log
+    step tests-gpu 150 "$PY" -m pytest -q -p no:cacheprovider tests/gpu -rs
     step correctness 210 "$PY" bench/gpu/correctness.py --iters 20 --timeout 90
-    save correctness.json
+    collect calibrate.json correctness.json
+    ;;
+part3)
+    setup
     step overhead 200 "$PY" bench/gpu/overhead.py --iters 20 --warmup 5 --rounds 2 --timeout 60
-    collect calibrate.json correctness.json overhead.json
+    collect overhead.json
     ;;
 part2)
     setup
@@ -111,7 +117,7 @@ dry-run)
     "$PY" bench/gpu/summarize.py --dry-run | tail -n 12
     ;;
 *)
-    echo "usage: bench/gpu/run_all.sh part1|part2|fidelity|summary|dry-run" >&2
+    echo "usage: bench/gpu/run_all.sh part1|part2|part3|fidelity|summary|dry-run" >&2
     exit 2
     ;;
 esac
