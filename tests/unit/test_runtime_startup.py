@@ -144,3 +144,29 @@ def test_run_cli_json_last_line():
     assert r.returncode == 0 and lines[0] == "child"
     d = json.loads(lines[-1])
     assert d["returncode"] == 0 and d["report"]["backend"] == "dryrun" and d["report"]["launches"] >= 2
+
+
+def test_hook_runs_once_per_interpreter(monkeypatch):
+    # GIVEN a package that makes Python read the .pth again (site.addsitedir on site-packages, seen on a GPU
+    # machine), THEN the second run does nothing: it would find LD_PRELOAD cleaned for the children and
+    # re-execute the process, forever.
+    import uvmprefetch.runtime.startup as st
+    calls = []
+    monkeypatch.setattr(st, "_ran", False)
+    monkeypatch.setattr(st, "_hook", lambda: calls.append(1))
+    st.hook()
+    st.hook()
+    assert calls == [1]
+
+
+def test_preloaded_survives_cleaning_ld_preload(monkeypatch):
+    # GIVEN the hook saw the shim preloaded and took it out of LD_PRELOAD for the children,
+    # THEN the backend still learns that it was preloaded (not the late RTLD_GLOBAL mode)
+    import uvmprefetch.runtime.shim as sh
+    monkeypatch.setattr(sh, "_started_with", None)
+    monkeypatch.setenv("LD_PRELOAD", f"/x/{sh.LIB_NAME}")
+    assert sh.preloaded() == f"/x/{sh.LIB_NAME}"
+    monkeypatch.delenv("LD_PRELOAD")
+    assert sh.preloaded() is None
+    sh.remember_preloaded(f"/x/{sh.LIB_NAME}")
+    assert sh.preloaded() == f"/x/{sh.LIB_NAME}"

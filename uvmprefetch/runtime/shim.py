@@ -158,9 +158,19 @@ class Shim:
             n = total + 64
 
 
+_started_with: str | None = None  # set by the start-up hook before it takes the shim out of LD_PRELOAD
+
+
+def remember_preloaded(path: str) -> None:
+    """Record that this process started with the shim preloaded (the hook then removes it from
+    ``LD_PRELOAD`` so that children do not inherit it, and ``preloaded()`` must still say so)."""
+    global _started_with
+    _started_with = path
+
+
 def preloaded() -> str | None:
     """Path of the shim if this process was started with it in ``LD_PRELOAD``."""
     for part in os.environ.get("LD_PRELOAD", "").replace(":", " ").split():
         if os.path.basename(part) == LIB_NAME:
             return part
-    return None
+    return _started_with

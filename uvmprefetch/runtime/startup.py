@@ -27,8 +27,20 @@ def _say(msg: str) -> None:
     sys.stderr.flush()
 
 
+_ran = False
+
+
 def hook() -> None:
-    """Run at interpreter start-up; never raises (an error ends the process with one line and its code)."""
+    """Run at interpreter start-up; never raises (an error ends the process with one line and its code).
+
+    Runs once per interpreter: a package that calls ``site.addsitedir`` on site-packages while it is
+    imported (seen on a GPU machine, during the runtime's own start) makes Python read the ``.pth`` file
+    again, and a second run would find ``LD_PRELOAD`` already cleaned for the children and re-execute the
+    process, forever."""
+    global _ran
+    if _ran:
+        return
+    _ran = True
     from ..errors import UvmPrefetchError
     try:
         _hook()
@@ -67,9 +79,11 @@ def _hook() -> None:
     if cfg.backend == "cuda":
         from .device import require_cuda
         require_cuda()
-        from .shim import LIB_NAME, preloaded, shim_path
-        if preloaded() is None:
+        from .shim import LIB_NAME, preloaded, remember_preloaded, shim_path
+        path = preloaded()
+        if path is None:
             _reexec_with_shim(str(shim_path()))
+        remember_preloaded(path)
         # children must not inherit the shim (a worker allocating on the GPU would be redirected unbooked)
         parts = [p for p in os.environ.get("LD_PRELOAD", "").replace(":", " ").split()
                  if os.path.basename(p) != LIB_NAME]
