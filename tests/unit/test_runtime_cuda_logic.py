@@ -143,11 +143,18 @@ def test_moves_in_contract_order_and_budget_spares_queued_launches():
     assert ("fault", 4, [4]) in pol.events  # block 4 was neither resident nor prefetched
 
 
-def test_free_reaches_policy():
+def test_free_reaches_policy_as_dense_ids():
+    # GIVEN the session's tracker numbering freed blocks address // block_size (real addresses: ~6.7e7),
+    # THEN the backend maps them to its dense ids before the books and the policy see them; a block no
+    # launch touched has no id and is skipped. (On the H100 raw numbers reached the books: IndexError.)
+    from uvmprefetch.runtime.observe import StorageTracker
     pol = Scripted([])
     be = backend(pol, 4, [(BASE, 4 * BS)])
-    be.free(np.array([1, 2]))
-    assert ("free", [1, 2]) in pol.events
+    assert be.block_ids(BASE + 2 * BS, 2 * BS).tolist() == [0, 1]  # first seen: blocks 2 and 3 of the segment
+    raw = list(StorageTracker(BS, virtual=False).blocks_of(BASE + BS, 3 * BS))  # blocks 1, 2, 3 of the segment
+    assert raw[0] == BASE // BS + 1
+    be.free(np.array(raw))
+    assert ("free", [0, 1]) in pol.events
 
 
 def test_profile_for_device_names():

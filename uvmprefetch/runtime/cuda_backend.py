@@ -265,8 +265,15 @@ class CudaBackend:
 
     # ------------------------------------------------------------------------------------ hooks
     def free(self, blocks: np.ndarray) -> None:
-        self.res.free(blocks)
-        self.policy.on_free(blocks)
+        """Blocks no live tensor touches any more, numbered ``address // block_size`` as the session's
+        tracker numbers them; mapped here to the dense ids of ``block_ids`` (a block no launch touched has
+        none, and nothing to free)."""
+        get = self._ids.get
+        ids = [i for i in map(get, blocks.tolist()) if i is not None]
+        if ids:
+            dense = np.asarray(ids, dtype=np.int64)
+            self.res.free(dense)
+            self.policy.on_free(dense)
 
     def _check_swap(self) -> None:
         """Once: are PyTorch's allocations really managed? (the shim may sit behind libcudart)"""
