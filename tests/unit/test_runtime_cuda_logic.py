@@ -120,6 +120,19 @@ def test_ranges_clipped_to_managed_allocations_and_merged():
     assert be.ranges(np.array([3, 2])) == [(BASE + (4 << 20), 4 << 20)]  # adjacent blocks merge
 
 
+def test_ranges_never_span_two_allocations():
+    # GIVEN two allocations that touch (the second starts where the first ends), THEN their blocks give two
+    # ranges, one per allocation: the driver rejects a range across allocations (cudaErrorInvalidValue, H100)
+    be = backend(Scripted([]), 8, [(BASE, 2 * BS), (BASE + 2 * BS, 2 * BS)])
+    ids = be.block_ids(BASE, 4 * BS)
+    assert be.ranges(ids) == [(BASE, 2 * BS), (BASE + 2 * BS, 2 * BS)]
+    assert be.ranges(ids, keep_order=True) == [(BASE, 2 * BS), (BASE + 2 * BS, 2 * BS)]
+    # an allocation ending mid-block and the next one starting in that block: one range each
+    be = backend(Scripted([]), 8, [(BASE, 3 << 20), (BASE + (3 << 20), 5 << 20)])
+    ids = be.block_ids(BASE, 8 << 20)
+    assert be.ranges(ids) == [(BASE, 3 << 20), (BASE + (3 << 20), 5 << 20)]
+
+
 def test_moves_in_contract_order_and_budget_spares_queued_launches():
     seg = [(BASE, 16 * BS)]
     dec_later = Decision(prefetch=np.array([5, 6]), evict=np.array([0]), discard=np.array([1]),

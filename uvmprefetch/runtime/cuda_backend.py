@@ -241,12 +241,15 @@ class CudaBackend:
 
     def ranges(self, blocks: np.ndarray, keep_order: bool = False) -> list[tuple[int, int]]:
         """Managed address ranges covering ``blocks``, clipped to live managed allocations; a range that
-        continues the previous one is merged into it. ``keep_order``: in the order given (prefetches:
-        soonest-needed first), else by address (fewest ranges)."""
+        continues the previous one in the same allocation is merged into it (never across two allocations
+        that happen to touch: the driver rejects such a range with cudaErrorInvalidValue, seen on the H100).
+        ``keep_order``: in the order given (prefetches: soonest-needed first), else by address (fewest
+        ranges)."""
         if not blocks.size:
             return []
         self._refresh_segments()
         out: list[list[int]] = []
+        last_seg = -1
         bs = self.block_size
         addrs = self._addr[blocks] if keep_order else np.sort(self._addr[blocks])
         for a in addrs.tolist():
@@ -256,10 +259,11 @@ class CudaBackend:
                 p, s = self._segments[j]
                 lo, hi = max(a, p), min(a + bs, p + s)
                 if lo < hi:
-                    if out and out[-1][0] + out[-1][1] == lo:
+                    if out and last_seg == j and out[-1][0] + out[-1][1] == lo:
                         out[-1][1] += hi - lo
                     else:
                         out.append([lo, hi - lo])
+                    last_seg = j
                 j += 1
         return [(p, s) for p, s in out]
 
