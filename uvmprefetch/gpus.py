@@ -135,6 +135,25 @@ PROFILES["h200"] = dataclasses.replace(
     sources="NVIDIA H200 datasheet (SXM); compute as H100 SXM; PCIe 5 host link",
 )
 
+# The H100 PCIe card's compute with the unified-memory costs measured on a lent H100 (SXM5 board, same PCIe 5
+# x16 host link and driver path) by bench/gpu/calibrate.py: bench/results/calibrate.json, 2026-11-23,
+# driver 580.159.04. The datasheet profiles' link and fault numbers are literature values and much kinder:
+# - a dense read of host-resident managed memory (torch .sum over N 2 MiB blocks, N = 8..512) costs 320-400 us
+#   per block (~6 GB/s), against ~43 us in the literature model. One 2 MiB block per fault batch
+#   (fault_batch_size = 17 entries) at 330 us + the transfer fits the dense touch within -8..+14 % and the
+#   sparse touch (one element per block: 25 us per block) within -15 %;
+# - cudaMemPrefetchAsync to the host (the eviction path) runs at 6.2 GB/s for 2 MiB, 8-10 GB/s for 8 MiB-1 GiB
+#   (pinned copies: 55 GB/s): 7.5 GB/s fits 2 MiB-1 GiB within -16..+31 %;
+# - to the GPU, 49-50 GB/s for >= 128 MiB. Not modelled: one call of 2 MiB takes ~100 us (about 60 us of
+#   latency per call), so prefetching scattered single blocks is slower than this profile says.
+# docs/simulator.md, "Calibrated profile", has the table; bench/results/gpu-20261123/README.md the runs.
+PROFILES["h100-pcie-cal"] = dataclasses.replace(
+    PROFILES["h100-pcie"], name="h100-pcie-cal", link_htod_bw=50 * GB, link_dtoh_bw=7.5 * GB,
+    fault_batch_size=17, fault_batch_latency_s=330e-6,
+    sources=PROFILES["h100-pcie"].sources + "; link and fault costs measured on an H100 (bench/results/calibrate.json)",
+    calibrated="2026-11-23 bench/gpu/calibrate.py on NVIDIA H100 80GB HBM3 (driver 580.159.04), fitted by hand",
+)
+
 DEFAULT_GPU = "h100-pcie"
 
 # SSD tiers for ``GpuProfile.with_overrides(**SSD_PRESETS[name])`` (``--ssd NAME`` in replay/bench). The host

@@ -60,7 +60,7 @@ def profile_for(name: str, total_bytes: int):
 class Mover:
     """Prefetch / evict / discard / advise calls over cuda-python on dedicated streams."""
 
-    def __init__(self, device: int, batch_api: bool) -> None:
+    def __init__(self, device: int, batch_api: bool, batch_prefetch: bool = False) -> None:
         import torch
         from cuda.bindings import runtime as cudart
         self.rt = cudart
@@ -71,7 +71,10 @@ class Mover:
         self.discard_stream = torch.cuda.Stream(device=device)
         self.dev_loc = self._loc(cudart.cudaMemLocationType.cudaMemLocationTypeDevice, device)
         self.host_loc = self._loc(cudart.cudaMemLocationType.cudaMemLocationTypeHost, 0)
-        self.batch = batch_api and hasattr(cudart, "cudaMemPrefetchBatchAsync")
+        # Prefetches and evictions go one cudaMemPrefetchAsync per range by default: on the H100 (driver
+        # 580.159.04, bench/results/calibrate.json) one call took 9 us of host time, while the batch call took
+        # 28-37 us per range (8-256 ranges). Discards need the batch API (there is no single-range discard).
+        self.batch = batch_prefetch and batch_api and hasattr(cudart, "cudaMemPrefetchBatchAsync")
         self.can_discard = batch_api and hasattr(cudart, "cudaMemDiscardBatchAsync")
         self.calls = 0
 
@@ -358,7 +361,7 @@ class CudaBackend:
                  cupti_status=self.cupti_status, peak_managed_bytes=st["peak_managed_bytes"],
                  managed_bytes_end=st["managed_bytes"], managed_limit_bytes=st["limit_bytes"],
                  shim=st, shim_mode=self.shim_mode, shim_launches_seen=self.shim_launches,
-                 batch_api=self.mover.batch, discard_api=self.mover.can_discard, cuda_calls=self.mover.calls,
+                 batch_prefetch=self.mover.batch, discard_api=self.mover.can_discard, cuda_calls=self.mover.calls,
                  captured_launches_skipped=self.captured_launches,
                  driver_version=self.driver.version, gpu_iter_s_between_steps=times,
                  note="faults: CUPTI GPU page-fault groups (null without cupti-python); expected_faults counts "
