@@ -147,12 +147,15 @@ PROFILES["h200"] = dataclasses.replace(
 # - to the GPU, 49-50 GB/s for >= 128 MiB. Not modelled: one call of 2 MiB takes ~100 us (about 60 us of
 #   latency per call), so prefetching scattered single blocks is slower than this profile says.
 # docs/simulator.md, "Calibrated profile", has the table; bench/results/gpu-20261123/README.md the runs.
-PROFILES["h100-pcie-cal"] = dataclasses.replace(
-    PROFILES["h100-pcie"], name="h100-pcie-cal", link_htod_bw=50 * GB, link_dtoh_bw=7.5 * GB,
-    fault_batch_size=17, fault_batch_latency_s=330e-6,
-    sources=PROFILES["h100-pcie"].sources + "; link and fault costs measured on an H100 (bench/results/calibrate.json)",
-    calibrated="2026-11-23 bench/gpu/calibrate.py on NVIDIA H100 80GB HBM3 (driver 580.159.04), fitted by hand",
-)
+# ``h100-sxm-cal``: the same costs with the SXM5 compute, i.e. the board that was measured (bench/gpu/fidelity.py
+# replays live H100 runs with it).
+for _base in ("h100-pcie", "h100-sxm"):
+    PROFILES[f"{_base}-cal"] = dataclasses.replace(
+        PROFILES[_base], name=f"{_base}-cal", link_htod_bw=50 * GB, link_dtoh_bw=7.5 * GB,
+        fault_batch_size=17, fault_batch_latency_s=330e-6,
+        sources=PROFILES[_base].sources + "; link and fault costs measured on an H100 (bench/results/calibrate.json)",
+        calibrated="2026-11-23 bench/gpu/calibrate.py on NVIDIA H100 80GB HBM3 (driver 580.159.04), fitted by hand",
+    )
 
 DEFAULT_GPU = "h100-pcie"
 

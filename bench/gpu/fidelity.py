@@ -47,6 +47,9 @@ def load_profile(path: Path | None, device: str, dry_run: bool):
     if path is None:
         name = calibrate.base_profile_for(device)
         return get_profile(name), f"{name} (UNCALIBRATED: no --profile given)"
+    from uvmprefetch.gpus import PROFILES
+    if not Path(path).exists() and str(path) in PROFILES:  # a profile fitted by hand, e.g. h100-sxm-cal
+        return get_profile(str(path)), f"{path} (uvmprefetch/gpus.py: {PROFILES[str(path)].calibrated or 'literature'})"
     try:
         cal = json.loads(Path(path).read_text())
         base = get_profile(cal["base_profile"])
@@ -76,7 +79,9 @@ def predict(run: dict, profile, warmup: int) -> dict:
 
 def main(argv=None) -> int:
     p = C.parser(NAME, __doc__.split("\n\n")[0], EPILOG)
-    p.add_argument("--profile", type=Path, default=None, help="calibrate.py's JSON (bench/results/calibrate.json)")
+    p.add_argument("--profile", type=Path, default=None,
+                   help="calibrate.py's JSON (bench/results/calibrate.json), or a gpus.py profile name "
+                        "(h100-sxm-cal: the H100 costs fitted by hand where calibrate.py's atan fit failed)")
     p.add_argument("--from", dest="from_", type=Path, default=None,
                    help="an oversub.py --trace result JSON: replay its runs instead of making new ones")
     p.add_argument("--model", default="gpt2", choices=["gpt2", "llama"])

@@ -195,3 +195,15 @@ def test_cuda_binding_call_forms():
         probe.batch_call_s(3, 1)
     with pytest.raises(RuntimeError, match="cudaMallocManaged"):
         probe._check(rt.cudaMallocManaged(MB2, getattr(rt, "cudaMemAttachGlobal", 1)), "cudaMallocManaged")
+
+
+def test_fidelity_profile_by_name_or_calibration(tmp_path):
+    # --profile takes a gpus.py profile name (the hand-fitted h100-sxm-cal) as well as calibrate.py's JSON;
+    # anything else is refused with one line naming it
+    import fidelity
+    g, desc = fidelity.load_profile(Path("h100-sxm-cal"), "NVIDIA H100 80GB HBM3", False)
+    assert g.name == "h100-sxm-cal" and g.fault_batch_size == 17 and "2026-11-23" in desc
+    g, desc = fidelity.load_profile(REPO / "bench" / "results" / "calibrate.json", "NVIDIA H100 80GB HBM3", False)
+    assert g.name == "h100-sxm" and "calibrated by" in desc
+    with pytest.raises(SystemExit):
+        fidelity.load_profile(tmp_path / "nope.json", "NVIDIA H100 80GB HBM3", False)
