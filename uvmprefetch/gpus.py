@@ -141,7 +141,7 @@ PROFILES["h200"] = dataclasses.replace(
 # - a dense read of host-resident managed memory (torch .sum over N 2 MiB blocks, N = 8..512) costs 320-400 us
 #   per block (~6 GB/s), against ~43 us in the literature model. One 2 MiB block per fault batch
 #   (fault_batch_size = 17 entries) at 330 us + the transfer fits the dense touch within -6..+17 % and the
-#   sparse touch (one element per block: 25 us per block) within -14..+11 % (tests/unit/test_gpus_calibrated.py);
+#   sparse touch (one element per block: 20-39 us per block) within -14..+11 % (tests/unit/test_gpus_calibrated.py);
 # - cudaMemPrefetchAsync to the host (the eviction path) runs at 6.2 GB/s for 2 MiB, 8-10 GB/s for 8 MiB-1 GiB
 #   (pinned copies: 55 GB/s): 7.5 GB/s fits 2 MiB-1 GiB within -16..+31 %;
 # - to the GPU, 49-50 GB/s for >= 128 MiB. Not modelled: one call of 2 MiB takes ~100 us (about 60 us of

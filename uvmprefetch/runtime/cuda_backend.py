@@ -245,7 +245,8 @@ class CudaBackend:
     def ranges(self, blocks: np.ndarray, keep_order: bool = False) -> list[tuple[int, int]]:
         """Managed address ranges covering ``blocks``, clipped to live managed allocations; a range that
         continues the previous one in the same allocation is merged into it (never across two allocations
-        that happen to touch: the driver rejects such a range with cudaErrorInvalidValue, seen on the H100).
+        that happen to touch: a range must lie in one managed allocation; on the H100 batched prefetches under
+        a budget failed with cudaErrorInvalidValue, for which such merged ranges are the likeliest cause).
         ``keep_order``: in the order given (prefetches: soonest-needed first), else by address (fewest
         ranges)."""
         if not blocks.size:

@@ -33,10 +33,10 @@ _ran = False
 def hook() -> None:
     """Run at interpreter start-up; never raises (an error ends the process with one line and its code).
 
-    Runs once per interpreter: a package that calls ``site.addsitedir`` on site-packages while it is
-    imported (seen on a GPU machine, during the runtime's own start) makes Python read the ``.pth`` file
-    again, and a second run would find ``LD_PRELOAD`` already cleaned for the children and re-execute the
-    process, forever."""
+    Runs once per interpreter. On the H100 machine the hook ran a second time while the runtime was starting
+    (the ``.pth`` file read again during an import: one pid re-executed itself ~25 times in 200 s, each time
+    just after the runtime's import of ``cupti``); that run found ``LD_PRELOAD`` already cleaned for the
+    children and re-executed the process, forever."""
     global _ran
     if _ran:
         return
