@@ -44,10 +44,15 @@ def load_profile(path: Path | None, device: str, dry_run: bool):
     if dry_run and path is None:
         # The dryrun backend simulates UVMPREFETCH_GPU (default h100-pcie): replay must use the same numbers.
         return get_profile("h100-pcie"), "h100-pcie (the dryrun backend's profile)"
-    if path is None:
-        name = calibrate.base_profile_for(device)
-        return get_profile(name), f"{name} (UNCALIBRATED: no --profile given)"
     from uvmprefetch.gpus import PROFILES
+    if path is None:
+        # the device's hand-fitted profile where gpus.py has one (h100-sxm-cal on an H100 SXM: calibrate.py's
+        # own atan fit failed there, bench/results/gpu-20261123/README.md), else the literature numbers
+        name = calibrate.base_profile_for(device)
+        if f"{name}-cal" in PROFILES:
+            cal = PROFILES[f"{name}-cal"]
+            return cal, f"{cal.name} (uvmprefetch/gpus.py: {cal.calibrated})"
+        return get_profile(name), f"{name} (UNCALIBRATED: no --profile given)"
     if not Path(path).exists() and str(path) in PROFILES:  # a profile fitted by hand, e.g. h100-sxm-cal
         return get_profile(str(path)), f"{path} (uvmprefetch/gpus.py: {PROFILES[str(path)].calibrated or 'literature'})"
     try:

@@ -9,8 +9,8 @@
 #   bench/gpu/run_all.sh dry-run   # every script with --dry-run, on any machine (CPU)
 #
 # Results go to bench/results/ and, when $OUT is set (the device tool), are copied there too: at most
-# 8 files per call come back (DESIGN: results JSON + gpu-summary.md + one log). part2's fidelity uses
-# bench/results/calibrate.json when it is in the tree: bring part1's files back into bench/results/ first.
+# 8 files per call come back (DESIGN: results JSON + gpu-summary.md + one log). part2's fidelity replays with
+# the device's hand-fitted profile of uvmprefetch/gpus.py (h100-sxm-cal on an H100), not calibrate.json.
 # docs/gpu-validation.md has the exact device-tool command lines.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
@@ -67,20 +67,6 @@ save() {
     return 0
 }
 
-# cal_profile: the profile fidelity replays with. On an H100 the hand-fitted h100-*-cal profiles of gpus.py
-# (calibrate.py's own atan fit failed there: bench/results/gpu-20261123/README.md); else calibrate.json.
-cal_profile() {
-    PROFILE=()
-    local gpu
-    gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
-    case "$gpu" in
-    *H100*PCIe*) PROFILE=(--profile h100-pcie-cal) ;;
-    *H100*) PROFILE=(--profile h100-sxm-cal) ;;
-    *) [ -f "$RES/calibrate.json" ] && PROFILE=(--profile "$RES/calibrate.json") ;;
-    esac
-    log "fidelity profile: ${PROFILE[*]:-(uncalibrated default)}"
-}
-
 collect() {
     "$PY" bench/gpu/summarize.py --results "$RES" >/dev/null 2>>"$LOG" || log "summarize found nothing"
     save "$@" gpu-summary.md
@@ -104,18 +90,17 @@ part3)
     ;;
 part2)
     setup
-    cal_profile
+    # fidelity replays with the device's hand-fitted gpus.py profile (h100-sxm-cal on an H100) by itself
     # 5 iterations (3 steady): with the measured fault and eviction costs demand@2x takes ~10 s an iteration
     # (bench/results/gpu-20261123/README.md), so 8 would not fit six cases in one device command
     step oversub 460 "$PY" bench/gpu/oversub.py --trace --work-dir /tmp/uvmp-oversub --iters 5 --warmup 2 --deadline 400 --timeout 150
     save oversub.json
-    step fidelity 90 "$PY" bench/gpu/fidelity.py --from "$RES/oversub.json" "${PROFILE[@]}"
+    step fidelity 90 "$PY" bench/gpu/fidelity.py --from "$RES/oversub.json"
     collect oversub.json fidelity.json
     ;;
 fidelity)
     setup
-    cal_profile
-    step fidelity 540 "$PY" bench/gpu/fidelity.py "${PROFILE[@]}" --timeout 120
+    step fidelity 540 "$PY" bench/gpu/fidelity.py --timeout 120
     collect fidelity.json
     ;;
 summary)

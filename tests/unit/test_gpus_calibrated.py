@@ -19,8 +19,9 @@ def measured():
 def test_fault_model_fits_the_measured_touches():
     from calibrate import fault_model
     g = PROFILES["h100-pcie-cal"]
-    raw = measured()["raw"]
-    assert "H100" in measured()["env"]["device"] and not measured()["env"]["dry_run"]
+    cal = measured()
+    raw = cal["raw"]
+    assert "H100" in cal["env"]["device"] and not cal["env"]["dry_run"]
     for pattern, tol in (("full", 0.18), ("sparse", 0.15)):
         for nb, t_fault, t_resident in raw["touch"][pattern]:
             batches, link = fault_model(nb, pattern, g.link_htod_bw, g.fault_batch_size)
