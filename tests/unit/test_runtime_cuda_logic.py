@@ -7,7 +7,7 @@ import numpy as np
 
 from uvmprefetch.gpus import PROFILES
 from uvmprefetch.policy.base import Advice, Decision, LaunchInfo, Policy, PolicyContext
-from uvmprefetch.runtime.cuda_backend import BLOCK_SIZE, CudaBackend, profile_for
+from uvmprefetch.runtime.cuda_backend import BLOCK_SIZE, CudaBackend, HostTime, profile_for
 from uvmprefetch.runtime.observe import GpuProgress
 from uvmprefetch.runtime.residency import Residency
 
@@ -98,6 +98,7 @@ def backend(policy, cap_blocks, segments):
     be._checked_swap = True
     be._capturing, be.captured_launches = (lambda: False), 0
     be._t0 = 0.0
+    be.host = HostTime()
     Event.done, Event.n = -1, 0
     be.progress = GpuProgress(be.max_blocks, event_factory=Event)
     policy.on_start(PolicyContext(block_size=BS, capacity_blocks=cap_blocks, max_blocks=be.max_blocks,
@@ -154,6 +155,31 @@ def test_moves_in_contract_order_and_budget_spares_queued_launches():
     assert be.mover.log[3][1] == [(BASE + 5 * BS, 2 * BS)]  # prefetches merged, in order
     assert be.res.n_resident <= 4
     assert ("fault", 4, [4]) in pol.events  # block 4 was neither resident nor prefetched
+
+
+def test_host_time_charges_a_blocking_call_to_its_stage():
+    """The launch hook runs on the training thread: a CUDA call that blocks (here an eviction that sleeps)
+    must show up under its own stage of the report's ``host_time``, not be spread over the others."""
+    import time
+
+    class SlowEvict(FakeMover):
+        def prefetch(self, ranges, to_device):
+            super().prefetch(ranges, to_device)
+            if ranges and not to_device:
+                time.sleep(0.03)
+
+    pol = Scripted([None, None, Decision(evict=np.array([0]))])
+    be = backend(pol, 4, [(BASE, 16 * BS)])
+    be.mover = SlowEvict()
+    for i in range(3):
+        Event.done = i - 1  # launches before this one are done on the GPU: block 0 may leave at launch 2
+        be.launch(info(i, be, BASE + i * BS, BS))
+    assert ("to_host", [(BASE, BS)]) in be.mover.log
+    r = be.host.result()
+    assert r["launches"] == 3
+    assert r["total_s"]["evict"] >= 0.03 and r["max_ms"]["evict"] >= 30
+    others = sum(v for k, v in r["total_s"].items() if k != "evict")
+    assert others < 0.03 and abs(r["hook_s"] - (others + r["total_s"]["evict"])) < 1e-9
 
 
 def test_free_reaches_policy_as_dense_ids():
