@@ -30,7 +30,10 @@ VARIABLES: dict[str, str] = {
     "UVMPREFETCH_TRACE": "path of a trace file (.uvmt) recording the live run (its folder must exist)",
     "UVMPREFETCH_LOG": "quiet, warning (default), info or debug",
     "UVMPREFETCH_GPU": "dryrun only: the simulated GPU profile, e.g. h100-pcie (default)",
+    "UVMPREFETCH_MOVER": "cuda only: thread (default: prefetches and evictions from a mover thread) or sync "
+                         "(from the training thread, which the driver's evictions then hold)",
 }
+MOVERS = ("thread", "sync")
 
 
 @dataclass(frozen=True)
@@ -78,8 +81,11 @@ class RuntimeConfig:
     trace: str | None = None
     log: str = "warning"
     gpu: str = "h100-pcie"
+    mover: str = "thread"
 
     def __post_init__(self) -> None:
+        if self.mover not in MOVERS:
+            raise _bad("UVMPREFETCH_MOVER", self.mover)
         if self.backend not in BACKENDS:
             raise _bad("UVMPREFETCH_BACKEND", self.backend)
         if self.log not in LOG_LEVELS:
@@ -91,7 +97,8 @@ class RuntimeConfig:
         """The environment that reproduces this config in a child process (``uvmprefetch run``)."""
         env = {"UVMPREFETCH": "1" if self.enabled else "0", "UVMPREFETCH_BACKEND": self.backend,
                "UVMPREFETCH_LOG": self.log, "UVMPREFETCH_GPU": self.gpu,
-               "UVMPREFETCH_WINDOW": "auto" if self.window is None else str(self.window)}
+               "UVMPREFETCH_WINDOW": "auto" if self.window is None else str(self.window),
+               "UVMPREFETCH_MOVER": self.mover}
         if self.budget is not None:
             env["UVMPREFETCH_BUDGET"] = (str(self.budget.nbytes) if self.budget.nbytes is not None
                                          else repr(self.budget.fraction))
@@ -224,6 +231,9 @@ def from_env(environ=None, *, check_policy: bool = True) -> RuntimeConfig:
     from .gpus import PROFILES
     if gpu not in PROFILES:
         raise ConfigError(f"UVMPREFETCH_GPU={gpu!r} is invalid; accepted: one of {', '.join(PROFILES)}")
-    return RuntimeConfig(enabled=enabled, backend=backend, budget=budget, policy=policy, window=window,
+    mover = get("UVMPREFETCH_MOVER", "thread").strip().lower() or "thread"
+    if mover not in MOVERS:
+        raise _bad("UVMPREFETCH_MOVER", get("UVMPREFETCH_MOVER"))
+    return RuntimeConfig(enabled=enabled, backend=backend, budget=budget, policy=policy, window=window, mover=mover,
                          report=_parse_path("UVMPREFETCH_REPORT", get("UVMPREFETCH_REPORT")),
                          trace=_parse_path("UVMPREFETCH_TRACE", get("UVMPREFETCH_TRACE")), log=log, gpu=gpu)

@@ -254,6 +254,9 @@ class FakeCudart:
     def cudaMemAdvise(self, ptr, count, advice, location):
         return self._ret("advise", ptr, count, advice, location.type)
 
+    def cudaSetDevice(self, dev):
+        return self._ret("set_device", dev)
+
     def cudaGetErrorName(self, err):
         return (0, b"cudaErrorInvalidValue")
 
@@ -348,3 +351,47 @@ def test_uvmprefetch_policy_prefetches_through_the_live_backend():
     assert per_iter[2] > 0, per_iter
     assert be.res.m["peak_resident_blocks"] <= 12
     assert be.res.result()["prefetch_useful_bytes"] > 0
+
+
+def test_mover_thread_keeps_order_and_reports_errors_on_the_training_thread():
+    """Prefetches and evictions leave the training thread (the driver holds the caller of an eviction for the
+    migration); they must still reach CUDA in the submitted order, and a failed call must surface as a
+    CudaCallError on the training thread (the session then degrades), not vanish in the thread."""
+    import pytest
+
+    from uvmprefetch.runtime.cuda_backend import CudaCallError
+    m, _ = mover(batch=False)
+    m.start_thread(max_pending=4 * BS)
+    m.prefetch([(BASE, BS)], to_device=False)
+    m.prefetch([(BASE + BS, 2 * BS)], to_device=True)
+    m.prefetch([(BASE + 3 * BS, BS)], to_device=False)
+    m.synchronize()
+    calls = [c for c in m.rt.calls if c[0] == "prefetch"]
+    assert [(c[1][0], c[1][2]) for c in calls] == [(BASE, 2), (BASE + BS, 1), (BASE + 3 * BS, 2)]
+    assert m.rt.calls[0][0] == "set_device"  # the thread binds the backend's device before any move
+    m.rt.fail = "prefetch"
+    m.prefetch([(BASE, BS)], to_device=True)
+    with pytest.raises(CudaCallError, match="mover thread.*cudaErrorInvalidValue"):
+        m.synchronize()
+    with pytest.raises(CudaCallError):
+        m.prefetch([(BASE, BS)], to_device=True)
+    m.thread.close()
+
+
+def test_mover_thread_backpressure_blocks_the_submitter():
+    """No more than ``max_pending`` bytes wait: the books' budget cannot run far ahead of the device."""
+    import threading
+    import time
+
+    from uvmprefetch.runtime.cuda_backend import MoveThread
+    gate = threading.Event()
+    done = []
+    t = MoveThread(0, max_pending=2 * BS)
+    t.submit(2 * BS, lambda: (gate.wait(5), done.append(1)))  # holds the thread
+    t0 = time.perf_counter()
+    threading.Timer(0.2, gate.set).start()
+    t.submit(BS, done.append, 2)  # over the limit: waits for the first call to finish
+    assert time.perf_counter() - t0 >= 0.15 and t.waited_s >= 0.15
+    t.drain()
+    assert done == [1, 2]
+    t.close()
