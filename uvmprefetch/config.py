@@ -30,8 +30,8 @@ VARIABLES: dict[str, str] = {
     "UVMPREFETCH_TRACE": "path of a trace file (.uvmt) recording the live run (its folder must exist)",
     "UVMPREFETCH_LOG": "quiet, warning (default), info or debug",
     "UVMPREFETCH_GPU": "dryrun only: the simulated GPU profile, e.g. h100-pcie (default)",
-    "UVMPREFETCH_MOVER": "cuda only: thread (default: prefetches and evictions from a mover thread) or sync "
-                         "(from the training thread, which the driver's evictions then hold)",
+    "UVMPREFETCH_MOVER": "cuda only: sync (default: moves issued from the training thread) or thread "
+                         "(prefetches and evictions from a mover thread; experimental)",
 }
 MOVERS = ("thread", "sync")
 
@@ -81,7 +81,7 @@ class RuntimeConfig:
     trace: str | None = None
     log: str = "warning"
     gpu: str = "h100-pcie"
-    mover: str = "thread"
+    mover: str = "sync"
 
     def __post_init__(self) -> None:
         if self.mover not in MOVERS:
@@ -231,7 +231,7 @@ def from_env(environ=None, *, check_policy: bool = True) -> RuntimeConfig:
     from .gpus import PROFILES
     if gpu not in PROFILES:
         raise ConfigError(f"UVMPREFETCH_GPU={gpu!r} is invalid; accepted: one of {', '.join(PROFILES)}")
-    mover = get("UVMPREFETCH_MOVER", "thread").strip().lower() or "thread"
+    mover = get("UVMPREFETCH_MOVER", "sync").strip().lower() or "sync"
     if mover not in MOVERS:
         raise _bad("UVMPREFETCH_MOVER", get("UVMPREFETCH_MOVER"))
     return RuntimeConfig(enabled=enabled, backend=backend, budget=budget, policy=policy, window=window, mover=mover,
