@@ -88,10 +88,10 @@ def main(argv=None) -> int:
         checks.append(C.Check(f"{spec} ran", "ok" if ok else why, "ok, runtime active", ok))
         times, _ = C.iteration_times(r, args.dry_run)
         med = C.steady_median(times, work.warmup) if times else float("nan")
-        ht = C.report_get(r.get("report"), "backend_result", "host_time") or {}
+        ht = C.report_get(r.get("report"), "backend_result.host_time") or {}
         tot = ht.get("total_s", {})
         n_it = max(1, len(times))
-        br = C.report_get(r.get("report"), "backend_result") or {}
+        br = C.report_get(r.get("report"), "backend_result") or {}  # a dotted path: one key
         rows.append([spec, f"{med:.3f}", " ".join(f"{t:.2f}" for t in times),
                      f"{ht.get('hook_s', float('nan')) / n_it:.3f}",
                      *[f"{tot.get(s, float('nan')) / n_it:.3f}" for s in STAGES],

@@ -4,15 +4,19 @@ Memory: every PyTorch CUDA allocation is managed memory (the LD_PRELOAD shim tur
 ``cudaMalloc`` into ``cudaMallocManaged``). This backend runs the policy hooks for each observed launch and
 moves blocks with cuda-python (``cuda.bindings.runtime``, CUDA 13 ``cudaMemLocation`` API):
 
-- prefetches to the device and evictions to the host go on a dedicated non-blocking stream, batched with
-  ``cudaMemPrefetchBatchAsync`` where the driver has it (CUDA 13), one ``cudaMemPrefetchAsync`` per range
-  otherwise;
+- prefetches to the device and evictions to the host go on a dedicated non-blocking stream, one
+  ``cudaMemPrefetchAsync`` per range (cheaper per range than ``cudaMemPrefetchBatchAsync`` on the H100; the
+  batch path stays behind ``Mover(batch_prefetch=True)``), issued from the training thread, or from a mover
+  thread with ``UVMPREFETCH_MOVER=thread`` (``MoveThread``);
 - discards (dead data, no write-back) use ``cudaMemDiscardBatchAsync`` on a second stream ordered both ways
   with the compute stream: after every queued kernel that may still read the dead tensor, before any later
   kernel that reuses its memory (a discard racing with an access is undefined behaviour). Without the batch
   API discards are skipped;
 - the budget (``Residency``) evicts the least recently migrated blocks, never those of the running launch
   or of launches still queued on the GPU (``GpuProgress``).
+
+The launch hook's host seconds, by stage, are in the report (``host_time``, ``HostTime``): on the H100 the
+eviction and discard calls held the training thread (bench/results/gpu-20261123b/README.md).
 
 Any CUDA error raises ``CudaCallError``; the session logs it once and switches the prefetcher off, leaving
 plain managed memory (still correct: the driver pages on demand).
@@ -62,10 +66,12 @@ def profile_for(name: str, total_bytes: int):
 class MoveThread:
     """Issues prefetches and evictions from a thread of its own, in the order they were submitted.
 
-    On the H100 (driver 580.159.04, bench/results/gpu-20261123b/) ``cudaMemPrefetchAsync`` to the host held
-    the calling thread for most of the migration: GPT-2 large at 1.5x, 4.3 s of each 7.8 s iteration went by
-    inside the eviction calls of the launch hook, i.e. on the thread that launches the kernels, so the GPU sat
-    idle. cuda-bindings releases the GIL around its C calls, so here the training thread only queues the call.
+    Opt-in (``UVMPREFETCH_MOVER=thread``). On the H100 (driver 580.159.04, bench/results/gpu-20261123b/)
+    ``cudaMemPrefetchAsync`` to the host held the calling thread for much of the migration: GPT-2 large at
+    1.5x under ``demand`` spent 17 of its 53 s inside the launch hook's eviction calls, on the thread that
+    launches the kernels. cuda-bindings releases the GIL around its C calls, so here the training thread only
+    queues the call. Measured there: the wait moved to the training thread's other CUDA calls (the iteration
+    time did not change beyond noise) and discards got slower, hence not the default.
 
     Backpressure: at most ``max_pending`` bytes may wait; beyond that ``submit`` blocks (the training thread
     waits for the link, as it would wait for the driver's own eviction on a full GPU), so the books' budget
