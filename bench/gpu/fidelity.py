@@ -63,7 +63,7 @@ def load_profile(path: Path | None, device: str, dry_run: bool):
         C.fail(NAME, f"--profile {path}: not a calibrate.py result ({type(e).__name__}: {e})")
 
 
-def predict(run: dict, profile, warmup: int) -> dict:
+def predict(run: dict, profile, warmup: int, host=None) -> dict:
     """Replay ``run``'s trace with its policy and budget; the steady-state median iteration time and figures.
 
     ``ideal_s`` (infinite memory) is over the reference's steady iterations (``C.steady_reference``), so the
@@ -72,14 +72,15 @@ def predict(run: dict, profile, warmup: int) -> dict:
     from uvmprefetch.trace.format import load
     trace = load(run["trace"])
     t0 = time.perf_counter()
-    res = replay(trace, run["policy"], gpu=profile, capacity_bytes=int(run["budget"]))
+    res = replay(trace, run["policy"], gpu=profile, capacity_bytes=int(run["budget"]), host=host)
     times = res.get("iteration_times_s") or []
     ideal = res.get("ideal_iteration_times_s") or []
     return {"predicted_s": C.steady_median(times, warmup), "ideal_s": C.steady_reference(ideal, warmup)[0] if ideal
             else float("nan"), "replay_iters": len(times), "replay_wall_s":
             time.perf_counter() - t0, **{k: res.get(k) for k in ("faults", "bytes_htod", "bytes_dtoh", "stall_s",
                                                                   "accuracy", "coverage", "oversub",
-                                                                  "footprint_bytes", "allocator")}}
+                                                                  "footprint_bytes", "allocator", "host_stall_s",
+                                                                  "host_decision_s", "host_blocked_s")}}
 
 
 def main(argv=None) -> int:
@@ -87,6 +88,10 @@ def main(argv=None) -> int:
     p.add_argument("--profile", type=Path, default=None,
                    help="calibrate.py's JSON (bench/results/calibrate.json), or a gpus.py profile name "
                         "(h100-sxm-cal: the H100 costs fitted by hand where calibrate.py's atan fit failed)")
+    p.add_argument("--host", default=None, metavar="MODEL",
+                   help="the simulator's host clock (docs/simulator.md 'Host clock'): live-sync charges the "
+                        "decision time, blocking evictions and discards the live runtime paid on the H100; "
+                        "default none (the host never limits)")
     p.add_argument("--from", dest="from_", type=Path, default=None,
                    help="an oversub.py --trace result JSON: replay its runs instead of making new ones")
     p.add_argument("--model", default="gpt2", choices=["gpt2", "llama"])
@@ -107,6 +112,12 @@ def main(argv=None) -> int:
     C.require_gpu(args, NAME)
     env = C.environment(args.dry_run)
     profile, prof_desc = load_profile(args.profile, env.get("device", ""), args.dry_run)
+    from uvmprefetch.errors import ConfigError
+    from uvmprefetch.sim.engine import parse_host
+    try:
+        host = parse_host(args.host)
+    except ConfigError as e:
+        C.fail(NAME, f"--host {args.host!r}: {e}")
 
     checks_skipped: list[str] = []
     if args.from_ is not None:
@@ -178,7 +189,7 @@ def main(argv=None) -> int:
         times, source = C.iteration_times(r, args.dry_run)
         measured = C.steady_median(times, warmup)
         try:
-            pred = predict(r, profile, warmup)
+            pred = predict(r, profile, warmup, host)
         except Exception as e:  # noqa: BLE001 - one bad replay is a finding for that case, not a crash
             checks.append(C.Check(f"{r['case']} prediction", f"replay failed: {type(e).__name__}: {e}",
                                   f"within +-{TARGET:.0%}", False))
@@ -214,7 +225,7 @@ def main(argv=None) -> int:
     if not runs:
         checks.append(C.Check("cases", 0, ">= 1", False))
     errs = [abs(c["error"]) for c in cases]
-    payload = {"profile": prof_desc, "profile_fields": {k: getattr(profile, k) for k in (
+    payload = {"host": args.host, "profile": prof_desc, "profile_fields": {k: getattr(profile, k) for k in (
                    "link_htod_bw", "link_dtoh_bw", "fault_batch_latency_s", "launch_overhead_s", "calibrated")},
                "workload": work_desc, "cases": cases, "target": TARGET,
                "reference_s": t_ref, "reference_iterations": ref_iters,

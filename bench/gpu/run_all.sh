@@ -2,7 +2,8 @@
 # Run the GPU validation on a lent GPU machine, in parts that each fit one 10-minute device command.
 #
 #   bench/gpu/run_all.sh part1     # calibrate + tests/gpu + correctness           (~6 min, at most ~9)
-#   bench/gpu/run_all.sh part2     # oversub --trace + fidelity --from oversub     (~8 min, at most ~9.5)
+#   bench/gpu/run_all.sh part2     # oversub --trace + fidelity --from oversub, without and with the
+#                                  # live-sync host clock                            (~8 min, at most ~9.5)
 #   bench/gpu/run_all.sh part3     # overhead                                      (~3 min, at most ~3.5)
 #   bench/gpu/run_all.sh fidelity  # fidelity alone, its own runs (if part2 ran out of time)
 #   bench/gpu/run_all.sh summary   # gpu-summary.md from whatever results exist
@@ -93,9 +94,13 @@ part2)
     # fidelity replays with the device's hand-fitted gpus.py profile (h100-sxm-cal on an H100) by itself
     # 5 iterations (3 steady): with the measured fault and eviction costs demand@2x takes ~10 s an iteration
     # (bench/results/gpu-20261123/README.md), so 8 would not fit six cases in one device command
-    step oversub 460 "$PY" bench/gpu/oversub.py --trace --work-dir /tmp/uvmp-oversub --iters 5 --warmup 2 --deadline 400 --timeout 150
+    step oversub 420 "$PY" bench/gpu/oversub.py --trace --work-dir /tmp/uvmp-oversub --iters 5 --warmup 2 --deadline 370 --timeout 150
     save oversub.json
-    step fidelity 90 "$PY" bench/gpu/fidelity.py --from "$RES/oversub.json"
+    step fidelity 60 "$PY" bench/gpu/fidelity.py --from "$RES/oversub.json"
+    # the same replays with the host clock the live runtime showed (docs/simulator.md "Host clock")
+    step fidelity-live-sync 60 "$PY" bench/gpu/fidelity.py --from "$RES/oversub.json" --host live-sync \
+        --out "$RES/fidelity-live-sync"
+    [ -n "${OUT:-}" ] && cp "$RES/fidelity-live-sync/fidelity.json" "$OUT/fidelity-live-sync.json" 2>/dev/null
     collect oversub.json fidelity.json
     ;;
 fidelity)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from uvmprefetch.trace import load
@@ -75,3 +76,42 @@ def test_trace_exec_ids_are_the_live_ones(runs):
     it = t.launch_iter
     a, b = t.launch_exec_id[it == 1], t.launch_exec_id[it == 2]
     assert a.size == b.size and (a == b).mean() > 0.95
+
+
+AUTOCAST_SCRIPT = """
+import torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 256))
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+x = torch.randn(64, 256)
+for _ in range(2):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(x).float().pow(2).mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+"""
+
+
+def test_live_trace_keeps_the_flop_dtype_for_re_estimates(tmp_path):
+    """A live trace replayed on another GPU profile is re-estimated from its FLOPs, in the dtype they ran in.
+    Under bf16 autocast the matmuls are bf16: the trace must say so (``flop_dtype_runs``), or every matmul is
+    re-estimated at the fp32 peak (on the H100 that made fidelity.py's compute model 4x too slow). Check:
+    re-estimating on the recording's own profile gives back the recorded durations."""
+    from uvmprefetch.trace.roofline import FLOP_DTYPES, dtype_codes, durations_for
+    script = tmp_path / "train.py"
+    script.write_text(AUTOCAST_SCRIPT)
+    trace, report = tmp_path / "run.uvmt", tmp_path / "report.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UVMPREFETCH")}
+    env.update(OMP_NUM_THREADS="1", UVMPREFETCH="1", UVMPREFETCH_BACKEND="dryrun", UVMPREFETCH_TRACE=str(trace),
+               UVMPREFETCH_REPORT=str(report))
+    r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rep = json.loads(report.read_text())
+    t = load(trace)
+    assert rep["launches"] == t.n_launches > 0
+    codes = dtype_codes(t)
+    flop = t.launch_flops > 0
+    assert flop.any() and {FLOP_DTYPES[c] for c in codes[flop]} == {"bf16"}
+    again = durations_for(t, rep["gpu"])
+    assert np.allclose(again, t.launch_dur, rtol=1e-12, atol=0)

@@ -40,10 +40,11 @@ def run(args) -> int:
     from ..errors import ConfigError
     from ..policy import available
     from ..sim import bench as B
-    from .replay import block_size_from_args, gpu_from_args, gpus_from_args
+    from .replay import block_size_from_args, gpu_from_args, gpus_from_args, host_from_args
     gpu = gpu_from_args(args)
     n_gpus = gpus_from_args(args)
     bs = block_size_from_args(args)
+    host = host_from_args(args)
     oversubs = B.parse_oversub_list(args.oversub)
     if args.policies.strip() == "all":
         policies = available()
@@ -54,10 +55,10 @@ def run(args) -> int:
     traces = B.load_traces(args.traces) if args.traces else B.standard_trace_set(progress=not args.no_progress)
     t0 = time.perf_counter()
     rows = B.run_bench(traces, policies, oversubs, gpu, block_size=bs, writeback_clean=args.writeback_clean,
-                       progress=not args.no_progress, n_gpus=n_gpus, shared_link=not args.own_links)
+                       progress=not args.no_progress, n_gpus=n_gpus, shared_link=not args.own_links, host=host)
     wall = time.perf_counter() - t0
     out = Path(args.out) if args.out else Path("bench/results") / f"replay-{time.strftime('%Y%m%d', time.gmtime())}"
-    files = B.save_outputs(rows, oversubs, out, B.bench_meta(gpu, bs, wall))
+    files = B.save_outputs(rows, oversubs, out, B.bench_meta(gpu, bs, wall, host))
     if args.json:
         from . import emit_json
         emit_json(rows)

@@ -20,7 +20,7 @@ examples:
 
 
 def add_gpu_arguments(p) -> None:
-    """--gpu / --gpu-set / --block-size / --writeback-clean, shared with ``bench``."""
+    """--gpu / --gpu-set / --block-size / --writeback-clean / --host, shared with ``bench``."""
     from ..gpus import DEFAULT_GPU, PROFILES
     p.add_argument("--gpu", default=DEFAULT_GPU, metavar="NAME",
                    help=f"GPU profile ({', '.join(PROFILES)}; default {DEFAULT_GPU})")
@@ -33,6 +33,11 @@ def add_gpu_arguments(p) -> None:
                    help="simulated block: 2MiB (the driver's VA block, default) or 64KiB (its big page)")
     p.add_argument("--writeback-clean", action="store_true",
                    help="model a driver without dirty tracking: every evicted live block is written back")
+    p.add_argument("--host", default=None, metavar="MODEL",
+                   help="model the host thread that issues the launches (docs/simulator.md 'Host clock'): "
+                        "live-sync (what the live runtime cost on an H100: measured decision time, evictions "
+                        "that hold the thread, discard cost), or k=v pairs such as decision_s=20e-6,"
+                        "blocking_evict=true, or live-sync:decision_scale=0.5. Default: the host never limits")
 
 
 def add_gpus_arguments(p) -> None:
@@ -71,6 +76,16 @@ def gpu_from_args(args):
             raise ConfigError(f"--ssd {preset!r}: unknown SSD preset; valid: {', '.join(SSD_PRESETS)}")
         over = {**SSD_PRESETS[preset], **over}
     return gpu.with_overrides(**over) if over else gpu
+
+
+def host_from_args(args):
+    """The ``HostModel`` that ``--host`` names, or None (ConfigError naming the flag on a bad one)."""
+    from ..errors import ConfigError
+    from ..sim.engine import parse_host
+    try:
+        return parse_host(args.host)
+    except ConfigError as e:
+        raise ConfigError(f"--host {args.host!r}: {e}") from None
 
 
 def block_size_from_args(args) -> int:
@@ -122,8 +137,8 @@ def run(args) -> int:
     trace = load(args.trace)
     want_tl = bool(args.perfetto or args.plot)
     if n_gpus > 1:
-        if want_tl or args.writeback_clean:
-            raise ConfigError("--perfetto, --plot and --writeback-clean work with one GPU only (drop --gpus)")
+        if want_tl or args.writeback_clean or args.host:
+            raise ConfigError("--perfetto, --plot, --writeback-clean and --host work with one GPU only (drop --gpus)")
         from ..sim.multigpu import replay_multi
         res = replay_multi(trace, args.policy, gpu, n_gpus, capacity_bytes=cap, oversub=args.oversub,
                            block_size=bs, shared_link=not args.own_links, allocator=args.allocator)
@@ -134,8 +149,9 @@ def run(args) -> int:
         else:
             print(format_multi(res))
         return 0
+    host = host_from_args(args)
     res = replay(trace, policy, gpu, capacity_bytes=cap, oversub=args.oversub, block_size=bs, timeline=want_tl,
-                 writeback_clean=args.writeback_clean, allocator=args.allocator)
+                 writeback_clean=args.writeback_clean, allocator=args.allocator, host=host)
     res["trace"] = str(args.trace)
     if args.perfetto:
         from ..sim.timeline import write_perfetto
@@ -180,6 +196,9 @@ def format_result(r: dict) -> str:
         f"cold       first-touch {format_size(r['cold_first_touch_bytes'])}, {r['cold_first_touch_s'] * 1e3:.3f} ms "
         f"on demand",
     ]
+    if r.get("host"):
+        lines.append(f"host       GPU idle waiting for the host {r['host_stall_s'] * 1e3:.3f} ms; decisions "
+                     f"{r['host_decision_s'] * 1e3:.3f} ms; host held by evictions {r['host_blocked_s'] * 1e3:.3f} ms")
     its = r.get("iteration_times_s") or []
     if its:
         lines.append("iterations " + "  ".join(f"{t * 1e3:.3f}" for t in its) + " ms")

@@ -8,6 +8,7 @@ trace and reported at every level.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import time
@@ -81,17 +82,20 @@ def parse_oversub_list(text: str) -> list[float]:
 
 def run_bench(traces: list[tuple[str, Trace]], policies: list[str], oversubs: list[float], gpu: GpuProfile,
               block_size: int = 2 << 20, writeback_clean: bool = False, progress: bool = True, n_gpus: int = 1,
-              shared_link: bool = True) -> list[dict]:
+              shared_link: bool = True, host=None) -> list[dict]:
     """Replay every trace under every policy at every oversubscription level.
 
     A combination the capacity cannot hold (a launch wider than the capacity) becomes a row with ``error``
     set instead of stopping the benchmark. With ``n_gpus`` > 1 every replay but ``ideal`` runs ``n_gpus``
-    data-parallel GPUs on one host link (``sim/multigpu.py``; ``shared_link=False``: a link each). Each row
+    data-parallel GPUs on one host link (``sim/multigpu.py``; ``shared_link=False``: a link each). ``host``:
+    the host clock of ``replay`` (one GPU only; the ``ideal`` reference runs without it). Each row
     says whether its policy is ``offline`` (sees the whole trace in advance) and its ``planning_s``.
     """
     from .multigpu import replay_multi
     if writeback_clean and n_gpus > 1:
         raise ConfigError("--writeback-clean is not supported with --gpus > 1")
+    if host is not None and n_gpus > 1:
+        raise ConfigError("--host is not supported with --gpus > 1")
     from tqdm import tqdm
     for p in policies:  # fail early on a bad policy spec
         make_policy(p)
@@ -119,7 +123,7 @@ def run_bench(traces: list[tuple[str, Trace]], policies: list[str], oversubs: li
                                                  shared_link=shared_link)
                             else:
                                 r = replay(t, p, gpu, oversub=ov, layout=lay, durations=dur,
-                                           writeback_clean=writeback_clean)
+                                           writeback_clean=writeback_clean, host=host)
                         except ConfigError as e:
                             r = {"policy": p, "gpu": gpu.name, "oversub": ov, "error": str(e),
                                  "ideal_s": ideal["ideal_s"]}
@@ -270,7 +274,7 @@ def load_traces(paths: list[str]) -> list[tuple[str, Trace]]:
     return [(Path(p).stem, load(p)) for p in paths]
 
 
-def bench_meta(gpu: GpuProfile, block_size: int, wall: float) -> dict:
+def bench_meta(gpu: GpuProfile, block_size: int, wall: float, host=None) -> dict:
     import os
     import platform
     import subprocess
@@ -283,4 +287,5 @@ def bench_meta(gpu: GpuProfile, block_size: int, wall: float) -> dict:
         commit = None
     return {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "gpu": gpu.name, "block_size": block_size,
             "uvmprefetch": __version__, "commit": commit, "python": platform.python_version(),
-            "machine": platform.machine(), "cpus": os.cpu_count(), "wall_s": wall}
+            "machine": platform.machine(), "cpus": os.cpu_count(), "wall_s": wall,
+            "host": dataclasses.asdict(host) if host is not None else None}

@@ -28,6 +28,12 @@ launch, and the live runtime's ``dryrun`` backend feeds it live observations thr
 - ``Advice.READ_MOSTLY``: a write to such a block invalidates the host copy (one fault-batch latency per
   launch that writes any). ``Advice.PREFER_HOST``: the block stays in host memory and the kernel reads it
   over the link: ``blocks * block_size / remote_bw`` is added to the launch's duration.
+- Optional host clock (``HostModel``; off by default, and then none of its code runs): the thread that
+  launches the kernels. Launch ``i`` cannot start before the host issued it: the host clock advances by a
+  per-launch cost, the policy's decision (fixed, or its measured ``on_launch`` wall time), a cost per discarded
+  block, and, with ``blocking_evict``, waits until the D2H engine has written back what the decision evicted
+  (the live cuda backend's eviction calls held the training thread on the H100:
+  bench/results/gpu-20261123b/README.md). See ``docs/simulator.md`` "Host clock".
 - A policy with ``ideal = True`` gets infinite memory: every launch starts when the previous one ends.
 - Optional SSD tier (``gpu.ssd_bw > 0``; off by default, and then none of its code runs): bounded host memory
   (``host_capacity_bytes``) with an SSD behind it, reached over a direct GPU<->SSD path (link + SSD queue);
@@ -37,7 +43,9 @@ launch, and the live runtime's ``dryrun`` backend feeds it live observations thr
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import time
 
 import numpy as np
 
@@ -49,6 +57,62 @@ DENSITY = 0.51  # nvidia-uvm tree prefetcher threshold (uvm_perf_prefetch.c, def
 REGION = 2 << 20  # the driver's VA block: the density prefetcher's scope
 _READ_MOSTLY = int(Advice.READ_MOSTLY)  # plain ints: enum attribute lookups are slow in the per-launch path
 _PREFER_HOST = int(Advice.PREFER_HOST)
+
+
+@dataclasses.dataclass(frozen=True)
+class HostModel:
+    """The host thread that issues the launches (docs/simulator.md "Host clock"). All costs in seconds.
+
+    ``launch_s``: per launch, outside the policy (framework dispatch, the runtime's observation);
+    ``decision_s``: a fixed decision cost per launch; ``measure_decision``: add the policy's own ``on_launch``
+    wall time on this machine times ``decision_scale`` (not reproducible run to run; for benchmarks);
+    ``discard_block_s``: per block a decision discards; ``blocking_evict``: the host waits until the D2H engine has
+    finished the write-backs its decision queued (the live cuda backend's synchronous eviction calls).
+    """
+
+    launch_s: float = 0.0
+    decision_s: float = 0.0
+    measure_decision: bool = False
+    decision_scale: float = 1.0
+    discard_block_s: float = 0.0
+    blocking_evict: bool = False
+
+    def __post_init__(self) -> None:
+        for f in ("launch_s", "decision_s", "decision_scale", "discard_block_s"):
+            v = getattr(self, f)
+            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0):
+                raise ConfigError(f"host model: {f} must be a number >= 0, got {v!r}")
+
+
+# Named host models for the command line (``--host``); docs/simulator.md "Host clock" says where they come from.
+HOST_PRESETS = {
+    "none": None,
+    # What the live cuda backend did on the H100 (bench/results/gpu-20261123b/): decisions on the training
+    # thread, synchronous evictions, ~10 us of PyTorch dispatch + observation per launch (assumed, not measured),
+    # discards that held the thread 159 us per block (9.82 s for 61 739 blocks, GPT-2 large at 1.5x).
+    "live-sync": HostModel(launch_s=10e-6, measure_decision=True, blocking_evict=True, discard_block_s=159e-6),
+}
+
+
+def parse_host(spec: "str | HostModel | None") -> "HostModel | None":
+    """``None``/``"none"``, a preset name (``live-sync``), ``"k=v,..."``, or ``"preset:k=v,..."``."""
+    if spec is None or isinstance(spec, HostModel):
+        return spec
+    from ..policy.base import parse_params
+    name, sep, rest = str(spec).partition(":")
+    name = name.strip()
+    if not sep and "=" in name:
+        name, rest = "", spec
+    if name and name not in HOST_PRESETS:
+        raise ConfigError(f"host model {name!r} is unknown; valid: {', '.join(HOST_PRESETS)} or k=v pairs "
+                          f"({', '.join(f.name for f in dataclasses.fields(HostModel))})")
+    base = HOST_PRESETS.get(name) if name else HostModel()
+    if not rest.strip():
+        return base
+    over = parse_params(HostModel, rest, owner="host model")
+    changed = {f.name: getattr(over, f.name) for f in dataclasses.fields(HostModel)
+               if f.name in {p.partition("=")[0].strip() for p in rest.split(",")}}
+    return dataclasses.replace(base or HostModel(), **changed)
 
 
 class _Queue:
@@ -157,7 +221,7 @@ class GpuModel:
 
     def __init__(self, gpu: GpuProfile, capacity_bytes: int, block_size: int, max_blocks: int, policy: Policy,
                  *, timeline: bool = False, trace=None, layout=None, writeback_clean: bool = False,
-                 check: bool = False, link: Link | None = None) -> None:
+                 check: bool = False, link: Link | None = None, host: HostModel | None = None) -> None:
         if block_size <= 0:
             raise ConfigError(f"block size must be positive, got {block_size}")
         self.gpu = gpu
@@ -194,6 +258,8 @@ class GpuModel:
         self.n_inflight = 0
         # Clocks.
         self.now = 0.0  # the compute stream: end of the last launch
+        self.host = host  # the launching thread's model, or None (the host is never the bottleneck)
+        self.host_t = 0.0  # when the host has issued the last launch
         self.link = link if link is not None else Link()
         self.link.members.append(self)
         # Per-block transfer and fault costs.
@@ -228,6 +294,8 @@ class GpuModel:
                       policy_evictions=0, writebacks=0, drops=0, discards=0, remote_bytes=0, remote_s=0.0,
                       invalidations=0, peak_used_blocks=0, cold_first_touch_bytes=0, cold_first_touch_s=0.0,
                       compute_s=0.0)
+        if host is not None:
+            self.m.update(host_stall_s=0.0, host_decision_s=0.0, host_blocked_s=0.0)
         if self.tier:
             self.m.update(bytes_to_ssd=0, bytes_from_ssd=0, ssd_busy_s=0.0,
                           host_to_ssd_bytes=0, host_reclaimed_blocks=0, peak_host_blocks=0,
@@ -316,9 +384,13 @@ class GpuModel:
                 raise SimError(f"launch {info.index} touches {nb} blocks but the capacity is "
                                f"{self.capacity_blocks} blocks: raise the capacity")
             self._protect[blocks] = True
-            dec = self.policy.on_launch(info, self)
-            if dec is not None and not dec.is_empty():
-                self._apply(dec, now)
+            host = self.host
+            if host is None:
+                dec = self.policy.on_launch(info, self)
+                if dec is not None and not dec.is_empty():
+                    self._apply(dec, now)
+            else:
+                now, dec = self._host_launch(info, now, host)
             far = self.advice[blocks] == _PREFER_HOST
             need = blocks[~far] if far.any() else blocks
             missing = need[~self.resident[need] & ~self.in_flight[need]]
@@ -366,6 +438,35 @@ class GpuModel:
         if self.check:
             self._check_invariants()
         return {"start": start, "end": end, "stall": start - now, "faults": n_fault, "late": n_late}
+
+    def _host_launch(self, info: LaunchInfo, now: float, host: HostModel) -> tuple[float, "Decision | None"]:
+        """``on_launch`` and its Decision on the host clock: returns when the launch was issued (the compute
+        stream cannot start it earlier) and the Decision."""
+        m = self.m
+        t0 = time.perf_counter() if host.measure_decision else 0.0
+        dec = self.policy.on_launch(info, self)
+        cost = host.decision_s + ((time.perf_counter() - t0) * host.decision_scale if host.measure_decision else 0.0)
+        m["host_decision_s"] += cost
+        h = self.host_t + host.launch_s + cost
+        if dec is not None and dec.discard.size:
+            h += host.discard_block_s * dec.discard.size
+        if h > now:  # host-bound: the GPU idles until the launch is issued; the decision's moves start then
+            m["host_stall_s"] += h - now
+            now = h
+            self._advance(now)
+        if dec is not None and not dec.is_empty():
+            d2h_before = self.t_d2h
+            self._apply(dec, now)
+            if host.blocking_evict and self.t_d2h > d2h_before and self.t_d2h > now:
+                # the eviction calls return when their write-backs are done (one FIFO stream: the earlier
+                # ones first): the host waits for the D2H queue it just added to, then issues the launch
+                wait = self.t_d2h - now
+                m["host_blocked_s"] += wait
+                m["host_stall_s"] += wait
+                now = h = self.t_d2h
+                self._advance(now)
+        self.host_t = h
+        return now, dec
 
     def end_iteration(self, k: int) -> None:
         """Iteration ``k`` ended with the last launch given; calls ``policy.on_iteration(k)``."""

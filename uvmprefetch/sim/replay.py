@@ -20,7 +20,7 @@ from ..gpus import GpuProfile, get_profile
 from ..policy import make_policy
 from ..policy.base import LaunchInfo, Policy
 from ..trace.format import Trace
-from .engine import GpuModel, SimError
+from .engine import GpuModel, SimError, parse_host
 from .layout import Layout, build_layout
 
 DEFAULT_BLOCK = 2 << 20
@@ -66,7 +66,7 @@ def capacity_for(layout: Layout, capacity_bytes: int | None, oversub: float | No
 def replay(trace: Trace, policy: Policy | str, gpu: GpuProfile | str = "h100-pcie", capacity_bytes: int | None = None,
            oversub: float | None = None, block_size: int = DEFAULT_BLOCK, timeline: bool = False, *,
            layout: Layout | None = None, durations: np.ndarray | None = None, writeback_clean: bool = False,
-           check: bool = False, allocator: str = "auto") -> dict:
+           check: bool = False, allocator: str = "auto", host=None) -> dict:
     """Replay ``trace`` under ``policy`` on a simulated ``gpu`` with the given capacity or oversubscription.
 
     Parameters
@@ -94,6 +94,9 @@ def replay(trace: Trace, policy: Policy | str, gpu: GpuProfile | str = "h100-pci
         The address model for ``build_layout``: ``"auto"`` (default: the live dryrun runtime's first-fit
         address space for a trace it recorded, so the replay sees the live run's blocks; the caching-allocator
         model otherwise), ``"caching"`` or ``"first-fit"``. Ignored when ``layout`` is given.
+    host
+        The host clock: a ``HostModel``, a preset name (``"live-sync"``), ``"k=v,..."``, or None (default: the
+        host never limits; ``docs/simulator.md`` "Host clock").
 
     Returns
     -------
@@ -128,7 +131,7 @@ def replay(trace: Trace, policy: Policy | str, gpu: GpuProfile | str = "h100-pci
                           f"(oversub at most {layout.footprint_blocks / max(widest, 1):.2f})")
     dur = launch_durations(trace, gpu) if durations is None else durations
     eng = GpuModel(gpu, cap, bs, layout.max_blocks, policy, timeline=timeline, trace=trace, layout=layout,
-                   writeback_clean=writeback_clean, check=check)
+                   writeback_clean=writeback_clean, check=check, host=parse_host(host))
     L = trace.n_launches
     its = trace.launch_iter.tolist()
     exec_ids = trace.launch_exec_id.tolist()
@@ -188,6 +191,7 @@ def replay(trace: Trace, policy: Policy | str, gpu: GpuProfile | str = "h100-pci
     its_t = out["iteration_times_s"]
     out["steady_slowdown"] = its_t[-1] / ideal_iters[-1] if its_t and ideal_iters and ideal_iters[-1] > 0 else None
     out["policy_report"] = policy.report()
+    out["host"] = dataclasses.asdict(eng.host) if eng.host is not None else None
     if timeline:
         out["timeline"] = eng.timeline()
     return out
