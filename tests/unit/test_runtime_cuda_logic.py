@@ -395,3 +395,8 @@ def test_mover_thread_backpressure_blocks_the_submitter():
     t.drain()
     assert done == [1, 2]
     t.close()
+    import pytest
+
+    from uvmprefetch.runtime.cuda_backend import CudaCallError
+    with pytest.raises(CudaCallError, match="after close"):  # never queued silently with nobody to issue it
+        t.submit(BS, done.append, 3)

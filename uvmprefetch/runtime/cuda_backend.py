@@ -96,6 +96,8 @@ class MoveThread:
     def submit(self, nbytes: int, fn, *args) -> None:
         with self._cv:
             self._raise()
+            if self._closed or not self._thread.is_alive():
+                raise CudaCallError("the mover thread is not running: a move was submitted after close()")
             if self._pending and self._pending + nbytes > self.max_pending:
                 t = time.perf_counter()
                 while self._pending and self._pending + nbytes > self.max_pending and self.error is None:
