@@ -64,6 +64,19 @@ def parser(name: str, description: str, epilog: str = "") -> argparse.ArgumentPa
     return p
 
 
+def add_workload_arguments(p: argparse.ArgumentParser, *, config: str, iters: int, warmup: int) -> None:
+    """The training workload's flags (``Workload``'s fields), with each script's own defaults for the size,
+    the iteration count and the warm-up left out of the median."""
+    p.add_argument("--model", default="gpt2", choices=["gpt2", "llama"])
+    p.add_argument("--config", default=config, help=f"model size (default {config})")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--dtype", default="bf16", choices=["fp32", "bf16"], help="bf16 = autocast (default)")
+    p.add_argument("--iters", type=int, default=iters, help=f"training iterations per run (default {iters})")
+    p.add_argument("--warmup", type=int, default=warmup,
+                   help=f"iterations left out of the median (default {warmup})")
+
+
 def out_dir(args) -> Path:
     d = args.out if args.out is not None else (DRYRUN_DIR if args.dry_run else RESULTS_DIR)
     d.mkdir(parents=True, exist_ok=True)

@@ -31,13 +31,7 @@ TARGET = 0.03
 
 def main(argv=None) -> int:
     p = C.parser(NAME, __doc__.split("\n\n")[0], EPILOG)
-    p.add_argument("--model", default="gpt2", choices=["gpt2", "llama"])
-    p.add_argument("--config", default="medium")
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--seq", type=int, default=1024)
-    p.add_argument("--dtype", default="bf16", choices=["fp32", "bf16"])
-    p.add_argument("--iters", type=int, default=25)
-    p.add_argument("--warmup", type=int, default=5, help="iterations left out of the median (default 5)")
+    C.add_workload_arguments(p, config="medium", iters=25, warmup=5)
     p.add_argument("--rounds", type=int, default=2, help="plain/uvmprefetch pairs, alternating (default 2)")
     p.add_argument("--headroom", type=float, default=1.5,
                    help="budget = working set x HEADROOM, capped at 90 %% of free GPU memory (default 1.5)")

@@ -38,13 +38,7 @@ DEEPUM_REPORTED = 3.06
 
 def main(argv=None) -> int:
     p = C.parser(NAME, __doc__.split("\n\n")[0], EPILOG)
-    p.add_argument("--model", default="gpt2", choices=["gpt2", "llama"])
-    p.add_argument("--config", default="large")
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--seq", type=int, default=1024)
-    p.add_argument("--dtype", default="bf16", choices=["fp32", "bf16"])
-    p.add_argument("--iters", type=int, default=8)
-    p.add_argument("--warmup", type=int, default=3, help="iterations left out of the median (default 3)")
+    C.add_workload_arguments(p, config="large", iters=8, warmup=3)
     p.add_argument("--ratios", default="1.5,2", help="working set / budget ratios (default 1.5,2)")
     p.add_argument("--modes", default=",".join(POLICY_MODES), help=f"subset of {','.join(POLICY_MODES)}")
     p.add_argument("--trace", action="store_true", help="record each run's trace (UVMPREFETCH_TRACE) for fidelity.py")
