@@ -252,8 +252,9 @@ class Mover:
 
 
 class HostTime:
-    """Where the launch hook spends the training thread's time, by stage: the policy's decision, the books
-    (plan, budget victims), and each CUDA call kind. The hook runs on the thread that launches the kernels, so
+    """Where the launch hook spends the training thread's time, by stage: the policy's ``on_launch``, the
+    books (the GPU-progress query, plan, budget victims), each CUDA call kind, and "after" (the books' touch,
+    the policy's ``on_fault`` / ``on_evict``, recording the launch's GPU-progress event). The hook runs on the thread that launches the kernels, so
     a call that blocks (a prefetch the driver performs synchronously, say) starves the GPU; these totals show
     it next to the iteration times. Cost: eight ``perf_counter`` reads per launch."""
 
@@ -454,9 +455,9 @@ class CudaBackend:
         # since start is the live clock. It runs ahead of the GPU by the queued launches, which only makes the
         # policy's link model look less busy than it is; the budget still caps what lands on the GPU.
         res.now = t0 - self._t0
-        protected = self.progress.protected_mask(info.blocks)
         dec = self.policy.on_launch(info, res)
         t1 = clock()
+        protected = self.progress.protected_mask(info.blocks)  # launches still queued on the GPU keep theirs
         discard, evict, pf = res.plan(dec, protected)
         res.apply(discard, evict, EMPTY)  # books first: what the Decision frees counts for the budget
         incoming = int((~res.resident[info.blocks]).sum()) if info.blocks.size else 0
