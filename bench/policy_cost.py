@@ -95,7 +95,7 @@ def main() -> int:
             "note": "shared 2-core machine: medians are the robust figure"}
     path = out / f"policy-cost-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.json"
     path.write_text(json.dumps({"meta": meta, "results": rows}, indent=1))
-    print(f"| policy | trace | launches | on_launch median us | p90 | p99 | mean | other hooks us/launch | target |")
+    print("| policy | trace | launches | on_launch median us | p90 | p99 | mean | other hooks us/launch | target |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         ok = "ok" if r["on_launch_median_us"] <= 20 else "MISSED (> 20 us)"

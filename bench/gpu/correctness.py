@@ -76,7 +76,7 @@ def main(argv=None) -> int:
         ws = C.working_set_bytes(sized[0]) if sized else 0
         budget = int(ws / args.pressure) if ws else None
         if budget:
-            runs.append(run("uvmprefetch", f"uvmprefetch-budget", budget=budget))
+            runs.append(run("uvmprefetch", "uvmprefetch-budget", budget=budget))
 
     ref = runs[0]
     ref_ok, ref_why = C.run_ok(ref)

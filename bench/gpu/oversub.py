@@ -14,8 +14,6 @@ uvmprefetch over managed-without-prefetch (DeepUM reports 3.06x geomean over nai
 
 from __future__ import annotations
 
-import json
-import statistics
 import sys
 import time
 from pathlib import Path

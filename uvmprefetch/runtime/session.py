@@ -21,7 +21,7 @@ from ..config import RuntimeConfig
 from ..errors import ConfigError
 from ..policy import DEFAULT_POLICY, available, make_policy
 from ..policy.base import LaunchInfo, Policy
-from ..trace.format import PHASE, READ, WRITE, exec_id_of
+from ..trace.format import PHASE, READ, WRITE
 from ..trace.recorder import _DTYPE_NAMES, cached_exec_id, cached_flops, scan_op
 from ..trace.roofline import estimate
 from .observe import StorageTracker, make_mode, tensor_extent
