@@ -18,7 +18,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 GPU = REPO / "bench" / "gpu"
-SCRIPTS = ["calibrate", "correctness", "overhead", "oversub", "fidelity"]
+SCRIPTS = ["calibrate", "correctness", "overhead", "oversub", "fidelity", "diagnose"]
 sys.path.insert(0, str(GPU))
 
 
@@ -148,6 +148,21 @@ def test_overhead_dry_run(tmp_path):
     assert timing and timing[0]["ok"] is None  # CPU timings: the 3 % target does not apply
     _skip_if_runtime_missing(res)
     assert res["passed"], proc.stdout[-3000:]
+
+
+def test_diagnose_dry_run_runs_each_policy_spec(tmp_path):
+    """Each ';'-separated spec reaches the runtime as UVMPREFETCH_POLICY (invalidate=false really discards
+    nothing); a bad spec is one line naming --policies."""
+    proc = _run([str(GPU / "diagnose.py"), "--dry-run", "--policies", "uvmprefetch;uvmprefetch:invalidate=false",
+                 "--out", str(tmp_path), *SCRIPT_LIMITS])
+    res = _result(tmp_path, "diagnose", proc)
+    _skip_if_runtime_missing(res)
+    assert res["passed"], proc.stdout[-3000:]
+    assert [r["spec"] for r in res["runs"]] == ["uvmprefetch", "uvmprefetch:invalidate=false"]
+    discards = [r["report"]["backend_result"]["discards"] for r in res["runs"]]
+    assert discards[0] > 0 and discards[1] == 0
+    bad = _run([str(GPU / "diagnose.py"), "--dry-run", "--policies", "uvmprefetch:warp=9", "--out", str(tmp_path)])
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--policies" in bad.stderr
 
 
 @pytest.mark.slow
