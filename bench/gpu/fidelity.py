@@ -106,12 +106,12 @@ def main(argv=None) -> int:
     C.require_gpu(args, NAME)
     env = C.environment(args.dry_run)
     profile, prof_desc = load_profile(args.profile, env.get("device", ""), args.dry_run)
+    from uvmprefetch.cli.replay import host_from_args
     from uvmprefetch.errors import ConfigError
-    from uvmprefetch.sim.engine import parse_host
     try:
-        host = parse_host(args.host)
+        host = host_from_args(args)
     except ConfigError as e:
-        C.fail(NAME, f"--host {args.host!r}: {e}")
+        C.fail(NAME, str(e))
 
     checks_skipped: list[str] = []
     if args.from_ is not None:

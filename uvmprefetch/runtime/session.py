@@ -147,10 +147,6 @@ class Session:
                                          "gpu": getattr(self.gpu, "name", ""), "durations": "estimated",
                                          "policy": self.policy.name})
             self.builder.iteration = 0
-            # the dtype each launch's FLOPs run in, as the recorder keeps it: a replay on another profile
-            # re-estimates durations from FLOPs and needs it (without it every matmul counted as fp32, and
-            # fidelity.py's compute model was 4x too slow for bf16 GPT-2 large on the H100)
-            self.builder.meta["flop_dtype_runs"] = []
         self._alloc_seen = 0
 
     # -------------------------------------------------------------------------------------- lifecycle
@@ -303,9 +299,9 @@ class Session:
             if flops:
                 dtype = next((_DTYPE_NAMES.get(str(t.dtype), "fp32") for t, _ in acc if t.is_floating_point()), "fp32")
                 if builder is not None:
-                    runs = builder.meta["flop_dtype_runs"]
-                    if not runs or runs[-1][1] != dtype:
-                        runs.append([builder.n_launches, dtype])
+                    # as the recorder does: a replay on another profile re-estimates from FLOPs in this dtype
+                    # (without it every bf16 matmul of a live trace counted as fp32: bench/results/gpu-20261123b)
+                    builder.note_flop_dtype(dtype)
             duration = estimate(flops, nbytes, dtype, self.gpu) if self.gpu is not None else 0.0
             info = LaunchInfo(index=self.index, exec_id=cached_exec_id(name, key, ckey),
                               name=nid, phase=PHASE[phase], iteration=self.iteration, duration=duration,

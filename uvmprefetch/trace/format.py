@@ -302,6 +302,14 @@ def load(path: str | Path, check: bool = True) -> Trace:
 # --------------------------------------------------------------------------------------------- building
 
 
+def _meta_copy(meta: dict) -> dict:
+    """A trace's own meta: the builder may keep noting dtype runs after a build."""
+    out = dict(meta)
+    if "flop_dtype_runs" in out:
+        out["flop_dtype_runs"] = [list(r) for r in out["flop_dtype_runs"]]
+    return out
+
+
 class TraceBuilder:
     """Append-only construction of a ``Trace`` (recorders, synthetic generators, tests).
 
@@ -333,6 +341,14 @@ class TraceBuilder:
     @property
     def n_launches(self) -> int:
         return len(self.launch_cols["launch_name"])
+
+    def note_flop_dtype(self, dtype: str) -> None:
+        """The next launch's FLOPs run in ``dtype`` (``roofline.FLOP_DTYPES``): kept as run-length pairs
+        ``meta['flop_dtype_runs']`` = ``[[first_launch, dtype], ...]``, which a replay on another GPU profile
+        needs to re-estimate durations (``roofline.dtype_codes``)."""
+        runs = self.meta.setdefault("flop_dtype_runs", [])
+        if not runs or runs[-1][1] != dtype:
+            runs.append([self.n_launches, dtype])
 
     def alloc(self, size: int, kind: str | int = "other") -> int:
         """Record an allocation of ``size`` bytes now; returns its id."""
@@ -382,7 +398,7 @@ class TraceBuilder:
         return self.n_launches - 1
 
     def build(self, check: bool = True) -> Trace:
-        t = Trace(names=list(self.names), meta=dict(self.meta), alloc_size=self.alloc_size, alloc_at=self.alloc_at,
+        t = Trace(names=list(self.names), meta=_meta_copy(self.meta), alloc_size=self.alloc_size, alloc_at=self.alloc_at,
                   free_at=self.free_at, free_rank=self.free_rank, alloc_kind=self.alloc_kind,
                   acc_ptr=self.acc_ptr, **self.launch_cols, **self.acc_cols)
         if check:

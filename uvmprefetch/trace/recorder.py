@@ -331,7 +331,6 @@ class Recorder:
         self._live: dict[int, _Alloc] = {}  # StorageImpl address -> allocation (live storages only)
         self._dead: collections.deque = collections.deque()
         self._in_opt = False
-        self._dtype_runs: list[list] = []
         self._exit = contextlib.ExitStack()
 
     # ----------------------------------------------------------------------------------------- context
@@ -481,8 +480,7 @@ class Recorder:
         dtype = "fp32"
         if flops:
             dtype = next((_DTYPE_NAMES.get(str(t.dtype), "fp32") for t, _ in acc if t.is_floating_point()), "fp32")
-            if not self._dtype_runs or self._dtype_runs[-1][1] != dtype:
-                self._dtype_runs.append([self.builder.n_launches, dtype])
+            self.builder.note_flop_dtype(dtype)
         name = func.name()
         if events is not None:
             self._events.append((self.builder.n_launches, *events))
@@ -494,7 +492,7 @@ class Recorder:
         if self.active:
             self._drain()
         b = self.builder
-        b.meta["flop_dtype_runs"] = [list(r) for r in self._dtype_runs]
+        b.meta.setdefault("flop_dtype_runs", [])
         b.meta["iterations"] = self.steps
         if self._events:
             self._apply_measured()
