@@ -188,11 +188,9 @@ def victims(resident, cur, dead, nu, dirty, last_use, p, k, mark, inf, k_dead, k
     """Up to ``k`` resident blocks not in ``cur``, in eviction order, with their keys (see ``_victims_ref``).
 
     Dead blocks first (by predicted reuse, none or farthest first, then by block id: the reference's stable
-    sort), then the live ones by key, largest first, equal keys by block id. Returns ``(blocks, keys, nxt)``:
-    ``nxt`` is the largest key of a live block left out (-1 if none), which tells whether the cut between
-    chosen and left-out live blocks falls inside a run of equal keys (there the reference's choice depends
-    on ``np.argpartition``). One pass with two bounded heaps: O(blocks + resident log k), for small ``k``
-    (the common case; the caller takes the reference for large ones). With ``dead_reuse`` a dead block whose
+    sort), then the live ones by key, largest first, equal keys by block id (as the reference). Returns
+    ``(blocks, keys, nxt)``: ``nxt`` is the largest key of a live block left out (-1 if none). One pass with
+    two bounded heaps: O(blocks + resident log k). With ``dead_reuse`` a dead block whose
     next use is predicted ranks as a live one (the policy's ``_victim_dead``)."""
     if k <= 0:
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64), np.int64(-1)
@@ -264,31 +262,6 @@ def commit_blocks(blocks, f_next, fbase, last_flat, f0, r, nu, p, inf):
         v = nu[x]
         if v >= inf or v <= p:
             nu[x] = r
-
-
-@nb.njit(cache=True, nogil=True)
-def live_keys(resident, cur, dead, nu, dirty, last_use, p, mark, inf, k_dirty, k_clean, age0, dead_reuse):
-    """The resident blocks not in ``cur`` that rank as live (not dead; with ``dead_reuse`` also dead ones with a
-    predicted next use), ascending, and their victim keys: the arrays ``_victims_ref`` builds before its
-    ``np.argpartition``."""
-    for i in range(cur.shape[0]):
-        mark[cur[i]] = 1
-    n = 0
-    for x in range(resident.shape[0]):
-        if resident[x] and mark[x] == 0 and not (dead[x] and (not dead_reuse or nu[x] >= inf or nu[x] <= p)):
-            n += 1
-    res = np.empty(n, dtype=np.int64)
-    key = np.empty(n, dtype=np.int64)
-    j = 0
-    for x in range(resident.shape[0]):
-        if resident[x] and mark[x] == 0 and not (dead[x] and (not dead_reuse or nu[x] >= inf or nu[x] <= p)):
-            v = nu[x]
-            res[j] = x
-            key[j] = ((k_dirty if dirty[x] else k_clean) + (age0 - last_use[x])) if (v >= inf or v <= p) else v
-            j += 1
-    for i in range(cur.shape[0]):
-        mark[cur[i]] = 0
-    return res, key
 
 
 @nb.njit(cache=True, nogil=True)

@@ -568,7 +568,7 @@ class UvmPrefetchPolicy(Policy):
             if guess is not None and rest < guess.shape[0]:
                 guess = guess[:rest]
             if rest:
-                vict, vkey, nxt = self._victims(state, cur, rest)
+                vict, vkey = self._victims(state, cur, rest)
                 m = vict.shape[0]
                 if guess is not None and guess.any():
                     ok = vkey > pos[placed:placed + m]
@@ -578,7 +578,7 @@ class UvmPrefetchPolicy(Policy):
                 else:  # the first victim whose key is not above the position it would make room for
                     k_ok = _k.first_not_above(vkey, pos, placed)
                 if k_ok:
-                    chosen = self._chosen(state, cur, rest, vict, vkey, nxt, k_ok)
+                    chosen = vict[:k_ok]
                     # Dead ones are discarded, the others evicted. Our own Belady choice of a prefetched block
                     # for a sooner need is not thrash by itself (the link did useful work ahead); it counts when
                     # it happens with the window at its reach, i.e. for victims whose predicted use is within
@@ -624,51 +624,21 @@ class UvmPrefetchPolicy(Policy):
             return None
         return Decision(prefetch=pf, evict=evict, discard=discard)
 
-    def _victims(self, state: ResidencyView, cur: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, int]:
-        """Up to ``k`` resident blocks in eviction order, with their keys (larger = evict first), and the
-        largest key of a live block left out (-1 if none). One pass (``_uvmkernels.victims``) with the keys of
-        ``_victims_ref``; equal keys come by block id, where the reference takes ``np.argpartition``'s order:
-        take a prefix through ``_chosen``, which falls back to the reference where that order decides."""
-        if k > 64:  # rare; the kernel's bounded heaps are for small k
-            vict, vkey = self._victims_ref(state, cur, k)
-            return vict, vkey, -1
+    def _victims(self, state: ResidencyView, cur: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Up to ``k`` resident blocks in eviction order, with their keys (larger = evict first): one pass of
+        ``_uvmkernels.victims`` with bounded heaps, the same blocks in the same order as ``_victims_ref``
+        (equal keys go by block id, lowest first, in both)."""
         p = self.p if self.p is not None else -1
-        return _k.victims(state.resident, cur, self.dead, self.nu, self.dirty, self.last_use, p, k,
-                          self._mark, INF, _K_DEAD, _K_DIRTY, _K_CLEAN, _AGE, self.params.dead_reuse)
-
-    def _chosen(self, state: ResidencyView, cur: np.ndarray, k: int, vict: np.ndarray, vkey: np.ndarray, nxt: int,
-                c: int) -> np.ndarray:
-        """The first ``c`` of ``_victims(state, cur, k)`` as a set equal to the reference's first ``c``. Keys
-        are the same in both; the blocks differ only inside a run of equal live keys, which matters only when
-        the cut at ``c`` splits such a run (ties with a block left out included): then the reference decides."""
-        nd = int(np.count_nonzero(vkey[:c] == _K_DEAD))
-        j = c - nd  # live blocks taken
-        if j > 0:
-            after = int(vkey[c]) if c < vkey.shape[0] else int(nxt)
-            if after == int(vkey[c - 1]):
-                return self._victims_exact(state, cur, k, vict, nd)[:c]
-        return vict[:c]
-
-    def _victims_exact(self, state: ResidencyView, cur: np.ndarray, k: int, vict: np.ndarray, nd: int) -> np.ndarray:
-        """``_victims_ref``'s blocks where ``vict`` has ``nd`` dead blocks and then live ones: the same dead
-        head, then the live blocks in the reference's order (its ``np.argpartition`` on the same keys)."""
-        p = self.p if self.p is not None else -1
-        res, key = _k.live_keys(state.resident, cur, self.dead, self.nu, self.dirty, self.last_use, p,
-                                self._mark, INF, _K_DIRTY, _K_CLEAN, _AGE, self.params.dead_reuse)
-        need = k - nd
-        if need < res.shape[0]:
-            part = np.argpartition(-key, need - 1)[:need]
-            order = part[np.argsort(-key[part], kind="stable")]
-        else:
-            order = np.argsort(-key, kind="stable")
-        return np.concatenate([vict[:nd], res[order]])
+        vict, vkey, _ = _k.victims(state.resident, cur, self.dead, self.nu, self.dirty, self.last_use, p, k,
+                                   self._mark, INF, _K_DEAD, _K_DIRTY, _K_CLEAN, _AGE, self.params.dead_reuse)
+        return vict, vkey
 
     def _victim_dead(self, p: int) -> np.ndarray:
         """The blocks that rank as dead victims (first, whatever their address's future): every dead block, or
         with ``dead_reuse`` only those whose address has no predicted use; the others rank by that use like
         live blocks (the caching allocator hands a freed address to the next tensor within a few launches:
         evicting it there only sends it back through the H2D queue). Chosen, a dead block is discarded either
-        way (no write-back). The kernels (``_uvmkernels.victims`` / ``live_keys``) apply the same rule per block."""
+        way (no write-back). The kernels (``_uvmkernels.victims``) applies the same rule per block."""
         if not self.params.dead_reuse:
             return self.dead
         nu = self.nu
@@ -704,11 +674,7 @@ class UvmPrefetchPolicy(Policy):
         # Ties inside a class (nothing predicted, e.g. the first iteration): least recently used first.
         age = _AGE - self.last_use[res]
         key = np.where(unpred, np.where(self.dirty[res], _K_DIRTY, _K_CLEAN) + age, nu)
-        if need < res.shape[0]:
-            part = np.argpartition(-key, need - 1)[:need]
-            order = part[np.argsort(-key[part], kind="stable")]
-        else:
-            order = np.argsort(-key, kind="stable")
+        order = np.argsort(-key, kind="stable")[:need]  # equal keys by block id (``res`` ascends)
         return (np.concatenate([head, res[order]]),
                 np.concatenate([np.full(nd, _K_DEAD, dtype=np.int64), key[order]]))
 
@@ -716,11 +682,11 @@ class UvmPrefetchPolicy(Policy):
         short = self.margin_blocks - (state.capacity_blocks - state.used_blocks)
         if short <= 0:
             return None
-        vict, vkey, nxt = self._victims(state, cur, short)
+        vict, vkey = self._victims(state, cur, short)
         c = int(np.count_nonzero(vkey > INF))  # only dead or unpredicted blocks go for the margin (a prefix)
         if not c:
             return None
-        vict = self._chosen(state, cur, short, vict, vkey, nxt, c)
+        vict = vict[:c]
         d = self.dead[vict]
         self.dirty[vict] = False
         return Decision(evict=vict[~d], discard=vict[d])
