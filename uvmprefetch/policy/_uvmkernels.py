@@ -247,6 +247,76 @@ def victims(resident, cur, dead, nu, dirty, last_use, p, k, mark, inf, k_dead, k
 
 
 @nb.njit(cache=True, nogil=True)
+def commit_launch(h_cum, h_key, h_name, h_sig, h_soft, h_ptr, hn, cum, key, name, sig, soft, f_blk, f_w, f_next,
+                  fn, blocks, wmask, has_w, fbase, last_flat, r, nu, p, inf):
+    """``_commit``'s array work in one call: the launch's entry at history index ``hn`` (absolute position
+    ``r``) and its blocks at flat index ``fn`` (``f_next`` of new entries already holds ``inf``, ``f_w``
+    False: the buffers' fill), then ``commit_blocks``. The buffers have room (``GrowArray.reserve``)."""
+    h_cum[hn] = cum
+    h_key[hn] = key
+    h_name[hn] = name
+    h_sig[hn] = sig
+    h_soft[hn] = soft
+    f0 = fbase + fn
+    h_ptr[hn] = f0
+    k = blocks.shape[0]
+    for i in range(k):
+        f_blk[fn + i] = blocks[i]
+    if has_w:
+        for i in range(k):
+            f_w[fn + i] = wmask[i]
+    commit_blocks(blocks, f_next, fbase, last_flat, f0, r, nu, p, inf)
+
+
+@nb.njit(cache=True, nogil=True)
+def advance(q, h_ptr, base, fbase, nh, nflat, f_blk, f_next, remap, use_remap, nu):
+    """``_advance``: the blocks recorded at position ``q`` (through ``remap`` with ``use_remap``) are next used
+    where their entries link to."""
+    a = h_ptr[q - base] - fbase
+    b = (h_ptr[q + 1 - base] - fbase) if q + 1 - base < nh else nflat
+    for i in range(a, b):
+        x = f_blk[i]
+        if use_remap:
+            x = remap[x]
+        nu[x] = f_next[i]
+
+
+@nb.njit(cache=True, nogil=True)
+def learn_moves(q, h_ptr, base, fbase, nh, nflat, f_blk, f_w, writes, remap, nu):
+    """``_learn_moves``' pairing: the blocks position ``q`` wrote, in address order, against ``writes`` (the
+    running launch's); where they differ, the recorded block is remapped to the new one and the new one takes
+    its predicted next use. Returns the number of moved blocks (0 when the counts differ)."""
+    a = h_ptr[q - base] - fbase
+    b = (h_ptr[q + 1 - base] - fbase) if q + 1 - base < nh else nflat
+    m = 0
+    for i in range(a, b):
+        if f_w[i]:
+            m += 1
+    if m != writes.shape[0] or m == 0:
+        return 0
+    olds = np.empty(m, dtype=np.int64)
+    vals = np.empty(m, dtype=np.int64)
+    moved = 0
+    j = 0
+    for i in range(a, b):
+        if f_w[i]:
+            if f_blk[i] != writes[j]:
+                olds[moved] = j
+                vals[moved] = nu[f_blk[i]]  # read every old block's next use before any write (as NumPy)
+                moved += 1
+            j += 1
+    j = 0
+    for i in range(a, b):
+        if f_w[i]:
+            if f_blk[i] != writes[j]:
+                remap[f_blk[i]] = writes[j]
+            j += 1
+    for t in range(moved):
+        nu[writes[olds[t]]] = vals[t]
+    return moved
+
+
+@nb.njit(cache=True, nogil=True)
 def commit_blocks(blocks, f_next, fbase, last_flat, f0, r, nu, p, inf):
     """``_commit``'s per-block bookkeeping: link each block's previous history entry to position ``r``, make
     the new entries ``f0 ..`` the blocks' last, and move a block's predicted next use to ``r`` when it has

@@ -147,6 +147,11 @@ class UvmPrefetchPolicy(Policy):
         self.f_blk = GrowArray(np.int64, initial=1 << 14)
         self.f_next = GrowArray(np.int64, fill=INF, initial=1 << 14)
         self.f_w = GrowArray(np.bool_, fill=False, initial=1 << 14)  # the launch wrote this block
+        # (grown together: ``_commit`` writes one entry of each per-position array and k of each flat one)
+        self._hist = (self.h_cum, self.h_key, self.h_name, self.h_sig, self.h_soft, self.h_ptr)
+        self._flat = (self.f_blk, self.f_w, self.f_next)
+        self._h_room = min(g.reserve(0).shape[0] for g in self._hist)
+        self._f_room = min(g.reserve(0).shape[0] for g in self._flat)
         # recorded block -> where the tensor written there lives in this iteration (see _learn_moves)
         self.remap = np.arange(n, dtype=np.int64)
         self.iter_start = 0  # history position of this iteration's first launch
@@ -303,27 +308,30 @@ class UvmPrefetchPolicy(Policy):
 
     def _commit(self, key: int, name: int, sig: int, blocks: np.ndarray, wmask: np.ndarray | None = None,
                 dur: float = 0.0) -> None:
-        r = self.end
-        self.h_cum.append(self.cum_total)
-        self.cum_total += dur
-        self.h_key.append(key)
-        self.h_name.append(name)
-        self.h_sig.append(sig)
-        self.h_soft.append(self.soft)
-        f0 = self.fbase + len(self.f_blk)
-        self.h_ptr.append(f0)
+        hk = self.h_key
+        hn = hk.n
+        r = self.base + hn
+        fn = self.f_blk.n
         k = blocks.shape[0]
-        if k:
-            self.f_blk.extend(blocks)
-            self.f_next.extend_fill(k)  # INF
-            if wmask is not None and wmask.shape[0] == k:
-                self.f_w.extend(wmask)
-            else:
-                self.f_w.extend_fill(k)  # False
-            # Link the blocks' previous entries to r, make these their last; blocks with no predicted use
-            # ahead of the pointer recur (in predicted time) at this position.
-            _k.commit_blocks(blocks, self.f_next.view(), self.fbase, self.last_flat, f0, r, self.nu,
-                             self.p if self.p is not None else -1, INF)
+        hist = self._hist
+        if hn + 1 > self._h_room:  # the six per-position arrays grow together
+            self._h_room = min(g.reserve(hn + 1).shape[0] for g in hist)
+        flat = self._flat
+        if fn + k > self._f_room:
+            self._f_room = min(g.reserve(fn + k).shape[0] for g in flat)
+        has_w = wmask is not None and wmask.shape[0] == k
+        # One kernel: the position's entry, its blocks (f_next of new entries is INF, f_w False: the buffers'
+        # fill), and ``commit_blocks``: link the blocks' previous entries to r, make these their last; blocks
+        # with no predicted use ahead of the pointer recur (in predicted time) at this position.
+        _k.commit_launch(self.h_cum._a, hk._a, self.h_name._a, self.h_sig._a, self.h_soft._a, self.h_ptr._a, hn,
+                         self.cum_total, key, name, sig, self.soft, self.f_blk._a, self.f_w._a, self.f_next._a, fn,
+                         blocks, wmask if has_w else blocks, has_w, self.fbase, self.last_flat, r, self.nu,
+                         self.p if self.p is not None else -1, INF)
+        self.cum_total += dur
+        for g in hist:
+            g.n = hn + 1
+        for g in flat:
+            g.n = fn + k
         self.sig_tab.put(sig, r)
         n = self.params.ngram
         self.recent_exec.append(key)
@@ -396,17 +404,11 @@ class UvmPrefetchPolicy(Policy):
         iterations (inside one iteration a repeated layer is another tensor, not a moved one)."""
         if self.p >= self.iter_start:
             return
-        a, b = self._span(self.p, self.p + 1)
-        rec = self.f_blk.view()[a:b][self.f_w.view()[a:b]]
-        if rec.shape[0] != writes.shape[0] or not rec.size:
-            return
-        moved = rec != writes
-        if moved.any():
-            old, new = rec[moved], writes[moved]
-            self.remap[old] = new
-            # The tensor's predicted next use moves with it (victim choice reads nu by actual block).
-            self.nu[new] = self.nu[old]
-            self.stats["moved_blocks"] += int(moved.sum())
+        # (pairs the recorded writes with ``writes`` in order; the tensor's predicted next use moves with it:
+        # victim choice reads nu by actual block)
+        moved = _k.learn_moves(self.p, self.h_ptr._a, self.base, self.fbase, self.h_ptr.n, self.f_blk.n,
+                               self.f_blk._a, self.f_w._a, writes, self.remap, self.nu)
+        self.stats["moved_blocks"] += moved
 
     def _classify_soft(self, blocks: np.ndarray, writes: np.ndarray) -> None:
         """A soft match (same kernel, other blocks) is data-dependent only if a block it reads that was not
@@ -430,12 +432,8 @@ class UvmPrefetchPolicy(Policy):
 
     def _advance(self, q: int) -> None:
         self.p = q
-        a, b = self._span(q, q + 1)
-        if b > a:
-            blk = self.f_blk.view()[a:b]
-            if self.params.track_moves and self.stats["moved_blocks"]:
-                blk = self.remap[blk]
-            self.nu[blk] = self.f_next.view()[a:b]
+        _k.advance(q, self.h_ptr._a, self.base, self.fbase, self.h_ptr.n, self.f_blk.n, self.f_blk._a,
+                   self.f_next._a, self.remap, bool(self.params.track_moves and self.stats["moved_blocks"]), self.nu)
 
     def _rebuild_nu(self, q: int) -> None:
         """Predicted next use of every block after a jump of the pointer to ``q`` (O(history))."""
