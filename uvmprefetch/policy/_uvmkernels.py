@@ -496,3 +496,102 @@ def first_not_above(vkey, pos, start):
         if not vkey[i] > pos[start + i]:
             return i
     return vkey.shape[0]
+
+
+@nb.njit(cache=True, nogil=True)
+def plan_paced(cur, resident, in_flight, capacity, used, margin, now, dur, lead, q_end, cur_waits, stall_aware,
+               p, window, horizon, h_ptr, base, fbase, nh, nflat, f_blk, h_cum, h_soft, scan_max, remap,
+               use_remap, nu, mark, dead, dirty, last_use, pf_unused, thrashed, t_blk, lat, fault_late_soft, inf,
+               k_dead, k_dirty, k_clean, age0, dead_reuse):
+    """``_plan`` in one call for its common case: a prediction (``p >= 0``), prefetch + pre-eviction paced to the
+    link (``t_blk > 0``), no deadline chase, no soft-slot guard, no whole-launch rounding, no ``fault_late``.
+    The same steps as the Python code, in the same order and with the same float arithmetic (see the comments
+    there). ``h_ptr`` is the filled part (``candidates`` reads its length); ``f_blk`` / ``h_cum`` / ``h_soft``
+    may be whole buffers. Returns ``(status, pf, evict, discard, horizon, q_end, thrash, mispredicted, live)``: status 0 =
+    nothing was scanned (the caller takes the margin path), 1 = planned."""
+    end = base + nh
+    empty = np.empty(0, dtype=np.int64)
+    miss = missing(cur, resident, in_flight) if cur.shape[0] else empty
+    scan_hi = p
+    pa = 0
+    pb = 0
+    sa = 0
+    sb = 0
+    lo = max(p + 1, horizon)
+    hi = min(p + window, end - 1)
+    if lo > p + 1:
+        pa = h_ptr[p + 1 - base] - fbase
+        pb = (h_ptr[p + 2 - base] - fbase) if p + 2 < end else nflat
+    if lo <= hi:
+        free0 = max(0, capacity - used - margin)
+        spare = (now + dur + lead - max(q_end, now)) / t_blk
+        if stall_aware and cur_waits:
+            spare = (dur + lead) / t_blk
+        cap = free0 + max(0, int(spare)) + 8
+        if free0 == 0 and cap <= 8:
+            hi = min(hi, p + 1)
+        q0 = max(q_end, now) + (miss.shape[0] if cur.shape[0] else 0) * t_blk
+        t0 = now + dur
+        scan_hi, sa, sb = scan_window(h_ptr, base, fbase, nflat, end, f_blk, resident, in_flight, h_cum, lo, hi, p,
+                                      cap, False, q0, t0, t_blk, scan_max, scan_hi)
+    if not (miss.shape[0] or pb > pa or sb > sa):
+        return 0, empty, empty, empty, horizon, q_end, 0, 0, 0
+    blk, pos = candidates(miss, f_blk, pa, pb, p + 1, sa, sb, h_ptr, base, fbase, lo, remap, use_remap, nu, p, True,
+                          resident, in_flight, mark)
+    n = blk.shape[0]
+    free = max(0, capacity - used - margin)
+    q = max(q_end, now)
+    evict = empty
+    discard = empty
+    wasted = 0
+    mis = 0
+    placed = min(free, n)
+    rest = n - placed
+    if rest:
+        until = now + dur + lead
+        if stall_aware and cur_waits:
+            until += max(0.0, q - now)
+        near = count_le(pos, placed, p + 1)
+        budget = max(0, int((until - (q + placed * t_blk)) / t_blk))
+        rest = min(rest, near + budget)
+    if rest:
+        vict, vkey, _ = victims(resident, cur, dead, nu, dirty, last_use, p, rest, mark, inf, k_dead, k_dirty,
+                                k_clean, age0, dead_reuse)
+        k_ok = first_not_above(vkey, pos, placed)
+        if k_ok:
+            evict, discard, wasted, mis = take_victims(vict[:k_ok], dead, dirty, pf_unused, nu, thrashed, p,
+                                                       (p + 1) + max(1, window // 8), inf)
+        placed += k_ok
+    pf = blk[:placed]
+    if placed and q > now + lat:
+        # the running launch's misses fault instead; with fault_late_soft, so do a soft next launch's blocks
+        # that would arrive after it starts
+        soft_next = fault_late_soft and p + 1 < end and h_soft[p + 1 - base] > 0
+        keep = np.empty(placed, dtype=np.bool_)
+        c = 0
+        m = 0
+        for i in range(placed):
+            if not dead[blk[i]]:
+                c += 1  # arrival = q + t_blk * (live blocks queued up to here), as the NumPy code's cumsum
+            ok = pos[i] >= 0
+            if ok and soft_next and pos[i] == p + 1 and q + t_blk * c > now + dur + lat:
+                ok = False
+            keep[i] = ok
+            if ok:
+                m += 1
+        out = np.empty(m, dtype=np.int64)
+        j = 0
+        for i in range(placed):
+            if keep[i]:
+                out[j] = blk[i]
+                j += 1
+        pf = out
+    if placed == n:
+        horizon = max(horizon, scan_hi + 1)
+    elif placed:
+        horizon = max(horizon, pos[placed] if pos[placed] >= 0 else p + 1)
+    live = 0
+    if pf.shape[0]:
+        live = mark_prefetched(pf, pf_unused, dead)
+        q_end = q + live * t_blk
+    return 1, pf, evict, discard, horizon, q_end, wasted, mis, live

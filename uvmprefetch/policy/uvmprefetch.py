@@ -168,6 +168,11 @@ class UvmPrefetchPolicy(Policy):
         self.horizon = 0
         self.q_end = 0.0
         self.t_blk = ctx.gpu.transfer_time(ctx.block_size)
+        self._lat = float(ctx.gpu.fault_batch_latency_s)
+        # The one-kernel plan covers the default settings (and any that leave these off); the others, and the
+        # reference for tests, take the Python ``_plan``.
+        self._fast_plan = bool(P.prefetch and P.pre_evict and P.pace and self.t_blk > 0 and not (
+            P.deadline or P.guard_soft or P.whole or P.fault_late))
         self.margin_blocks = int(P.margin * ctx.capacity_blocks)
         self.monitor = WindowMonitor(P.window, P.window_min, P.window_max, P.patience, P.adaptive_window)
         self.pending_advice: list = []
@@ -458,6 +463,8 @@ class UvmPrefetchPolicy(Policy):
     def _plan(self, info: LaunchInfo, state: ResidencyView, cur: np.ndarray) -> Decision | None:
         P = self.params
         p = self.p
+        if p is not None and self._fast_plan:
+            return self._plan_paced(info, state, cur, p)
         scan_hi = p if p is not None else -1
         res_, infl = state.resident, state.in_flight
         miss = EMPTY
@@ -619,6 +626,34 @@ class UvmPrefetchPolicy(Policy):
             self.stats["prefetched_blocks"] += pf.shape[0]
             self.it_link_blocks += live
         if not (pf.size or evict.size or discard.size):
+            return None
+        return Decision(prefetch=pf, evict=evict, discard=discard)
+
+    def _plan_paced(self, info: LaunchInfo, state: ResidencyView, cur: np.ndarray, p: int) -> Decision | None:
+        """``_plan`` for its common case in one kernel (``_uvmkernels.plan_paced``): the same decisions, the
+        Python code above stays the reference (``_fast_plan`` off) and covers the other settings."""
+        P = self.params
+        st = self.stats
+        status, pf, evict, discard, self.horizon, self.q_end, wasted, mis, live = _k.plan_paced(
+            cur, state.resident, state.in_flight, state.capacity_blocks, state.used_blocks, self.margin_blocks,
+            state.now, float(info.duration), P.lead_s, self.q_end, self.cur_waits, P.stall_aware, p,
+            self.monitor.window, self.horizon, self.h_ptr.view(), self.base, self.fbase, self.h_ptr.n, self.f_blk.n,
+            self.f_blk._a, self.h_cum._a, self.h_soft._a, P.scan_max, self.remap,
+            bool(P.track_moves and st["moved_blocks"]), self.nu, self._mark, self.dead, self.dirty, self.last_use,
+            self.pf_unused, self.thrashed, self.t_blk, self._lat, P.fault_late_soft, INF, _K_DEAD, _K_DIRTY,
+            _K_CLEAN, _AGE, P.dead_reuse)
+        if not status:
+            return self._margin(state, cur) if self.margin_blocks else None
+        if wasted or mis:
+            st["mispredicted_blocks"] += mis
+            st["thrash_blocks"] += wasted
+        if evict.shape[0] or discard.shape[0]:
+            st["evicted_blocks"] += evict.shape[0]
+            st["discarded_blocks"] += discard.shape[0]
+        if pf.shape[0]:
+            st["prefetched_blocks"] += pf.shape[0]
+            self.it_link_blocks += live
+        elif not (evict.shape[0] or discard.shape[0]):
             return None
         return Decision(prefetch=pf, evict=evict, discard=discard)
 
