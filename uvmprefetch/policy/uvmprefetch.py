@@ -368,18 +368,20 @@ class UvmPrefetchPolicy(Policy):
         """Move the pointer to the history position matching the launch about to run."""
         st = self.stats
         self.soft = 0
-        end, base = self.end, self.base
+        base = self.base
+        end = base + self.h_key.n
         p = self.p
         nxt = p + 1 if p is not None else None
-        if nxt is not None and nxt < end and int(self.h_sig.view()[nxt - base]) == sig:
+        # (``GrowArray._a[i]`` for i below its length: the filled part, without a view per read)
+        if nxt is not None and nxt < end and int(self.h_sig._a[nxt - base]) == sig:
             self._advance(nxt)
             st["matched"] += 1
             return
         q = self.sig_tab.get(sig)
         if q is None or not base <= q < end:
-            if nxt is not None and nxt < end and int(self.h_name.view()[nxt - base]) == name:
+            if nxt is not None and nxt < end and int(self.h_name._a[nxt - base]) == name:
                 self._advance(nxt)  # same kernel, other data (data-dependent accesses): keep going
-                self.soft = 2 if self.h_soft.view()[nxt - base] else 1
+                self.soft = 2 if self.h_soft._a[nxt - base] else 1
                 st["soft"] += 1
                 return
             n = self.params.ngram
