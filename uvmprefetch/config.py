@@ -32,6 +32,9 @@ VARIABLES: dict[str, str] = {
     "UVMPREFETCH_GPU": "dryrun only: the simulated GPU profile, e.g. h100-pcie (default)",
     "UVMPREFETCH_MOVER": "cuda only: sync (default: moves issued from the training thread) or thread "
                          "(prefetches and evictions from a mover thread; experimental)",
+    "UVMPREFETCH_DISCARD": "cuda only: 0/false/off (default: a policy's discards of dead blocks are issued as "
+                           "evictions, which keep the data) or 1/true/on (cudaMemDiscardBatchAsync; experimental: "
+                           "a GPT-2 large run on an H100 ended with a NaN loss with it on)",
 }
 MOVERS = ("thread", "sync")
 
@@ -82,6 +85,7 @@ class RuntimeConfig:
     log: str = "warning"
     gpu: str = "h100-pcie"
     mover: str = "sync"
+    discard: bool = False  # cuda: issue discards (else dead blocks are evicted: slower, never loses data)
 
     def __post_init__(self) -> None:
         if self.mover not in MOVERS:
@@ -98,7 +102,7 @@ class RuntimeConfig:
         env = {"UVMPREFETCH": "1" if self.enabled else "0", "UVMPREFETCH_BACKEND": self.backend,
                "UVMPREFETCH_LOG": self.log, "UVMPREFETCH_GPU": self.gpu,
                "UVMPREFETCH_WINDOW": "auto" if self.window is None else str(self.window),
-               "UVMPREFETCH_MOVER": self.mover}
+               "UVMPREFETCH_MOVER": self.mover, "UVMPREFETCH_DISCARD": "1" if self.discard else "0"}
         if self.budget is not None:
             env["UVMPREFETCH_BUDGET"] = (str(self.budget.nbytes) if self.budget.nbytes is not None
                                          else repr(self.budget.fraction))
@@ -234,6 +238,8 @@ def from_env(environ=None, *, check_policy: bool = True) -> RuntimeConfig:
     mover = get("UVMPREFETCH_MOVER", "sync").strip().lower() or "sync"
     if mover not in MOVERS:
         raise _bad("UVMPREFETCH_MOVER", get("UVMPREFETCH_MOVER"))
+    discard = parse_bool("UVMPREFETCH_DISCARD", get("UVMPREFETCH_DISCARD"))
     return RuntimeConfig(enabled=enabled, backend=backend, budget=budget, policy=policy, window=window, mover=mover,
+                         discard=discard,
                          report=_parse_path("UVMPREFETCH_REPORT", get("UVMPREFETCH_REPORT")),
                          trace=_parse_path("UVMPREFETCH_TRACE", get("UVMPREFETCH_TRACE")), log=log, gpu=gpu)

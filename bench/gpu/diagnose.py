@@ -31,8 +31,35 @@ NAME = "diagnose"
 STAGES = ("policy", "books", "discard", "evict", "advise", "prefetch", "after")
 
 
+# what run_training sets for every run: a spec may not override these
+_OWN = ("UVMPREFETCH", "UVMPREFETCH_POLICY", "UVMPREFETCH_BUDGET", "UVMPREFETCH_REPORT", "UVMPREFETCH_TRACE",
+        "UVMPREFETCH_BACKEND")
+
+
+def parse_spec(spec: str) -> tuple[str, dict]:
+    """``'policy[:params][|VAR=VALUE ...]'`` -> (policy spec, runtime variables); both validated."""
+    from uvmprefetch.config import VARIABLES, from_env
+    from uvmprefetch.errors import ConfigError
+    from uvmprefetch.policy import make_policy
+
+    policy, *rest = [t.strip() for t in spec.split("|")]
+    make_policy(policy)
+    env = {}
+    for item in " ".join(rest).split():
+        var, eq, value = item.partition("=")
+        if not eq or var not in VARIABLES or var in _OWN:
+            settable = ", ".join(v for v in VARIABLES if v not in _OWN)
+            raise ConfigError(f"{spec!r}: {item!r} is not VAR=VALUE with VAR one of {settable}")
+        env[var] = value
+    from_env({"UVMPREFETCH": "1", **env}, check_policy=False)  # each value in its accepted forms
+    return policy, env
+
+
 def main(argv=None) -> int:
-    p = C.parser(NAME, __doc__.split("\n\n")[0], epilog="Policy specs are separated by ';' (each may hold commas).")
+    p = C.parser(NAME, __doc__.split("\n\n")[0],
+                 epilog="Policy specs are separated by ';' (each may hold commas). A spec may end with runtime "
+                        "variables after '|', e.g. 'uvmprefetch|UVMPREFETCH_DISCARD=1' or "
+                        "'demand|UVMPREFETCH_MOVER=thread'.")
     p.add_argument("--budget", type=int, default=None,
                    help="budget in bytes (default: half of the plain run's working set, measured first)")
     p.add_argument("--policies", default="demand;uvmprefetch",
@@ -48,9 +75,10 @@ def main(argv=None) -> int:
         C.fail(NAME, "--policies names no policy")
     from uvmprefetch.errors import ConfigError
     from uvmprefetch.policy import make_policy
+    parsed = []
     for s in specs:
         try:
-            make_policy(s)
+            parsed.append(parse_spec(s))
         except ConfigError as e:
             C.fail(NAME, f"--policies: {e}")
     if args.iters <= args.warmup:
@@ -70,12 +98,12 @@ def main(argv=None) -> int:
             C.fail(NAME, f"the sizing run failed ({why})", 1)
         budget = C.working_set_bytes(ref) // 2
     runs, rows, checks = [], [], []
-    for i, spec in enumerate(specs):
+    for i, (spec, (policy, env)) in enumerate(zip(specs, parsed)):
         if time.monotonic() - start > args.deadline:
             checks.append(C.Check(f"{spec} ran", "skipped: --deadline reached", "ok", False))
             continue
         r = C.run_training("managed", work, wdir, f"v{i}", seed=args.seed, dry_run=args.dry_run, budget=budget,
-                           timeout=args.timeout, extra_env={"UVMPREFETCH_POLICY": spec})
+                           timeout=args.timeout, extra_env={"UVMPREFETCH_POLICY": policy, **env})
         r["spec"] = spec
         runs.append(r)
         ok, why = C.run_ok(r)

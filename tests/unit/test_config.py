@@ -44,6 +44,7 @@ def test_budget_resolve():
     ("UVMPREFETCH_TRACE", "/no/such/folder/run.uvmt"),
     ("UVMPREFETCH_POLICY", "no-such-policy"),
     ("UVMPREFETCH_GPU", "voodoo5"),
+    ("UVMPREFETCH_DISCARD", "sometimes"),
 ])
 def test_invalid_value_names_the_variable(var, value):
     with pytest.raises(ConfigError) as e:
@@ -60,6 +61,12 @@ def test_window_forms():
 def test_env_round_trip(tmp_path):
     cfg = from_env({"UVMPREFETCH": "yes", "UVMPREFETCH_BACKEND": "dryrun", "UVMPREFETCH_BUDGET": "0.25",
                     "UVMPREFETCH_WINDOW": "8", "UVMPREFETCH_REPORT": str(tmp_path / "r.json"),
-                    "UVMPREFETCH_LOG": "info"})
+                    "UVMPREFETCH_LOG": "info", "UVMPREFETCH_DISCARD": "on"})
     assert cfg.enabled and cfg.backend == "dryrun" and cfg.budget == Budget(fraction=0.25) and cfg.window == 8
+    assert cfg.discard
     assert from_env(cfg.to_env()) == cfg
+
+
+def test_discards_are_off_unless_asked_for():
+    assert not from_env({"UVMPREFETCH": "1"}).discard and not RuntimeConfig().discard
+    assert from_env({"UVMPREFETCH": "1", "UVMPREFETCH_DISCARD": "1"}).discard

@@ -88,9 +88,11 @@ class Scripted(Policy):
         self.events.append(("free", blocks.tolist()))
 
 
-def backend(policy, cap_blocks, segments):
+def backend(policy, cap_blocks, segments, discard=True):
     be = object.__new__(CudaBackend)  # no CUDA: fill in what __init__ would have found
     be.block_size, be.max_blocks = BS, 256
+    be.discard_on, be.dead = discard, np.zeros(be.max_blocks, dtype=bool)  # (UVMPREFETCH_DISCARD=1 unless told)
+    be.discards_as_evictions = be.refused_discards = 0
     be.res = Residency(cap_blocks, be.max_blocks, BS)
     be.mover, be.shim, be.policy = FakeMover(), FakeShim(segments), policy
     be._ids, be._addr = {}, np.zeros(be.max_blocks, dtype=np.int64)
@@ -144,6 +146,7 @@ def test_moves_in_contract_order_and_budget_spares_queued_launches():
     for i in range(4):  # launches 0..3 touch blocks 0..3; the GPU finishes none of them
         be.launch(info(i, be, BASE + i * BS, BS))
     Event.done = 2  # the GPU has finished launches 0..2; launch 3 is still queued
+    be.free(np.array([BASE // BS + 1]))  # block 1's tensors died: it may be discarded
     be.launch(info(4, be, BASE + 4 * BS, BS))
     kinds = [e[0] for e in be.mover.log]
     assert kinds == ["discard", "to_host", "advise", "to_gpu"]  # discard, evict, advise, prefetch
@@ -155,6 +158,38 @@ def test_moves_in_contract_order_and_budget_spares_queued_launches():
     assert be.mover.log[3][1] == [(BASE + 5 * BS, 2 * BS)]  # prefetches merged, in order
     assert be.res.n_resident <= 4
     assert ("fault", 4, [4]) in pol.events  # block 4 was neither resident nor prefetched
+
+
+def test_discards_are_evictions_unless_on_and_the_runtime_saw_the_block_die():
+    seg = [(BASE, 16 * BS)]
+
+    def run(discard, free_first, touch_again=False):
+        # GIVEN blocks 0..2 used by launches 0..2 (finished on the GPU), then a policy that discards block 1
+        pol = Scripted([None, None, None, None, Decision(discard=np.array([1]))])
+        be = backend(pol, 8, seg, discard=discard)
+        for i in range(3):
+            be.launch(info(i, be, BASE + i * BS, BS))
+        Event.done = 10
+        if free_first:
+            be.free(np.array([BASE // BS + 1]))
+        # (launch 3 touches block 1 again when told: the allocator handed its memory to a new tensor)
+        be.launch(info(3, be, BASE + (1 if touch_again else 3) * BS, BS))
+        be.launch(info(4, be, BASE + 4 * BS, BS))
+        return be, [(k, r) for k, r, *_ in be.mover.log]
+
+    # WHEN discards are off (the default): the discard is issued as an eviction (the data kept)
+    be, log = run(discard=False, free_first=True)
+    assert log == [("to_host", [(BASE + BS, BS)])] and be.discards_as_evictions == 1
+    assert not be.res.resident[1]
+    # WHEN on and block 1 died: it is discarded
+    be, log = run(discard=True, free_first=True)
+    assert log == [("discard", [(BASE + BS, BS)])] and be.refused_discards == 0
+    # WHEN on but the runtime never saw block 1 die (a policy's wrong dead flag): evicted, never discarded
+    be, log = run(discard=True, free_first=False)
+    assert log == [("to_host", [(BASE + BS, BS)])] and be.refused_discards == 1
+    # WHEN on, block 1 died and a launch used it again before the decision: evicted
+    be, log = run(discard=True, free_first=True, touch_again=True)
+    assert ("discard", [(BASE + BS, BS)]) not in log and be.refused_discards == 1
 
 
 def test_host_time_charges_a_blocking_call_to_its_stage():

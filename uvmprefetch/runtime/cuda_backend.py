@@ -8,10 +8,13 @@ moves blocks with cuda-python (``cuda.bindings.runtime``, CUDA 13 ``cudaMemLocat
   ``cudaMemPrefetchAsync`` per range (cheaper per range than ``cudaMemPrefetchBatchAsync`` on the H100; the
   batch path stays behind ``Mover(batch_prefetch=True)``), issued from the training thread, or from a mover
   thread with ``UVMPREFETCH_MOVER=thread`` (``MoveThread``);
-- discards (dead data, no write-back) use ``cudaMemDiscardBatchAsync`` on a second stream ordered both ways
-  with the compute stream: after every queued kernel that may still read the dead tensor, before any later
-  kernel that reuses its memory (a discard racing with an access is undefined behaviour). Without the batch
-  API discards are skipped;
+- discards (dead data, no write-back) are off by default: a Decision's discards are issued as evictions,
+  which free the same room and keep the data. With ``UVMPREFETCH_DISCARD=1`` they use
+  ``cudaMemDiscardBatchAsync`` on a second stream ordered both ways with the compute stream (after every
+  queued kernel that may still read the dead tensor, before any later kernel that reuses its memory), and only
+  for blocks the runtime saw freed and no launch touched since. Off because on the H100 a GPT-2 large run at
+  1.5x with discards ended with a NaN loss (bench/results/gpu-20261123c/); the cause is not found, and the
+  discards held the training thread longer than the write-backs they saved;
 - the budget (``Residency``) evicts the least recently migrated blocks, never those of the running launch
   or of launches still queued on the GPU (``GpuProgress``).
 
@@ -338,6 +341,13 @@ class CudaBackend:
             self.mover.start_thread(max(self.capacity_bytes // 16, 64 * BLOCK_SIZE))
         self.driver = drv
         self.policy = policy
+        # Discards only with UVMPREFETCH_DISCARD=1 and the batch API; otherwise a Decision's discards are issued
+        # as evictions (same room freed, the data kept). Either way only blocks the runtime itself saw freed and
+        # no launch touched since (``dead``) may be discarded: a policy's stale dead flag never loses data.
+        self.discard_on = bool(cfg.discard and self.mover.can_discard)
+        self.dead = np.zeros(self.max_blocks, dtype=bool)
+        self.discards_as_evictions = 0
+        self.refused_discards = 0
         self._ids: dict[int, int] = {}
         self._addr = np.zeros(self.max_blocks, dtype=np.int64)  # dense id -> block address
         self._segments: list[tuple[int, int]] = []
@@ -428,6 +438,7 @@ class CudaBackend:
         ids = [i for i in map(get, blocks.tolist()) if i is not None]
         if ids:
             dense = np.asarray(ids, dtype=np.int64)
+            self.dead[dense] = True
             self.res.free(dense)
             self.policy.on_free(dense)
 
@@ -457,8 +468,12 @@ class CudaBackend:
         res.now = t0 - self._t0
         dec = self.policy.on_launch(info, res)
         t1 = clock()
+        if info.blocks.size:
+            self.dead[info.blocks] = False  # in use again (the allocator handed the memory out)
         protected = self.progress.protected_mask(info.blocks)  # launches still queued on the GPU keep theirs
         discard, evict, pf = res.plan(dec, protected)
+        if discard.size:
+            discard, evict = self._safe_discards(discard, evict)
         res.apply(discard, evict, EMPTY)  # books first: what the Decision frees counts for the budget
         incoming = int((~res.resident[info.blocks]).sum()) if info.blocks.size else 0
         victims = res.victims(incoming + pf.size, protected)
@@ -483,6 +498,19 @@ class CudaBackend:
             self.policy.on_evict(victims)  # budget evictions are "the driver's" from the policy's point of view
         self.progress.record(info.index, info.blocks)
         self.host.add(t0, t1, t2, t3, t4, t5, t6, clock())
+
+    def _safe_discards(self, discard: np.ndarray, evict: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The discards to issue, and the evictions with the rest: with discards off every one becomes an
+        eviction; with them on, those the runtime does not know dead (freed, untouched since) do."""
+        ok = self.dead[discard] if self.discard_on else np.zeros(discard.shape[0], dtype=bool)
+        rest = discard[~ok]
+        if rest.size:
+            if self.discard_on:
+                self.refused_discards += int(rest.size)
+            else:
+                self.discards_as_evictions += int(rest.size)
+            evict = np.union1d(evict, rest[self.res.resident[rest]])
+        return discard[ok], evict
 
     def end_iteration(self, k: int) -> None:
         import torch
@@ -522,6 +550,8 @@ class CudaBackend:
                  mover="thread" if self.mover.thread is not None else "sync",
                  mover_wait_s=self.mover.thread.waited_s if self.mover.thread is not None else 0.0,
                  batch_prefetch=self.mover.batch, discard_api=self.mover.can_discard, cuda_calls=self.mover.calls,
+                 discards_issued=self.discard_on, discards_as_evictions=self.discards_as_evictions,
+                 refused_discards=self.refused_discards,
                  captured_launches_skipped=self.captured_launches, host_time=self.host.result(),
                  driver_version=self.driver.version, gpu_iter_s_between_steps=times,
                  note="faults: CUPTI GPU page-fault groups (null without cupti-python); expected_faults counts "

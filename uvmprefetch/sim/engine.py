@@ -245,6 +245,9 @@ class GpuModel:
         self.dirty = np.zeros(n, dtype=bool)
         self.dead = np.zeros(n, dtype=bool)
         self.touched = np.zeros(n, dtype=bool)
+        # Truth, whatever the policy models: every allocation in the block was freed since a launch last touched
+        # it. Only such blocks may be discarded (a discard of live data would lose it on a real GPU).
+        self.freed = np.zeros(n, dtype=bool)
         self.advice = np.zeros(n, dtype=np.int8)
         self.pf_pending = np.zeros(n, dtype=bool)
         self.mig_seq = np.zeros(n, dtype=np.int64)
@@ -291,7 +294,7 @@ class GpuModel:
                       fault_entries=0, fault_batches=0, late_blocks=0, bytes_htod=0, bytes_dtoh=0,
                       prefetch_issued_bytes=0, prefetch_useful_bytes=0, prefetch_wasted_bytes=0,
                       prefetch_dropped_blocks=0, driver_prefetch_bytes=0, zero_fill_blocks=0, evictions=0,
-                      policy_evictions=0, writebacks=0, drops=0, discards=0, remote_bytes=0, remote_s=0.0,
+                      policy_evictions=0, writebacks=0, drops=0, discards=0, refused_discards=0, remote_bytes=0, remote_s=0.0,
                       invalidations=0, peak_used_blocks=0, cold_first_touch_bytes=0, cold_first_touch_s=0.0,
                       compute_s=0.0)
         if host is not None:
@@ -342,6 +345,7 @@ class GpuModel:
         blocks = self._ids(blocks, "free")
         if not blocks.size:
             return
+        self.freed[blocks] = True
         self.policy.on_free(blocks)
         if self.invalidate_frees and not self.ideal:
             self.dead[blocks] = self.touched[blocks]
@@ -428,6 +432,7 @@ class GpuModel:
             self.dead[blocks] = False
             self._protect[blocks] = False
         self.touched[blocks] = True
+        self.freed[blocks] = False
         end = start + float(info.duration) + extra
         m["compute_s"] += float(info.duration)
         m["stall_s"] += start - now
@@ -646,6 +651,16 @@ class GpuModel:
         if dec.discard.size:
             b = np.unique(self._ids(dec.discard, "Decision.discard"))
             b = b[~self._protect[b] & ~self.in_flight[b]]
+            live = ~self.freed[b] & self.touched[b]
+            if live.any():
+                # A block some live allocation still uses: its data must survive, so it is evicted (written
+                # back if dirty) instead of dropped, as the live runtime does (docs/simulator.md "Discards").
+                lb = b[live]
+                m["refused_discards"] += lb.size
+                b = b[~live]
+                lb = lb[self.resident[lb]]
+                if lb.size:
+                    self._evict_to_host(lb, now)
             m["discards"] += b.size
             res = b[self.resident[b]]
             if res.size:
