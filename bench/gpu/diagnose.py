@@ -74,7 +74,6 @@ def main(argv=None) -> int:
     if not specs:
         C.fail(NAME, "--policies names no policy")
     from uvmprefetch.errors import ConfigError
-    from uvmprefetch.policy import make_policy
     parsed = []
     for s in specs:
         try:
