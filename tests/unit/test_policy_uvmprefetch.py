@@ -359,6 +359,27 @@ def test_victims_kernel_matches_reference(ties):
     assert not ties or tied_cuts  # equal keys were exercised
 
 
+def test_victim_scan_stops_at_the_ids_in_use():
+    from uvmprefetch.policy.base import ids_in_use
+
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        # GIVEN a state whose blocks above some id were never used (the live runtime's arrays span the device)
+        pol, view, cur = _random_state(rng, ties=False)
+        n = int(rng.integers(1, view.resident.shape[0]))
+        view.resident[n:] = False
+        cur = cur[cur < n]
+        full, fk = pol._victims(view, cur, 20)
+        # WHEN the view says ids stop at n
+        view.n_ids = n
+        assert ids_in_use(view) == n
+        part, pk = pol._victims(view, cur, 20)
+        # THEN the victims are the same
+        assert np.array_equal(full, part) and np.array_equal(fk, pk)
+        del view.n_ids
+        assert ids_in_use(view) == view.resident.shape[0]
+
+
 def _candidates_ref(pol, state, miss, pa, pb, sa, sb, lo, scan_hi, p):
     """The NumPy code the candidates kernel replaced (before the Numba kernels)."""
     cand_b, cand_p = [], []

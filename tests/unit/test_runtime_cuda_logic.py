@@ -94,6 +94,7 @@ def backend(policy, cap_blocks, segments, discard=True):
     be.discard_on, be.dead = discard, np.zeros(be.max_blocks, dtype=bool)  # (UVMPREFETCH_DISCARD=1 unless told)
     be.discards_as_evictions = be.refused_discards = 0
     be.res = Residency(cap_blocks, be.max_blocks, BS)
+    be.res.n_ids = 0  # as __init__: block_ids numbers blocks densely and keeps this up to date
     be.mover, be.shim, be.policy = FakeMover(), FakeShim(segments), policy
     be._ids, be._addr = {}, np.zeros(be.max_blocks, dtype=np.int64)
     be._segments, be._seg_starts, be._seg_version = [], [], -1
@@ -121,6 +122,16 @@ def test_ranges_clipped_to_managed_allocations_and_merged():
     assert be.ranges(ids) == [(BASE, 3 << 20), (BASE + (4 << 20), 4 << 20)]  # the hole is never touched
     assert be.ranges(ids[:1]) == [(BASE, BS)]
     assert be.ranges(np.array([3, 2])) == [(BASE + (4 << 20), 4 << 20)]  # adjacent blocks merge
+
+
+def test_ids_in_use_follow_first_sight():
+    be = backend(Scripted([]), 8, [(BASE, 8 * BS)])
+    assert be.res.n_ids == 0
+    be.block_ids(BASE + 2 * BS, 3 * BS)
+    assert be.res.n_ids == 3
+    be.block_ids(BASE, BS)
+    be.block_ids(BASE + 2 * BS, BS)  # seen before: no new id
+    assert be.res.n_ids == 4
 
 
 def test_ranges_never_span_two_allocations():

@@ -119,7 +119,9 @@ class ResidencyView(typing.Protocol):
     """What the caller lets a policy read about memory right now (the runtime's view is its own bookkeeping).
 
     ``resident`` and ``in_flight`` are dense bool arrays of length ``max_blocks`` (read-only by contract);
-    ``used_blocks`` counts resident + in-flight; ``now`` is the GPU time in seconds.
+    ``used_blocks`` counts resident + in-flight; ``now`` is the GPU time in seconds. Optional ``n_ids``: every
+    block id in use is below it (the live runtime sizes its arrays for the whole device but numbers blocks
+    densely: a scan over all blocks may stop there; ``ids_in_use`` reads it).
     """
 
     resident: np.ndarray
@@ -223,3 +225,10 @@ def parse_params(cls: type, values: dict | str | None, owner: str = "policy") ->
         if isinstance(e, ConfigError):
             raise
         raise ConfigError(f"{owner}: {e}") from None
+
+
+def ids_in_use(state: ResidencyView) -> int:
+    """How many block ids a scan over ``state`` must visit: ``state.n_ids`` where the view has it."""
+    n = getattr(state, "n_ids", None)
+    m = state.resident.shape[0]
+    return m if n is None else min(int(n), m)

@@ -41,7 +41,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from . import _uvmkernels as _k
-from .base import EMPTY, Advice, Decision, LaunchInfo, Params, Policy, PolicyContext, ResidencyView
+from .base import EMPTY, Advice, Decision, LaunchInfo, Params, Policy, PolicyContext, ResidencyView, ids_in_use
 from .tables import GrowArray, LruMap
 from .window import WindowMonitor
 
@@ -636,8 +636,9 @@ class UvmPrefetchPolicy(Policy):
         Python code above stays the reference (``_fast_plan`` off) and covers the other settings."""
         P = self.params
         st = self.stats
+        n = ids_in_use(state)  # (the live runtime's arrays span the device; its ids stop at n)
         status, pf, evict, discard, self.horizon, self.q_end, wasted, mis, live = _k.plan_paced(
-            cur, state.resident, state.in_flight, state.capacity_blocks, state.used_blocks, self.margin_blocks,
+            cur, state.resident[:n], state.in_flight[:n], state.capacity_blocks, state.used_blocks, self.margin_blocks,
             state.now, float(info.duration), P.lead_s, self.q_end, self.cur_waits, P.stall_aware, p,
             self.monitor.window, self.horizon, self.h_ptr.view(), self.base, self.fbase, self.h_ptr.n, self.f_blk.n,
             self.f_blk._a, self.h_cum._a, self.h_soft._a, P.scan_max, self.remap,
@@ -664,7 +665,7 @@ class UvmPrefetchPolicy(Policy):
         ``_uvmkernels.victims`` with bounded heaps, the same blocks in the same order as ``_victims_ref``
         (equal keys go by block id, lowest first, in both)."""
         p = self.p if self.p is not None else -1
-        vict, vkey, _ = _k.victims(state.resident, cur, self.dead, self.nu, self.dirty, self.last_use, p, k,
+        vict, vkey, _ = _k.victims(state.resident[:ids_in_use(state)], cur, self.dead, self.nu, self.dirty, self.last_use, p, k,
                                    self._mark, INF, _K_DEAD, _K_DIRTY, _K_CLEAN, _AGE, self.params.dead_reuse)
         return vict, vkey
 

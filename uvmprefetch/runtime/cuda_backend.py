@@ -335,6 +335,7 @@ class CudaBackend:
         # total / block_size ids; the caching allocator keeps its segments, so address churn is small.
         self.max_blocks = int(2 * total // self.block_size + 1024)
         self.res = Residency(cap_blocks, self.max_blocks, self.block_size)
+        self.res.n_ids = 0  # dense ids, assigned by block_ids
         self.mover = Mover(self.device, drv.batch_api)
         if cfg.mover == "thread":
             # at most 1/16 of the budget waits in the mover's queue (~2 GiB at a 32 GiB budget: ~0.3 s of D2H)
@@ -389,6 +390,7 @@ class CudaBackend:
                     raise CudaCallError(f"more than {self.max_blocks} distinct 2 MiB blocks seen: address books full")
                 self._ids[blk] = i
                 self._addr[i] = blk * bs
+                self.res.n_ids = i + 1
             out.append(i)
         return np.asarray(out, dtype=np.int64)
 

@@ -37,6 +37,9 @@ class Residency:
         self.pf_pending = np.zeros(self.max_blocks, dtype=bool)  # prefetched, not yet used
         self.mig_seq = np.zeros(self.max_blocks, dtype=np.int64)
         self.touched = np.zeros(self.max_blocks, dtype=bool)  # used by a launch at least once: the footprint
+        # Ids in use are below ``n_ids`` (the cuda backend numbers blocks densely as it first sees them and keeps
+        # this up to date): a policy's scans over all blocks may stop there (``ResidencyView``).
+        self.n_ids = self.max_blocks
         self._seq = 0
         self.n_resident = 0
         self.now = 0.0
