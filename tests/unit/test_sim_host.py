@@ -60,12 +60,15 @@ class EvictAfterUse(Policy):
         return None
 
 
-def two_tensors():
+def two_tensors(free_x=False):
+    """``x`` written by launch 0; ``y`` read by launches 1 and 2; with ``free_x``, ``x`` is freed before launch 2."""
     b = TraceBuilder()
     x = b.alloc(2 * MiB, "activation")
     y = b.alloc(2 * MiB, "activation")
     b.launch("w", [(x, 0, 2 * MiB, WRITE)], duration=D)
     b.launch("r", [(y, 0, 2 * MiB, READ)], duration=D)
+    if free_x:
+        b.free(x)
     b.launch("r2", [(y, 0, 2 * MiB, READ)], duration=D)
     return b.build()
 
@@ -136,23 +139,11 @@ def test_parse_host_presets_overrides_and_errors():
         parse_host("speed=3")
 
 
-def freed_first():
-    """``x`` written by launch 0 and freed before launch 2; ``y`` read by launches 1 and 2."""
-    b = TraceBuilder()
-    x = b.alloc(2 * MiB, "activation")
-    y = b.alloc(2 * MiB, "activation")
-    b.launch("w", [(x, 0, 2 * MiB, WRITE)], duration=D)
-    b.launch("r", [(y, 0, 2 * MiB, READ)], duration=D)
-    b.free(x)
-    b.launch("r2", [(y, 0, 2 * MiB, READ)], duration=D)
-    return b.build()
-
-
 def test_a_discard_of_live_data_is_refused_and_written_back():
     """Discarding block 0 at launch 2 drops it only where its tensor was freed; while ``x`` lives, the engine
     evicts it instead (the dirty block is written back): a policy gets no free eviction of live data, which
     on a GPU would lose it."""
     live = replay(two_tensors(), DiscardAtTwo(), GPU, capacity_bytes=8 * MiB, check=True)
-    dead = replay(freed_first(), DiscardAtTwo(), GPU, capacity_bytes=8 * MiB, check=True)
+    dead = replay(two_tensors(free_x=True), DiscardAtTwo(), GPU, capacity_bytes=8 * MiB, check=True)
     assert live["refused_discards"] == 1 and live["discards"] == 0 and live["bytes_dtoh"] == 2 * MiB
     assert dead["refused_discards"] == 0 and dead["discards"] == 1 and dead["bytes_dtoh"] == 0
