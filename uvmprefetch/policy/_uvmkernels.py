@@ -507,8 +507,8 @@ def plan_paced(cur, resident, in_flight, capacity, used, margin, now, dur, lead,
     link (``t_blk > 0``), no deadline chase, no soft-slot guard, no whole-launch rounding, no ``fault_late``.
     The same steps as the Python code, in the same order and with the same float arithmetic (see the comments
     there). ``h_ptr`` is the filled part (``candidates`` reads its length); ``f_blk`` / ``h_cum`` / ``h_soft``
-    may be whole buffers. Returns ``(status, pf, evict, discard, horizon, q_end, thrash, mispredicted, live)``: status 0 =
-    nothing was scanned (the caller takes the margin path), 1 = planned."""
+    may be whole buffers. Returns ``(status, pf, evict, discard, horizon, q_end, thrash, mispredicted, live)``:
+    status 0 = nothing was scanned (the caller takes the margin path), 1 = planned."""
     end = base + nh
     empty = np.empty(0, dtype=np.int64)
     miss = missing(cur, resident, in_flight) if cur.shape[0] else empty

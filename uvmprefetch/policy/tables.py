@@ -190,15 +190,10 @@ class GrowArray:
 
     def reserve(self, n: int) -> np.ndarray:
         """Room for ``n`` entries; returns the whole buffer (entries ``len(self)..`` hold the fill value), for
-        kernels that write several arrays' new entries in one call and then ``set_len``."""
+        kernels that write several arrays' new entries in one call; the caller then sets ``n`` (at most the
+        buffer's size)."""
         self._reserve(n)
         return self._a
-
-    def set_len(self, n: int) -> None:
-        """After a kernel filled the buffer ``reserve`` returned up to ``n`` (within its size)."""
-        if not 0 <= n <= self._a.shape[0]:
-            raise ValueError(f"GrowArray: length {n} outside the buffer's {self._a.shape[0]} entries")
-        self.n = n
 
     def _reserve(self, n: int) -> None:
         if n > self._a.shape[0]:

@@ -665,8 +665,9 @@ class UvmPrefetchPolicy(Policy):
         ``_uvmkernels.victims`` with bounded heaps, the same blocks in the same order as ``_victims_ref``
         (equal keys go by block id, lowest first, in both)."""
         p = self.p if self.p is not None else -1
-        vict, vkey, _ = _k.victims(state.resident[:ids_in_use(state)], cur, self.dead, self.nu, self.dirty, self.last_use, p, k,
-                                   self._mark, INF, _K_DEAD, _K_DIRTY, _K_CLEAN, _AGE, self.params.dead_reuse)
+        vict, vkey, _ = _k.victims(state.resident[:ids_in_use(state)], cur, self.dead, self.nu, self.dirty,
+                                   self.last_use, p, k, self._mark, INF, _K_DEAD, _K_DIRTY, _K_CLEAN, _AGE,
+                                   self.params.dead_reuse)
         return vict, vkey
 
     def _victim_dead(self, p: int) -> np.ndarray:
@@ -674,7 +675,7 @@ class UvmPrefetchPolicy(Policy):
         with ``dead_reuse`` only those whose address has no predicted use; the others rank by that use like
         live blocks (the caching allocator hands a freed address to the next tensor within a few launches:
         evicting it there only sends it back through the H2D queue). Chosen, a dead block is discarded either
-        way (no write-back). The kernels (``_uvmkernels.victims``) applies the same rule per block."""
+        way (no write-back). The kernel ``_uvmkernels.victims`` applies the same rule per block."""
         if not self.params.dead_reuse:
             return self.dead
         nu = self.nu

@@ -294,7 +294,8 @@ class GpuModel:
                       fault_entries=0, fault_batches=0, late_blocks=0, bytes_htod=0, bytes_dtoh=0,
                       prefetch_issued_bytes=0, prefetch_useful_bytes=0, prefetch_wasted_bytes=0,
                       prefetch_dropped_blocks=0, driver_prefetch_bytes=0, zero_fill_blocks=0, evictions=0,
-                      policy_evictions=0, writebacks=0, drops=0, discards=0, refused_discards=0, remote_bytes=0, remote_s=0.0,
+                      policy_evictions=0, writebacks=0, drops=0, discards=0, refused_discards=0, remote_bytes=0,
+                      remote_s=0.0,
                       invalidations=0, peak_used_blocks=0, cold_first_touch_bytes=0, cold_first_touch_s=0.0,
                       compute_s=0.0)
         if host is not None:
