@@ -323,7 +323,7 @@ def mover(batch, fail=None):
 
     from uvmprefetch.runtime.cuda_backend import Mover
     m = object.__new__(Mover)
-    m.rt, m.device, m.calls = FakeCudart(fail), 0, 0
+    m.rt, m.device, m.calls, m.thread = FakeCudart(fail), 0, 0, None
     log = []
     m.stream, m.discard_stream = FakeStream(11, log), FakeStream(12, log)
     compute = FakeStream(0, log)
@@ -345,7 +345,9 @@ def test_mover_calls_match_the_cuda13_signatures():
     assert m.rt.calls[0][1] == ((BASE, BASE + 4 * BS), (BS, 2 * BS), 1, 0, 11)  # device location, prefetch stream
     assert m.rt.calls[1][1][2] == 2  # host location for an eviction
     assert m.rt.calls[2][1][3] == 12  # discards on their own stream ...
-    assert log == [("wait", 12, 0), ("wait", 0, 12)]  # ... ordered after and before the compute stream
+    # ... ordered after and before the compute stream and the move stream (CUDA: a prefetch that runs during a
+    # discard of the same range is undefined behaviour)
+    assert log == [("wait", 12, 0), ("wait", 12, 11), ("wait", 0, 12), ("wait", 11, 12)]
     assert m.rt.calls[3][1][2:] == (3, 2) and m.rt.calls[4][1][2:] == (5, 1)  # preferred=host, accessed_by=gpu
     s, _ = mover(batch=False)
     s.prefetch([(BASE, BS), (BASE + 2 * BS, BS)], to_device=True)

@@ -11,10 +11,12 @@ moves blocks with cuda-python (``cuda.bindings.runtime``, CUDA 13 ``cudaMemLocat
 - discards (dead data, no write-back) are off by default: a Decision's discards are issued as evictions,
   which free the same room and keep the data. With ``UVMPREFETCH_DISCARD=1`` they use
   ``cudaMemDiscardBatchAsync`` on a second stream ordered both ways with the compute stream (after every
-  queued kernel that may still read the dead tensor, before any later kernel that reuses its memory), and only
-  for blocks the runtime saw freed and no launch touched since. Off because on the H100 a GPT-2 large run at
-  1.5x with discards ended with a NaN loss (bench/results/gpu-20261123c/); the cause is not found, and the
-  discards held the training thread longer than the write-backs they saved;
+  queued kernel that may still read the dead tensor, before any later kernel that reuses its memory) and with
+  the move stream (CUDA: a prefetch that runs during a discard of the same range is undefined behaviour), and
+  only for blocks the runtime saw freed and no launch touched since. Off because on the H100 a GPT-2 large run
+  at 1.5x with discards ended with a NaN loss (bench/results/gpu-20261123c/). The ordering with the move
+  stream came after that run: it is a documented hazard the runtime had, and the likely cause, but no GPU run
+  has shown that it was. The discards also held the training thread longer than the write-backs they saved;
 - the budget (``Residency``) evicts the least recently migrated blocks, never those of the running launch
   or of launches still queued on the GPU (``GpuProgress``).
 
@@ -224,13 +226,20 @@ class Mover:
                 self._check(self.rt.cudaMemPrefetchAsync(p, s, loc, 0, handle), what)
 
     def discard(self, ranges: list[tuple[int, int]]) -> None:
+        """Discard ``ranges``, ordered both ways with the compute stream and with the move stream: CUDA makes any
+        read, write *or prefetch* of a range that runs while it is discarded undefined behaviour
+        (``cuMemDiscardBatchAsync``), and prefetches and evictions of the same memory run on ``self.stream``."""
         if not ranges or not self.can_discard:
             return
+        if self.thread is not None:
+            self.thread.drain()  # moves still queued in the thread are not on the move stream yet
         compute = self.torch.cuda.current_stream(self.device)
         self.discard_stream.wait_stream(compute)  # after every queued kernel that may still read the data
+        self.discard_stream.wait_stream(self.stream)  # after every prefetch / eviction already issued
         self._check(self.rt.cudaMemDiscardBatchAsync([p for p, _ in ranges], [s for _, s in ranges], len(ranges), 0,
                                                      self.discard_stream.cuda_stream), "cudaMemDiscardBatchAsync")
         compute.wait_stream(self.discard_stream)  # before any later kernel that reuses the memory
+        self.stream.wait_stream(self.discard_stream)  # before any later move of it (a prefetch for the next tensor)
 
     def advise(self, ranges: list[tuple[int, int]], advice: Advice) -> None:
         rt = self.rt
