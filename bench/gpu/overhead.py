@@ -82,7 +82,8 @@ def main(argv=None) -> int:
         by_mode[r["mode"]] += steady
         per_run[r["case"]] = statistics.median(steady) if steady else float("nan")
         rows.append([r["case"], r["mode"], r["budget"] or "-", len(steady), per_run[r["case"]] * 1e3,
-                     min(steady) * 1e3 if steady else float("nan"), r.get("peak_reserved_bytes", "-")])
+                     min(steady) * 1e3 if steady else float("nan"), r.get("peak_reserved_bytes", "-"),
+                     *host_per_launch(r.get("report"))])
     med = {m: statistics.median(v) if v else float("nan") for m, v in by_mode.items()}
     overhead = med[mode] / med["plain"] - 1.0
     plains = [per_run[f"plain-{r}"] for r in range(args.rounds)]
@@ -101,13 +102,26 @@ def main(argv=None) -> int:
     checks.append(C.Check(f"{mode} overhead vs plain", f"{overhead:+.2%}", f"<= {TARGET:.0%}",
                           None if args.dry_run or bad else overhead <= TARGET,
                           "dry-run: CPU timings, target not applicable" if args.dry_run else note))
-    rows.append(["median (pooled)", "plain", "-", len(by_mode["plain"]), med["plain"] * 1e3, "-", "-"])
-    rows.append(["median (pooled)", mode, budget, len(by_mode[mode]), med[mode] * 1e3, "-", "-"])
+    rows.append(["median (pooled)", "plain", "-", len(by_mode["plain"]), med["plain"] * 1e3, "-", "-", "-", "-", "-"])
+    rows.append(["median (pooled)", mode, budget, len(by_mode[mode]), med[mode] * 1e3, "-", "-", "-", "-", "-"])
     payload = {"workload": work.__dict__, "working_set_bytes": ws, "budget_bytes": budget, "median_s": med,
                "overhead": overhead, "noise": noise, "target": TARGET,
                "runs": [{k: v for k, v in r.items() if k != "stderr_tail" or not C.run_ok(r)[0]} for r in runs]}
     return C.finish(args, NAME, payload, ["case", "mode", "budget B", "steady iters", "median ms", "min ms",
-                                          "peak reserved B"], rows, checks)
+                                          "peak reserved B", "op us/launch", "after-op us/launch",
+                                          "hook us/launch"], rows, checks)
+
+
+def host_per_launch(report) -> list:
+    """Host microseconds per launch, over the whole run: the ops themselves, what the runtime did after them
+    (observation + hook), and the launch hook alone ("-" for a plain run)."""
+    ot = (report or {}).get("observe_time") or {}
+    n = (report or {}).get("launches") or 0
+    hook = C.report_get(report, "backend_result.host_time") or {}
+    if not n or not ot:
+        return ["-", "-", "-"]
+    return [ot["op_s"] / n * 1e6, ot["after_op_s"] / n * 1e6,
+            hook["hook_s"] / n * 1e6 if "hook_s" in hook else "-"]
 
 
 if __name__ == "__main__":

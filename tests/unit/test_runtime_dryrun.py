@@ -59,6 +59,10 @@ def test_report_shows_working_set_above_budget_served(runs):
     assert ph["forward"] > 0 and ph["backward"] > 0 and ph["optimizer"] > 0
     assert len(rep["iter_s"]) == 3 and len(rep["model_iter_s"]) == 3
     assert "uvmprefetch: dryrun run" in err  # the human summary on stderr
+    # host time of every dispatched op (views included: more ops than launches), and what the runtime added
+    ot = rep["observe_time"]
+    assert ot["ops"] > rep["launches"] and ot["op_s"] > 0 and ot["after_op_s"] > 0
+    assert ot["op_s"] + ot["after_op_s"] < sum(rep["iter_s"])
 
 
 def test_live_trace_is_a_valid_trace_of_the_run(runs):

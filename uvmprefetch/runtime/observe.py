@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 
@@ -123,16 +124,23 @@ def make_mode(session):
     from torch.utils._python_dispatch import TorchDispatchMode
 
     current_node = torch._C._current_autograd_node
+    clock = time.perf_counter
 
     class UvmPrefetchMode(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            t0 = clock()
             out = func(*args, **(kwargs or {}))
+            t1 = clock()
             if session.active and launches_kernel(func):
                 try:
                     backward = current_node() is not None
                     session.on_op(func, args, kwargs, out, backward)
                 except Exception as e:  # noqa: BLE001 - the prefetcher never kills training
                     session.fail("observer", e)
+            # (host time of the op and of what the runtime adds after it: the report's ``observe_time``)
+            session.ops += 1
+            session.op_s += t1 - t0
+            session.after_op_s += clock() - t1
             return out
 
     return UvmPrefetchMode()

@@ -66,6 +66,11 @@ def build_report(s) -> dict:
         "errors": s.errors[:20],
         "policy_report": pol,
         "backend_result": be,
+        "observe_time": {"ops": s.ops, "op_s": round(s.op_s, 6), "after_op_s": round(s.after_op_s, 6),
+                         "note": "host seconds over every dispatched op: op_s = the ops themselves (PyTorch below "
+                                 "the dispatch mode, kernel launches included); after_op_s = the runtime after "
+                                 "each op (observation + launch hook; the hook's own split is "
+                                 "backend_result.host_time)"},
     }
     if s.cfg.backend == "dryrun":
         rep["model_time_s"] = be.get("time_s")

@@ -134,6 +134,12 @@ class Session:
         self.window_log: list[tuple[int, float]] = []
         self.iter_wall: list[float] = []
         self.phase_launches = {p: 0 for p in ("forward", "backward", "optimizer", "other")}
+        # Host seconds per dispatched op, accumulated by the dispatch mode (``observe.make_mode``): the op itself
+        # (``op_s``: PyTorch's dispatch below the mode and the kernel launch) and the runtime after it
+        # (``after_op_s``: observation + the launch hook, whose own split is the backend's ``host_time``).
+        self.ops = 0
+        self.op_s = 0.0
+        self.after_op_s = 0.0
         self._t_iter = time.perf_counter()
         self._t0 = self._t_iter
         self._lock = threading.RLock()
