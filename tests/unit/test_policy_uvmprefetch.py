@@ -527,7 +527,8 @@ def _decisions(tr, spec, oversub, fast):
 
 
 @pytest.mark.parametrize("spec", ["uvmprefetch", "uvmprefetch:invalidate=false,dead_reuse=false",
-                                  "uvmprefetch:stall_aware=false,track_moves=false,lead_s=1e-4"])
+                                  "uvmprefetch:stall_aware=false,track_moves=false,lead_s=1e-4",
+                                  "uvmprefetch:history_launches=300,scan_max=256"])  # (the history is trimmed)
 def test_one_kernel_plan_makes_the_python_plans_decisions(spec):
     from pathlib import Path
 
