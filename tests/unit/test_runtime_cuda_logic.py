@@ -203,6 +203,24 @@ def test_discards_are_evictions_unless_on_and_the_runtime_saw_the_block_die():
     assert ("discard", [(BASE + BS, BS)]) not in log and be.refused_discards == 1
 
 
+def test_protection_mask_is_built_only_when_something_leaves():
+    # GIVEN a backend with room to spare, whose GPU finishes every launch at once
+    pol = Scripted([None, None, None, Decision(evict=np.array([0]))])
+    be = backend(pol, 8, [(BASE, 16 * BS)])
+    built = []
+    real = be.progress.protected_mask
+    be.progress.protected_mask = lambda running, poll=True: built.append(1) or real(running, poll)
+    Event.done = 100
+    # WHEN launches need no eviction, discard or budget victim
+    for i in range(3):
+        be.launch(info(i, be, BASE + i * BS, BS))
+    # THEN no mask is built (a pass over every block), yet the GPU's progress is still polled
+    assert not built and be.progress.depth() <= 1
+    # AND a Decision that evicts builds it once
+    be.launch(info(3, be, BASE + 3 * BS, BS))
+    assert len(built) == 1 and ("to_host", [(BASE, BS)]) in [(k, r) for k, r, *_ in be.mover.log]
+
+
 def test_host_time_charges_a_blocking_call_to_its_stage():
     """The launch hook runs on the training thread: a CUDA call that blocks (here an eviction that sleeps)
     must show up under its own stage of the report's ``host_time``, not be spread over the others."""

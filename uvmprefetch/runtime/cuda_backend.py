@@ -481,7 +481,16 @@ class CudaBackend:
         t1 = clock()
         if info.blocks.size:
             self.dead[info.blocks] = False  # in use again (the allocator handed the memory out)
-        protected = self.progress.protected_mask(info.blocks)  # launches still queued on the GPU keep theirs
+        # Launches still queued on the GPU keep their blocks. The mask is a pass over every block: built only
+        # when something is to leave (most launches when the model fits: none), the queue polled every launch.
+        self.progress.poll()
+        mask = None
+
+        def protected():
+            nonlocal mask
+            if mask is None:
+                mask = self.progress.protected_mask(info.blocks, poll=False)
+            return mask
         discard, evict, pf = res.plan(dec, protected)
         if discard.size:
             discard, evict = self._safe_discards(discard, evict)

@@ -179,9 +179,11 @@ class GpuProgress:
             self._pool.append(ev)
         return self.completed
 
-    def protected_mask(self, running: np.ndarray) -> np.ndarray:
-        """Bool mask of blocks of launches dispatched but not finished on the GPU, plus ``running``."""
-        self.poll()
+    def protected_mask(self, running: np.ndarray, poll: bool = True) -> np.ndarray:
+        """Bool mask of blocks of launches dispatched but not finished on the GPU, plus ``running`` (``poll``:
+        first ask the GPU how far it got)."""
+        if poll:
+            self.poll()
         m = self.pins > 0
         m[running] = True
         return m

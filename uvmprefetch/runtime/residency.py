@@ -61,10 +61,12 @@ class Residency:
                 self.mig_seq[changed] = self._seq
                 self.m["peak_resident_blocks"] = max(self.m["peak_resident_blocks"], self.n_resident)
 
-    def plan(self, dec: Decision | None, protected: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def plan(self, dec: Decision | None, protected) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Filter a policy's Decision: ``(discard, evict, prefetch)`` block arrays to act on.
 
-        ``protected`` (here and in ``victims``): block ids, or a bool mask over all blocks.
+        ``protected`` (here and in ``victims``): block ids, or a bool mask over all blocks, or a callable that
+        returns either (called only if the Decision evicts or discards: building the mask costs a pass over
+        every block).
 
         Evictions and discards of ``protected`` blocks (the running and queued launches) are dropped, as the
         hook contract says; evictions of non-resident blocks and prefetches of resident ones are skipped;
@@ -72,11 +74,12 @@ class Residency:
         """
         if dec is None or dec.is_empty():
             return EMPTY, EMPTY, EMPTY
-        prot = self._mask(protected)
-        keep = lambda b: b[~prot[b]]  # noqa: E731
-        discard = keep(np.unique(np.asarray(dec.discard, dtype=np.int64)))
+        discard = np.unique(np.asarray(dec.discard, dtype=np.int64))
         ev_all = np.unique(np.asarray(dec.evict, dtype=np.int64))
-        evict = keep(ev_all)
+        evict = ev_all
+        if discard.size or ev_all.size:
+            prot = self._mask(protected)
+            discard, evict = discard[~prot[discard]], ev_all[~prot[ev_all]]
         self.m["dropped_evictions"] += int(ev_all.size - evict.size)
         evict = evict[self.resident[evict]]
         pf = np.asarray(dec.prefetch, dtype=np.int64)
@@ -89,8 +92,11 @@ class Residency:
             pf = pf[:max(room, 0)]
         return discard, evict, pf
 
-    def _mask(self, protected: np.ndarray) -> np.ndarray:
-        """``protected`` as a bool mask over all blocks (it may be given as ids or as a mask already)."""
+    def _mask(self, protected) -> np.ndarray:
+        """``protected`` as a bool mask over all blocks (it may be given as ids, as a mask already, or as a
+        callable returning either)."""
+        if callable(protected):
+            protected = protected()
         if protected.dtype == bool and protected.shape == (self.max_blocks,):
             return protected
         m = np.zeros(self.max_blocks, dtype=bool)
@@ -115,8 +121,9 @@ class Residency:
             self._set(prefetch, True)
             self.pf_pending[prefetch] = True
 
-    def victims(self, incoming: int, protected: np.ndarray) -> np.ndarray:
-        """Blocks to evict (least recently migrated first) so that ``incoming`` more blocks fit the budget."""
+    def victims(self, incoming: int, protected) -> np.ndarray:
+        """Blocks to evict (least recently migrated first) so that ``incoming`` more blocks fit the budget
+        (``protected`` is read only if some must go)."""
         over = self.n_resident + incoming - self.capacity_blocks
         if over <= 0:
             return EMPTY
