@@ -380,6 +380,30 @@ def rebuild_nu(nu, f_blk, a, b, h_ptr, base, fbase, lo, scan_max, inf):
 
 
 @nb.njit(cache=True, nogil=True)
+def stable_sig(blocks, writes, w_iter, iters_seen, key):
+    """The *stable signature* of a launch (``_match``): a hash of its exec id and the blocks it reads that hold
+    data from before this iteration (not written by it, not written earlier in this iteration: weights,
+    optimizer state, inputs), 0 when it reads none. Unlike the exact signature it does not see where the
+    caching allocator placed this step's activations. ``blocks`` sorted, ``writes`` a sorted subset."""
+    h = np.uint64(key & 0x7FFFFFFFFFFFFFFF) * np.uint64(0x9E3779B97F4A7C15)
+    n = 0
+    j = 0
+    nw = writes.shape[0]
+    for i in range(blocks.shape[0]):
+        x = blocks[i]
+        while j < nw and writes[j] < x:
+            j += 1
+        if (j < nw and writes[j] == x) or w_iter[x] == iters_seen:
+            continue
+        h = (h ^ np.uint64(x)) * np.uint64(0x100000001B3)
+        h ^= h >> np.uint64(29)
+        n += 1
+    if n == 0:
+        return 0
+    return np.int64(h >> np.uint64(2)) + 1
+
+
+@nb.njit(cache=True, nogil=True)
 def launch_marks(blocks, writes, iters_seen, index, dead, pf_unused, dirty, written, w_iter, uses, last_use):
     """``on_launch``'s bookkeeping of a launch with known accesses (``blocks`` sorted, ``writes`` a subset):
     not dead, not an unused prefetch, written ones dirty, one more use, last used now. Returns the write mask

@@ -62,6 +62,7 @@ class UvmPrefetchParams(Params):
     fault_late: bool = False  # next-launch blocks a busy queue would deliver late are left to fault (see docs)
     fault_late_soft: bool = True  # ... only when the next launch is a soft (data-dependent) slot
     track_moves: bool = True  # translate predicted blocks of tensors the allocator placed elsewhere
+    stable_sync: bool = True  # re-synchronise on the blocks of older data a launch reads (see _match)
     window: int = 1024  # initial lookahead, in launches
     window_min: int = 64  # below this the plan cannot cover a layer's launches
     window_max: int = 8192
@@ -158,7 +159,16 @@ class UvmPrefetchPolicy(Policy):
         self.base = 0
         self.fbase = 0
         self.sig_tab = LruMap(P.table_entries)
+        # (stable signature, its occurrence in the iteration) -> last position (see _match)
+        self.stab_tab = LruMap(P.table_entries)
+        self.stab_seen: dict = {}  # stable signature -> occurrences so far in this iteration
+        self.pending_stab = None
+        # (exec-id n-gram, its occurrence in the iteration) -> last position: the k-th time a context occurs
+        # in this iteration matches the k-th time in the last iteration that had it, not the previous layer
         self.exec_tab = LruMap(P.table_entries)
+        self.ngram_seen: dict = {}
+        self.cur_ngram: tuple | None = None  # the running launch's counted n-gram (committed with it)
+        self.pending_ngram: tuple | None = None
         self.name_tab = LruMap(P.table_entries)
         self.recent_exec: list[int] = []
         self.recent_name: list[int] = []
@@ -183,7 +193,7 @@ class UvmPrefetchPolicy(Policy):
         self.stats = dict(launches=0, matched=0, soft=0, resync=0, unpredicted=0, prefetched_blocks=0,
                           evicted_blocks=0, discarded_blocks=0, late_blocks=0, predicted_faults=0, thrash_blocks=0,
                           mispredicted_blocks=0, refetched_blocks=0, moved_blocks=0, read_mostly_blocks=0,
-                          prefer_host_blocks=0, soft_moves=0)
+                          prefer_host_blocks=0, soft_moves=0, stable_resync=0)
 
     # ------------------------------------------------------------------------------------------ hooks
     def on_free(self, blocks: np.ndarray) -> None:
@@ -226,6 +236,8 @@ class UvmPrefetchPolicy(Policy):
         if self.params.advice and self.ctx is not None:
             self._plan_advice()
         self.prev_uses, self.uses = self.uses, self.prev_uses
+        self.stab_seen.clear()
+        self.ngram_seen.clear()
         self.uses[:] = 0
         self.it_link_blocks = 0
         self.it_compute = 0.0
@@ -240,7 +252,22 @@ class UvmPrefetchPolicy(Policy):
         key = int(info.exec_id) & _MASK63
         name = int(info.name)
         sig = hash((name, blocks.tobytes())) if known else hash((key,))
-        self._match(key, name, sig)
+        n = self.params.ngram
+        if len(self.recent_exec) >= n:
+            g = tuple(self.recent_exec[-n:]) + (key,)
+            c = self.ngram_seen.get(g, 0)
+            self.ngram_seen[g] = c + 1
+            self.cur_ngram = (g, c)
+        else:
+            self.cur_ngram = None
+        stab = None
+        if known and self.params.stable_sync:
+            h = _k.stable_sig(blocks, info.write_blocks, self.w_iter, self.iters_seen, key)
+            if h:
+                c = self.stab_seen.get(h, 0)
+                self.stab_seen[h] = c + 1
+                stab = (h, c)
+        self._match(key, name, sig, stab)
         if known and self.p is not None and self.params.track_moves:
             self._learn_moves(info.write_blocks)
         if known and self.soft and self.params.soft_moves:
@@ -256,6 +283,8 @@ class UvmPrefetchPolicy(Policy):
             cur = self._blocks_at(self.p).copy() if self.p is not None else EMPTY
         # Unknown accesses: what the launch used is what was predicted (and came in) plus what faults add.
         self.pending = (key, name, sig, cur, wmask)
+        self.pending_stab = stab
+        self.pending_ngram = self.cur_ngram
         self.pending_dur = float(info.duration)
         self.it_compute += float(info.duration)
         if cur.size:
@@ -282,14 +311,14 @@ class UvmPrefetchPolicy(Policy):
         out.update(self.monitor.report())
         out["history_launches"] = len(self.h_key)
         out["history_entries"] = len(self.f_blk)
-        out["table_entries"] = {"signature": len(self.sig_tab), "exec_ngram": len(self.exec_tab),
-                                "name_ngram": len(self.name_tab)}
+        out["table_entries"] = {"signature": len(self.sig_tab), "stable_signature": len(self.stab_tab),
+                                "exec_ngram": len(self.exec_tab), "name_ngram": len(self.name_tab)}
         arrays = (self.nu, self.dirty, self.dead, self.pf_unused, self.thrashed, self.written, self.uses,
                   self.prev_uses,
                   self.advice, self.last_flat, self.last_use, self.remap)
         out["state_bytes"] = int(sum(a.nbytes for a in arrays) + sum(
             g.nbytes for g in (self.h_key, self.h_name, self.h_sig, self.h_ptr, self.f_blk, self.f_next, self.f_w)) +
-            self.sig_tab.nbytes + self.exec_tab.nbytes + self.name_tab.nbytes)
+            self.sig_tab.nbytes + self.stab_tab.nbytes + self.exec_tab.nbytes + self.name_tab.nbytes)
         n = self.stats["launches"]
         out["prediction_rate"] = (self.stats["matched"] + self.stats["soft"] + self.stats["resync"]) / n if n else None
         return out
@@ -338,13 +367,16 @@ class UvmPrefetchPolicy(Policy):
         for g in flat:
             g.n = fn + k
         self.sig_tab.put(sig, r)
+        if self.pending_stab is not None:
+            self.stab_tab.put(self.pending_stab, r)
         n = self.params.ngram
         self.recent_exec.append(key)
         self.recent_name.append(name)
         if len(self.recent_exec) > n + 1:
             del self.recent_exec[0], self.recent_name[0]
         if len(self.recent_exec) == n + 1:
-            self.exec_tab.put(tuple(self.recent_exec), r)
+            if self.pending_ngram is not None:
+                self.exec_tab.put(self.pending_ngram, r)
             self.name_tab.put(tuple(self.recent_name), r)
         if len(self.h_key) > self.params.history_launches:
             self._trim(len(self.h_key) // 2)
@@ -364,8 +396,16 @@ class UvmPrefetchPolicy(Policy):
             self.p = None
         self.horizon = max(self.horizon, self.base)
 
-    def _match(self, key: int, name: int, sig: int) -> None:
-        """Move the pointer to the history position matching the launch about to run."""
+    def _match(self, key: int, name: int, sig: int, stab: tuple | None = None) -> None:
+        """Move the pointer to the history position matching the launch about to run.
+
+        Most specific first: the next recorded launch with the same exact signature, the last position with
+        it, then the *stable signature* (exec id + the blocks of older data it reads, ``_uvmkernels.stable_sig``,
+        and how many times it occurred before in this iteration):
+        while the caching allocator still moves a step's activations around (the first iterations), exact
+        signatures miss, but a layer's weights say which layer this is; without it the pointer would follow
+        the name n-grams into the last layer seen and stay a layer (or a pass) off. Then the next launch by
+        name, then the n-gram tables."""
         st = self.stats
         self.soft = 0
         base = self.base
@@ -378,6 +418,15 @@ class UvmPrefetchPolicy(Policy):
             st["matched"] += 1
             return
         q = self.sig_tab.get(sig)
+        if (q is None or not base <= q < end) and stab is not None:
+            q2 = self.stab_tab.get(stab)
+            if q2 is not None and base <= q2 < end and int(self.h_key._a[q2 - base]) == key and q2 != nxt:
+                st["stable_resync"] += 1
+                self.soft = 1
+                self.p = q2
+                self.horizon = q2 + 1
+                self._rebuild_nu(q2)
+                return
         if q is None or not base <= q < end:
             if nxt is not None and nxt < end and int(self.h_name._a[nxt - base]) == name:
                 self._advance(nxt)  # same kernel, other data (data-dependent accesses): keep going
@@ -387,7 +436,7 @@ class UvmPrefetchPolicy(Policy):
             n = self.params.ngram
             q = None
             if len(self.recent_exec) >= n:
-                q = self.exec_tab.get(tuple(self.recent_exec[-n:]) + (key,))
+                q = self.exec_tab.get(self.cur_ngram) if self.cur_ngram is not None else None
                 if q is None or not base <= q < end:
                     q = self.name_tab.get(tuple(self.recent_name[-n:]) + (name,))
             if q is None or not base <= q < end:
