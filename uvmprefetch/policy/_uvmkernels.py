@@ -47,14 +47,18 @@ def scan_window(h_ptr, base, fbase, nflat, end, f_blk, resident, in_flight, h_cu
 
 @nb.njit(cache=True, nogil=True)
 def candidates(miss, f_blk, pa, pb, ppos, a, b, h_ptr, base, fbase, lo, remap, use_remap, nu, p, has_p, resident,
-               in_flight, mark):
+               in_flight, mark, shift_from, s_old, s_new, w_iter, it):
     """Candidate blocks of ``_plan`` in order of need, with their history positions: ``miss`` (position -1),
     flat entries ``[pa, pb)`` (position ``ppos``), flat entries ``[a, b)`` (positions from ``lo`` on).
 
     As the NumPy code: recorded blocks are translated through ``remap`` (``use_remap``); the predicted next
     use ``nu`` of each block takes the earliest of its candidate positions ahead of ``p`` when its current one
     is behind ``p`` or later (``has_p``); then blocks resident or in flight are dropped, and repeats after the
-    first. ``mark`` is a zeroed scratch array of ``max_blocks`` bytes (left zeroed)."""
+    first. ``mark`` is a zeroed scratch array of ``max_blocks`` bytes (left zeroed).
+
+    Blocks recorded at positions from ``shift_from`` on (the pointer follows an earlier layer of this iteration)
+    are shifted by the layer stride: ``s_old`` for data from before this iteration (``w_iter != it``: weights),
+    ``s_new`` for data written in it (activations); a shift out of range leaves the block as recorded."""
     n = miss.shape[0] + max(0, pb - pa) + max(0, b - a)
     blk = np.empty(n, dtype=np.int64)
     pos = np.empty(n, dtype=np.int64)
@@ -79,6 +83,14 @@ def candidates(miss, f_blk, pa, pb, ppos, a, b, h_ptr, base, fbase, lo, remap, u
         for i in range(n):
             if pos[i] >= 0:
                 blk[i] = remap[blk[i]]
+    if has_p and (s_old != 0 or s_new != 0):
+        nb_ = nu.shape[0]
+        for i in range(n):
+            if pos[i] >= shift_from:
+                x = blk[i]
+                y = x + (s_old if w_iter[x] != it else s_new)
+                if 0 <= y < nb_:
+                    blk[i] = y
     if has_p:
         # nu[blk[upd][::-1]] = pos[upd][::-1] with upd from nu before the update: the first updating
         # occurrence of each block wins.
@@ -404,6 +416,53 @@ def stable_sig(blocks, writes, w_iter, iters_seen, key):
 
 
 @nb.njit(cache=True, nogil=True)
+def learn_shift(rec, rec_w, blocks, writes, w_iter, it):
+    """The layer stride between the launch running now (``blocks``, ``writes`` its writes) and the recorded
+    launch of an earlier layer it matched (``rec``, ``rec_w`` its write flags): for the blocks read and not
+    written, separately for data from before this iteration (``w_iter != it``) and data written in it, the
+    common difference of the two in address order. Returns ``(ok_old, d_old, ok_new, d_new)``: ok when both
+    launches read as many such blocks (at least one) and all differences agree."""
+    d = np.zeros(2, dtype=np.int64)
+    ok = np.zeros(2, dtype=np.bool_)
+    for cls in range(2):
+        # i walks rec, j walks blocks; each side's next block of this class
+        i = 0
+        j = 0
+        w = 0
+        good = True
+        seen = False
+        nr = rec.shape[0]
+        nb_ = blocks.shape[0]
+        nw = writes.shape[0]
+        while True:
+            while i < nr and (rec_w[i] or ((w_iter[rec[i]] == it) != (cls == 1))):
+                i += 1
+            while j < nb_:
+                x = blocks[j]
+                while w < nw and writes[w] < x:
+                    w += 1
+                if (w < nw and writes[w] == x) or ((w_iter[x] == it) != (cls == 1)):
+                    j += 1
+                else:
+                    break
+            if i >= nr or j >= nb_:
+                if i < nr or j < nb_:
+                    good = False
+                break
+            dd = blocks[j] - rec[i]
+            if not seen:
+                d[cls] = dd
+                seen = True
+            elif dd != d[cls]:
+                good = False
+                break
+            i += 1
+            j += 1
+        ok[cls] = good and seen
+    return ok[0], d[0], ok[1], d[1]
+
+
+@nb.njit(cache=True, nogil=True)
 def launch_marks(blocks, writes, iters_seen, index, dead, pf_unused, dirty, written, w_iter, uses, last_use):
     """``on_launch``'s bookkeeping of a launch with known accesses (``blocks`` sorted, ``writes`` a subset):
     not dead, not an unused prefetch, written ones dirty, one more use, last used now. Returns the write mask
@@ -526,7 +585,7 @@ def first_not_above(vkey, pos, start):
 def plan_paced(cur, resident, in_flight, capacity, used, margin, now, dur, lead, q_end, cur_waits, stall_aware,
                p, window, horizon, h_ptr, base, fbase, nh, nflat, f_blk, h_cum, h_soft, scan_max, remap,
                use_remap, nu, mark, dead, dirty, last_use, pf_unused, thrashed, t_blk, lat, fault_late_soft, inf,
-               k_dead, k_dirty, k_clean, age0, dead_reuse):
+               k_dead, k_dirty, k_clean, age0, dead_reuse, shift_from, s_old, s_new, w_iter, it):
     """``_plan`` in one call for its common case: a prediction (``p >= 0``), prefetch + pre-eviction paced to the
     link (``t_blk > 0``), no deadline chase, no soft-slot guard, no whole-launch rounding, no ``fault_late``.
     The same steps as the Python code, in the same order and with the same float arithmetic (see the comments
@@ -561,7 +620,7 @@ def plan_paced(cur, resident, in_flight, capacity, used, margin, now, dur, lead,
     if not (miss.shape[0] or pb > pa or sb > sa):
         return 0, empty, empty, empty, horizon, q_end, 0, 0, 0
     blk, pos = candidates(miss, f_blk, pa, pb, p + 1, sa, sb, h_ptr, base, fbase, lo, remap, use_remap, nu, p, True,
-                          resident, in_flight, mark)
+                          resident, in_flight, mark, shift_from, s_old, s_new, w_iter, it)
     n = blk.shape[0]
     free = max(0, capacity - used - margin)
     q = max(q_end, now)

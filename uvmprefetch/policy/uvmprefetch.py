@@ -63,6 +63,7 @@ class UvmPrefetchParams(Params):
     fault_late_soft: bool = True  # ... only when the next launch is a soft (data-dependent) slot
     track_moves: bool = True  # translate predicted blocks of tensors the allocator placed elsewhere
     stable_sync: bool = True  # re-synchronise on the blocks of older data a launch reads (see _match)
+    layer_stride: bool = True  # following an earlier layer of this iteration, shift its blocks by the stride
     window: int = 1024  # initial lookahead, in launches
     window_min: int = 64  # below this the plan cannot cover a layer's launches
     window_max: int = 8192
@@ -188,6 +189,8 @@ class UvmPrefetchPolicy(Policy):
         self.pending_advice: list = []
         self.cur_waits = False  # the running launch waits for blocks still in flight
         self.iters_seen = 0
+        self.s_old = 0  # layer stride (blocks) of older data / of this iteration's data (see _learn_shift)
+        self.s_new = 0
         self.it_link_blocks = 0
         self.it_compute = 0.0
         self.stats = dict(launches=0, matched=0, soft=0, resync=0, unpredicted=0, prefetched_blocks=0,
@@ -237,6 +240,7 @@ class UvmPrefetchPolicy(Policy):
             self._plan_advice()
         self.prev_uses, self.uses = self.uses, self.prev_uses
         self.stab_seen.clear()
+        self.s_old = self.s_new = 0
         self.ngram_seen.clear()
         self.uses[:] = 0
         self.it_link_blocks = 0
@@ -270,6 +274,8 @@ class UvmPrefetchPolicy(Policy):
         self._match(key, name, sig, stab)
         if known and self.p is not None and self.params.track_moves:
             self._learn_moves(info.write_blocks)
+        if known and self.soft and self.p is not None and self.p >= self.iter_start and self.params.layer_stride:
+            self._learn_shift(blocks, info.write_blocks)
         if known and self.soft and self.params.soft_moves:
             self._classify_soft(blocks, info.write_blocks)
         wmask = None
@@ -466,6 +472,27 @@ class UvmPrefetchPolicy(Policy):
                                self.f_blk._a, self.f_w._a, writes, self.remap, self.nu)
         self.stats["moved_blocks"] += moved
 
+    def _learn_shift(self, blocks: np.ndarray, writes: np.ndarray) -> None:
+        """The pointer follows an earlier launch of this iteration with other blocks: a repeated layer (the
+        first iteration, before any record of the next layer exists). Its blocks are the recorded ones shifted
+        by the distance between layers, one for weights and one for activations (the caching allocator lays
+        both out layer after layer). Learned from this launch against the recorded one (``learn_shift``);
+        ``candidates`` applies it to the positions ahead, which then predict the coming layers."""
+        a, b = self._span(self.p, self.p + 1)
+        ok_o, d_o, ok_n, d_n = _k.learn_shift(self.f_blk.view()[a:b], self.f_w.view()[a:b], blocks, writes,
+                                               self.w_iter, self.iters_seen)
+        if ok_o:
+            self.s_old = int(d_o)
+        if ok_n:
+            self.s_new = int(d_n)
+
+    def _shift_from(self) -> int:
+        """First history position whose blocks ``candidates`` shifts by the layer stride (INF: none)."""
+        p = self.p
+        if p is None or p < self.iter_start or not (self.s_old or self.s_new):
+            return INF
+        return self.iter_start
+
     def _classify_soft(self, blocks: np.ndarray, writes: np.ndarray) -> None:
         """A soft match (same kernel, other blocks) is data-dependent only if a block it reads that was not
         predicted is older data (e.g. another expert's weights). New blocks that hold what this iteration wrote
@@ -563,7 +590,7 @@ class UvmPrefetchPolicy(Policy):
             miss, self.f_blk.view(), pa, pb, (p + 1) if p is not None else -1, sa, sb, self.h_ptr.view(),
             self.base, self.fbase, lo, self.remap,
             bool(P.track_moves and self.stats["moved_blocks"]), self.nu, p if p is not None else -1,
-            p is not None, res_, infl, self._mark)
+            p is not None, res_, infl, self._mark, self._shift_from(), self.s_old, self.s_new, self.w_iter, self.iters_seen)
         n = blk.shape[0]
         free = max(0, state.capacity_blocks - state.used_blocks - self.margin_blocks)
         now = state.now
@@ -693,7 +720,7 @@ class UvmPrefetchPolicy(Policy):
             self.f_blk._a, self.h_cum._a, self.h_soft._a, P.scan_max, self.remap,
             bool(P.track_moves and st["moved_blocks"]), self.nu, self._mark, self.dead, self.dirty, self.last_use,
             self.pf_unused, self.thrashed, self.t_blk, self._lat, P.fault_late_soft, INF, _K_DEAD, _K_DIRTY,
-            _K_CLEAN, _AGE, P.dead_reuse)
+            _K_CLEAN, _AGE, P.dead_reuse, self._shift_from(), self.s_old, self.s_new, self.w_iter, self.iters_seen)
         if not status:
             return self._margin(state, cur) if self.margin_blocks else None
         if wasted or mis:
