@@ -380,7 +380,7 @@ def test_victim_scan_stops_at_the_ids_in_use():
         assert ids_in_use(view) == view.resident.shape[0]
 
 
-def _candidates_ref(pol, state, miss, pa, pb, sa, sb, lo, scan_hi, p, shift=(INF, 0, 0)):
+def _candidates_ref(pol, state, miss, pa, pb, sa, sb, lo, scan_hi, p, shift=(INF, 0, 0), remap_lim=None):
     """The NumPy code the candidates kernel replaced (before the Numba kernels), with the layer shift
     ``(from position, older data, this iteration's data)``."""
     cand_b, cand_p = [], []
@@ -396,7 +396,8 @@ def _candidates_ref(pol, state, miss, pa, pb, sa, sb, lo, scan_hi, p, shift=(INF
         cand_p.append(pol._positions(lo, scan_hi + 1, sa, sb))
     blk, pos = np.concatenate(cand_b), np.concatenate(cand_p)
     if p is not None and pol.params.track_moves and pol.stats["moved_blocks"]:
-        blk = np.where(pos >= 0, pol.remap[blk], blk)
+        lim = INF if remap_lim is None else remap_lim
+        blk = np.where((pos >= 0) & (pos < lim), pol.remap[blk], blk)
     s_from, s_old, s_new = shift
     if p is not None and (s_old or s_new):
         y = blk + np.where(pol.w_iter[blk] != pol.iters_seen, s_old, s_new)
@@ -478,11 +479,13 @@ def test_candidates_and_scan_kernels_match_numpy():
         pol.iters_seen = 1
         shift = (int(rng.integers(0, end + 1)), int(rng.integers(-9, 10)), int(rng.integers(-9, 10))) \
             if trial % 2 else (INF, 0, 0)
-        rb, rp = _candidates_ref(pol, view, miss, pa, pb, sa, sb, lo, scan_hi, p, shift)
+        # (moves apply to the positions before a random limit: the end of the followed recorded iteration)
+        lim = int(rng.integers(1, end + 2)) if pol.stats["moved_blocks"] else 0
+        rb, rp = _candidates_ref(pol, view, miss, pa, pb, sa, sb, lo, scan_hi, p, shift, lim)
         nu_ref = pol.nu.copy()
         pol.nu[:] = nu0
         kb, kp = K.candidates(miss, pol.f_blk.view(), pa, pb, p + 1, sa, sb, pol.h_ptr.view(), pol.base,
-                              pol.fbase, lo, pol.remap, bool(pol.stats["moved_blocks"]), pol.nu, p, True,
+                              pol.fbase, lo, pol.remap, lim, pol.nu, p, True,
                               view.resident, view.in_flight, pol._mark, *shift, pol.w_iter, pol.iters_seen)
         assert np.array_equal(kb, rb) and np.array_equal(kp, rp)
         assert np.array_equal(pol.nu, nu_ref) and not pol._mark.any()

@@ -46,12 +46,14 @@ def scan_window(h_ptr, base, fbase, nflat, end, f_blk, resident, in_flight, h_cu
 
 
 @nb.njit(cache=True, nogil=True)
-def candidates(miss, f_blk, pa, pb, ppos, a, b, h_ptr, base, fbase, lo, remap, use_remap, nu, p, has_p, resident,
+def candidates(miss, f_blk, pa, pb, ppos, a, b, h_ptr, base, fbase, lo, remap, remap_lim, nu, p, has_p, resident,
                in_flight, mark, shift_from, s_old, s_new, w_iter, it):
     """Candidate blocks of ``_plan`` in order of need, with their history positions: ``miss`` (position -1),
     flat entries ``[pa, pb)`` (position ``ppos``), flat entries ``[a, b)`` (positions from ``lo`` on).
 
-    As the NumPy code: recorded blocks are translated through ``remap`` (``use_remap``); the predicted next
+    As the NumPy code: blocks recorded before position ``remap_lim`` are translated through ``remap`` (the
+    moves were learned against that recorded iteration; later iterations' records hold other addresses and
+    are not translated; 0: nothing is); the predicted next
     use ``nu`` of each block takes the earliest of its candidate positions ahead of ``p`` when its current one
     is behind ``p`` or later (``has_p``); then blocks resident or in flight are dropped, and repeats after the
     first. ``mark`` is a zeroed scratch array of ``max_blocks`` bytes (left zeroed).
@@ -79,9 +81,9 @@ def candidates(miss, f_blk, pa, pb, ppos, a, b, h_ptr, base, fbase, lo, remap, u
         blk[j] = f_blk[i]
         pos[j] = q
         j += 1
-    if has_p and use_remap:
+    if has_p and remap_lim > 0:
         for i in range(n):
-            if pos[i] >= 0:
+            if 0 <= pos[i] < remap_lim:
                 blk[i] = remap[blk[i]]
     if has_p and (s_old != 0 or s_new != 0):
         nb_ = nu.shape[0]
@@ -584,7 +586,7 @@ def first_not_above(vkey, pos, start):
 @nb.njit(cache=True, nogil=True)
 def plan_paced(cur, resident, in_flight, capacity, used, margin, now, dur, lead, q_end, cur_waits, stall_aware,
                p, window, horizon, h_ptr, base, fbase, nh, nflat, f_blk, h_cum, h_soft, scan_max, remap,
-               use_remap, nu, mark, dead, dirty, last_use, pf_unused, thrashed, t_blk, lat, fault_late_soft, inf,
+               remap_lim, nu, mark, dead, dirty, last_use, pf_unused, thrashed, t_blk, lat, fault_late_soft, inf,
                k_dead, k_dirty, k_clean, age0, dead_reuse, shift_from, s_old, s_new, w_iter, it):
     """``_plan`` in one call for its common case: a prediction (``p >= 0``), prefetch + pre-eviction paced to the
     link (``t_blk > 0``), no deadline chase, no soft-slot guard, no whole-launch rounding, no ``fault_late``.
@@ -619,7 +621,7 @@ def plan_paced(cur, resident, in_flight, capacity, used, margin, now, dur, lead,
                                       cap, False, q0, t0, t_blk, scan_max, scan_hi)
     if not (miss.shape[0] or pb > pa or sb > sa):
         return 0, empty, empty, empty, horizon, q_end, 0, 0, 0
-    blk, pos = candidates(miss, f_blk, pa, pb, p + 1, sa, sb, h_ptr, base, fbase, lo, remap, use_remap, nu, p, True,
+    blk, pos = candidates(miss, f_blk, pa, pb, p + 1, sa, sb, h_ptr, base, fbase, lo, remap, remap_lim, nu, p, True,
                           resident, in_flight, mark, shift_from, s_old, s_new, w_iter, it)
     n = blk.shape[0]
     free = max(0, capacity - used - margin)

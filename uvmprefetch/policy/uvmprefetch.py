@@ -34,6 +34,7 @@ table (``report()['state_bytes']``).
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -157,6 +158,8 @@ class UvmPrefetchPolicy(Policy):
         # recorded block -> where the tensor written there lives in this iteration (see _learn_moves)
         self.remap = np.arange(n, dtype=np.int64)
         self.iter_start = 0  # history position of this iteration's first launch
+        self.iter_starts: list[int] = []  # the first positions of the later iterations (ascending)
+        self._prev_start = 0  # first position of the last iteration's record
         self.base = 0
         self.fbase = 0
         self.sig_tab = LruMap(P.table_entries)
@@ -234,6 +237,10 @@ class UvmPrefetchPolicy(Policy):
     def on_iteration(self, k: int) -> None:
         self.iters_seen += 1
         self.iter_start = self.end + (self.pending is not None)
+        self._prev_start = self.iter_starts[-1] if self.iter_starts else 0
+        self.iter_starts.append(self.iter_start)
+        if len(self.iter_starts) > 64:  # (bounded: older starts fall out of the trimmed history anyway)
+            del self.iter_starts[0]
         if self.stats["moved_blocks"]:
             self.remap[:] = np.arange(self.remap.shape[0])  # predictions now come from this iteration's ids
         if self.params.advice and self.ctx is not None:
@@ -410,8 +417,11 @@ class UvmPrefetchPolicy(Policy):
         and how many times it occurred before in this iteration):
         while the caching allocator still moves a step's activations around (the first iterations), exact
         signatures miss, but a layer's weights say which layer this is; without it the pointer would follow
-        the name n-grams into the last layer seen and stay a layer (or a pass) off. Then the next launch by
-        name, then the n-gram tables."""
+        the name n-grams into the last layer seen and stay a layer (or a pass) off. It jumps only within the
+        records of this iteration and the last: further back is another pattern (alternating sequence
+        lengths), whose exact signatures and n-grams find it when it returns, and a jump there re-plans the
+        end of the step for a pattern that may not come next (measured: the second occurrence of a pattern
+        14 % above its steady time instead of 3 %). Then the next launch by name, then the n-gram tables."""
         st = self.stats
         self.soft = 0
         base = self.base
@@ -426,7 +436,7 @@ class UvmPrefetchPolicy(Policy):
         q = self.sig_tab.get(sig)
         if (q is None or not base <= q < end) and stab is not None:
             q2 = self.stab_tab.get(stab)
-            if q2 is not None and base <= q2 < end and int(self.h_key._a[q2 - base]) == key and q2 != nxt:
+            if q2 is not None and self._prev_start <= q2 < end and int(self.h_key._a[q2 - base]) == key and q2 != nxt:
                 st["stable_resync"] += 1
                 self.soft = 1
                 self.p = q2
@@ -513,6 +523,15 @@ class UvmPrefetchPolicy(Policy):
         self.soft = 0
         self.stats["soft_moves"] += 1
 
+    def _remap_lim(self) -> int:
+        """Positions before this one take the learned moves (``candidates``): the end of the recorded iteration the
+        pointer follows (the moves pair its blocks with this iteration's); 0 when there are none to apply."""
+        p = self.p
+        if not (self.params.track_moves and self.stats["moved_blocks"]) or p is None or p >= self.iter_start:
+            return 0
+        i = bisect.bisect_right(self.iter_starts, p)
+        return self.iter_starts[i] if i < len(self.iter_starts) else self.iter_start
+
     def _advance(self, q: int) -> None:
         self.p = q
         _k.advance(q, self.h_ptr._a, self.base, self.fbase, self.h_ptr.n, self.f_blk.n, self.f_blk._a,
@@ -589,7 +608,7 @@ class UvmPrefetchPolicy(Policy):
         blk, pos = _k.candidates(
             miss, self.f_blk.view(), pa, pb, (p + 1) if p is not None else -1, sa, sb, self.h_ptr.view(),
             self.base, self.fbase, lo, self.remap,
-            bool(P.track_moves and self.stats["moved_blocks"]), self.nu, p if p is not None else -1,
+            self._remap_lim(), self.nu, p if p is not None else -1,
             p is not None, res_, infl, self._mark, self._shift_from(), self.s_old, self.s_new, self.w_iter, self.iters_seen)
         n = blk.shape[0]
         free = max(0, state.capacity_blocks - state.used_blocks - self.margin_blocks)
@@ -718,7 +737,7 @@ class UvmPrefetchPolicy(Policy):
             state.now, float(info.duration), P.lead_s, self.q_end, self.cur_waits, P.stall_aware, p,
             self.monitor.window, self.horizon, self.h_ptr.view(), self.base, self.fbase, self.h_ptr.n, self.f_blk.n,
             self.f_blk._a, self.h_cum._a, self.h_soft._a, P.scan_max, self.remap,
-            bool(P.track_moves and st["moved_blocks"]), self.nu, self._mark, self.dead, self.dirty, self.last_use,
+            self._remap_lim(), self.nu, self._mark, self.dead, self.dirty, self.last_use,
             self.pf_unused, self.thrashed, self.t_blk, self._lat, P.fault_late_soft, INF, _K_DEAD, _K_DIRTY,
             _K_CLEAN, _AGE, P.dead_reuse, self._shift_from(), self.s_old, self.s_new, self.w_iter, self.iters_seen)
         if not status:
