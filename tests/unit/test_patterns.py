@@ -47,13 +47,16 @@ def test_bad_arguments_raise_config_error(call):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("make", [lambda: alternating_seq(iterations=6, **SMALL),
-                                  lambda: batch_change(iterations=6, at=3, **SMALL)])
-def test_recovers_within_two_iterations_and_never_loses_to_demand(make):
+@pytest.mark.parametrize("make,oversub", [(lambda: alternating_seq(iterations=6, **SMALL), 2.0),
+                                          (lambda: batch_change(iterations=6, at=3, **SMALL), 2.0),
+                                          # the default sizes (the scorecard's, bench/ablation.py): a jump of the
+                                          # pointer two iterations back once cost the second B step 14 %
+                                          (lambda: alternating_seq(), 2.0), (lambda: alternating_seq(), 3.0)])
+def test_recovers_within_two_iterations_and_never_loses_to_demand(make, oversub):
     t = make()
     changes = t.meta["pattern"]["changes"]
-    ours = replay(t, "uvmprefetch", "h100-pcie", oversub=2.0)
-    dem = replay(t, "demand", "h100-pcie", oversub=2.0)
+    ours = replay(t, "uvmprefetch", "h100-pcie", oversub=oversub)
+    dem = replay(t, "demand", "h100-pcie", oversub=oversub)
     assert ours["time_s"] <= 1.05 * dem["time_s"]
     it = ours["iteration_times_s"]
     # steady state of a kind of iteration = its last occurrence; two iterations after each change we are
