@@ -262,10 +262,11 @@ def victims(resident, cur, dead, nu, dirty, last_use, p, k, mark, inf, k_dead, k
 
 @nb.njit(cache=True, nogil=True)
 def commit_launch(h_cum, h_key, h_name, h_sig, h_soft, h_ptr, hn, cum, key, name, sig, soft, f_blk, f_w, f_next,
-                  fn, blocks, wmask, has_w, fbase, last_flat, r, nu, p, inf):
+                  fn, blocks, wmask, has_w, fbase, last_flat, r, nu, p, inf, first_it, first_pos, it):
     """``_commit``'s array work in one call: the launch's entry at history index ``hn`` (absolute position
     ``r``) and its blocks at flat index ``fn`` (``f_next`` of new entries already holds ``inf``, ``f_w``
-    False: the buffers' fill), then ``commit_blocks``. The buffers have room (``GrowArray.reserve``)."""
+    False: the buffers' fill), then ``commit_blocks``; a block's first position in iteration ``it`` is kept in
+    ``first_pos`` (``first_it`` says which iteration it is from). The buffers have room (``GrowArray.reserve``)."""
     h_cum[hn] = cum
     h_key[hn] = key
     h_name[hn] = name
@@ -279,20 +280,31 @@ def commit_launch(h_cum, h_key, h_name, h_sig, h_soft, h_ptr, hn, cum, key, name
     if has_w:
         for i in range(k):
             f_w[fn + i] = wmask[i]
+    for i in range(k):
+        x = blocks[i]
+        if first_it[x] != it:
+            first_it[x] = it
+            first_pos[x] = r
     commit_blocks(blocks, f_next, fbase, last_flat, f0, r, nu, p, inf)
 
 
 @nb.njit(cache=True, nogil=True)
-def advance(q, h_ptr, base, fbase, nh, nflat, f_blk, f_next, remap, use_remap, nu):
-    """``_advance``: the blocks recorded at position ``q`` (through ``remap`` with ``use_remap``) are next used
-    where their entries link to."""
+def advance(q, h_ptr, base, fbase, nh, nflat, f_blk, f_next, remap, remap_lim, nu, first_it, first_pos, it):
+    """``_advance``: the blocks recorded at position ``q`` (before ``remap_lim``: through ``remap``) are next used
+    where their entries link to. A moved block whose recorded address is next used only after ``remap_lim``
+    (the followed iteration's end: another tensor at that address) is next used where this iteration first used
+    it (``first_pos`` when ``first_it`` is ``it``): the same offset of the next iteration."""
     a = h_ptr[q - base] - fbase
     b = (h_ptr[q + 1 - base] - fbase) if q + 1 - base < nh else nflat
     for i in range(a, b):
         x = f_blk[i]
-        if use_remap:
-            x = remap[x]
-        nu[x] = f_next[i]
+        nx = f_next[i]
+        if remap_lim > 0 and q < remap_lim:
+            y = remap[x]
+            if y != x and nx >= remap_lim and first_it[y] == it:
+                nx = first_pos[y]
+            x = y
+        nu[x] = nx
 
 
 @nb.njit(cache=True, nogil=True)
