@@ -285,7 +285,7 @@ def commit_launch(h_cum, h_key, h_name, h_sig, h_soft, h_ptr, hn, cum, key, name
         if first_it[x] != it:
             first_it[x] = it
             first_pos[x] = r
-    commit_blocks(blocks, f_next, fbase, last_flat, f0, r, nu, p, inf)
+    commit_blocks(blocks, f_next, fbase, last_flat, f0, r, nu, p, inf, first_pos)
 
 
 @nb.njit(cache=True, nogil=True)
@@ -343,10 +343,11 @@ def learn_moves(q, h_ptr, base, fbase, nh, nflat, f_blk, f_w, writes, remap, nu)
 
 
 @nb.njit(cache=True, nogil=True)
-def commit_blocks(blocks, f_next, fbase, last_flat, f0, r, nu, p, inf):
+def commit_blocks(blocks, f_next, fbase, last_flat, f0, r, nu, p, inf, first_pos):
     """``_commit``'s per-block bookkeeping: link each block's previous history entry to position ``r``, make
-    the new entries ``f0 ..`` the blocks' last, and move a block's predicted next use to ``r`` when it has
-    none ahead of ``p``."""
+    the new entries ``f0 ..`` the blocks' last, and when a block has no predicted use ahead of ``p``, predict
+    it at its first position in this iteration's record (``first_pos``; the same offset of the next step) if
+    that is ahead of ``p``, else at ``r``."""
     for i in range(blocks.shape[0]):
         pv = last_flat[blocks[i]]
         if pv >= fbase:
@@ -357,7 +358,7 @@ def commit_blocks(blocks, f_next, fbase, last_flat, f0, r, nu, p, inf):
         x = blocks[i]
         v = nu[x]
         if v >= inf or v <= p:
-            nu[x] = r
+            nu[x] = first_pos[x] if first_pos[x] > p else r
 
 
 @nb.njit(cache=True, nogil=True)
