@@ -13,7 +13,9 @@ How it decides (each launch, in ``on_launch``):
    sequence length, jumps the pointer to the last time that pattern was seen). A name match with
    different blocks (data-dependent accesses, MoE) keeps the pointer moving.
 2. **Predicted next use.** ``nu[b]`` is the history position where block ``b`` is next predicted to be
-   used (maintained incrementally from per-entry next-occurrence links, rebuilt on a jump).
+   used (maintained incrementally from per-entry next-occurrence links, rebuilt on a jump). A block with no
+   use ahead of the pointer is predicted at its first use in this iteration's record: the same offset of
+   the next step.
 3. **Plan.** The blocks of the next ``window`` predicted launches that are not on the GPU, in order of
    need, take free room first; beyond it, each takes a victim only if the victim's predicted next use is
    later than its own (never evict a block needed sooner than the one it brings in). Victims are chosen
