@@ -418,8 +418,8 @@ class UvmPrefetchPolicy(Policy):
 
         Most specific first: the next recorded launch with the same exact signature, the last position with
         it, then the *stable signature* (exec id + the blocks of older data it reads, ``_uvmkernels.stable_sig``,
-        and how many times it occurred before in this iteration):
-        while the caching allocator still moves a step's activations around (the first iterations), exact
+        and how many times it occurred before in this iteration): while the caching allocator still moves a
+        step's activations around (the first iterations), exact
         signatures miss, but a layer's weights say which layer this is; without it the pointer would follow
         the name n-grams into the last layer seen and stay a layer (or a pass) off. It jumps only within the
         records of this iteration and the last: further back is another pattern (alternating sequence
@@ -624,7 +624,8 @@ class UvmPrefetchPolicy(Policy):
             miss, self.f_blk.view(), pa, pb, (p + 1) if p is not None else -1, sa, sb, self.h_ptr.view(),
             self.base, self.fbase, lo, self.remap,
             self._remap_lim(), self.nu, p if p is not None else -1,
-            p is not None, res_, infl, self._mark, self._shift_from(), self.s_old, self.s_new, self.w_iter, self.iters_seen)
+            p is not None, res_, infl, self._mark, self._shift_from(), self.s_old, self.s_new, self.w_iter,
+            self.iters_seen)
         n = blk.shape[0]
         free = max(0, state.capacity_blocks - state.used_blocks - self.margin_blocks)
         now = state.now
