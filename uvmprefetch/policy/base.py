@@ -14,7 +14,8 @@ Hook order, per launch ``i`` (the same in the simulator and the runtime)::
         ... the caller applies the Decision: discards, evictions, then prefetches in the order given ...
     on_fault(info, blocks)              blocks launch i needed that were neither resident nor in flight
     on_evict(blocks)                    blocks the *driver/simulator* evicted on its own (not by Decision)
-    on_iteration(k)                     after the last launch of iteration k (optimizer step done)
+    on_iteration(k)                     after the last launch of iteration k (optimizer step done; live without a
+                                        hooked step: before the first launch after a backward pass)
     report() -> dict                    at the end: policy-specific figures (window over time, table sizes)
 
 Timing. ``on_launch`` is called when launch ``i`` is about to start on the GPU's compute stream (the

@@ -46,6 +46,7 @@ def build_report(s) -> dict:
         "launches": s.index,
         "launches_by_phase": dict(s.phase_launches),
         "iterations": s.iteration,
+        "inferred_iterations": s.iter_ends.inferred,
         "allocations_seen": s.tracker.next_id,
         "working_set_bytes": int(s.tracker.peak_live_bytes),
         # dryrun: the high-water mark of the caching-allocator-like address space is what would be managed

@@ -25,6 +25,7 @@ from ..trace.format import PHASE, READ, WRITE
 from ..trace.recorder import _DTYPE_NAMES, cached_exec_id, cached_flops, scan_op
 from ..trace.roofline import estimate
 from .observe import StorageTracker, make_mode, tensor_extent
+from .iterations import IterationEnds
 
 log = logging.getLogger("uvmprefetch.runtime")
 
@@ -128,6 +129,7 @@ class Session:
         self.index = 0
         self.iteration = 0
         self.in_optimizer = False
+        self.iter_ends = IterationEnds()  # after each hooked step, or inferred while there is none
         self.names: dict[str, int] = {}
         self.errors: list[str] = []
         self.degraded = False
@@ -222,18 +224,22 @@ class Session:
 
     def _opt_post(self, opt, args, kwargs) -> None:
         self.in_optimizer = False
-        if not self.active:
+        if not self.iter_ends.step() or not self.active:
             return
+        with self._lock:
+            self._end_iteration()
+
+    def _end_iteration(self) -> None:
+        """The iteration ended (after its last launch): tell the backend (and through it the policy), count it."""
         try:
-            with self._lock:
-                self._drain_frees()
-                self.backend.end_iteration(self.iteration)
-                now = time.perf_counter()
-                self.iter_wall.append(now - self._t_iter)
-                self._t_iter = now
-                self.iteration += 1
-                if self.builder is not None:
-                    self.builder.iteration = self.iteration
+            self._drain_frees()
+            self.backend.end_iteration(self.iteration)
+            now = time.perf_counter()
+            self.iter_wall.append(now - self._t_iter)
+            self._t_iter = now
+            self.iteration += 1
+            if self.builder is not None:
+                self.builder.iteration = self.iteration
         except Exception as e:  # noqa: BLE001
             self.fail("end of iteration", e)
 
@@ -264,6 +270,10 @@ class Session:
             phase = "optimizer" if self.in_optimizer else "backward" if backward else "forward"
             if phase == "optimizer" and all(t.dim() == 0 for t, _ in acc):
                 return  # AdamW's step counters: host work in a GPU run (as the recorder counts it)
+            if self.iter_ends.ends_before(phase):  # no torch.optim step seen (runtime/iterations.py)
+                self._end_iteration()
+                if not self.active:
+                    return
             lookup, builder, block_ids = self.tracker.lookup, self.builder, self.backend.block_ids
             ranges: dict = {}  # (start, length) -> [block ids, mode]: in-place ops name a range twice
             merged: dict = {}
