@@ -56,27 +56,43 @@ def session(backend, **kw):
     return Session(cfg, backend=backend)
 
 
-def train(steps=2, seed=0):
+def train(steps=2, seed=0, update="adam", clip=False):
+    """A small training loop: ``update`` "adam" (torch.optim, hooked) or "manual" (plain tensor ops under
+    no_grad: no optimizer hook fires); ``clip``: gradient clipping between the backward pass and the step."""
     torch.manual_seed(seed)
     m = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
-    opt = torch.optim.Adam(m.parameters(), lr=1e-2)
+    opt = torch.optim.Adam(m.parameters(), lr=1e-2) if update == "adam" else None
     losses = []
     for _ in range(steps):
         loss = m(torch.randn(32, 64)).square().mean()
         loss.backward()
-        opt.step()
-        opt.zero_grad()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+        if opt is not None:
+            opt.step()
+            opt.zero_grad()
+        else:
+            with torch.no_grad():
+                for q in m.parameters():
+                    q.sub_(1e-2 * q.grad)
+                    q.grad = None
         losses.append(loss.item())
     return losses
 
 
-def test_forward_backward_optimizer_and_iterations_seen():
+def observed(**kw):
+    """``train(**kw)`` under a session on a ``RecordingBackend``: (backend, session)."""
     be = RecordingBackend()
     s = session(be).start()
     try:
-        train(steps=2)
+        train(**kw)
     finally:
         s.stop()
+    return be, s
+
+
+def test_forward_backward_optimizer_and_iterations_seen():
+    be, s = observed(steps=2)
     phases = {PHASE[p] for p in ("forward", "backward", "optimizer")}
     assert phases <= {i.phase for i in be.launches}
     assert be.iters == [0, 1] and s.iteration == 2
@@ -93,27 +109,10 @@ def test_forward_backward_optimizer_and_iterations_seen():
 
 
 
-def _manual_sgd(steps, lr=1e-2):
-    """A training loop without torch.optim: the update is plain tensor ops under no_grad."""
-    torch.manual_seed(0)
-    m = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
-    for _ in range(steps):
-        m(torch.randn(32, 64)).square().mean().backward()
-        with torch.no_grad():
-            for q in m.parameters():
-                q.sub_(lr * q.grad)
-                q.grad = None
-
-
 def test_iterations_inferred_without_a_torch_optim_step():
     # No optimizer hook fires: the launch after each backward pass starts an iteration, so the policy's
     # per-iteration state still resets.
-    be = RecordingBackend()
-    s = session(be).start()
-    try:
-        _manual_sgd(steps=4)
-    finally:
-        s.stop()
+    be, s = observed(steps=4, update="manual")
     assert be.iters == [0, 1, 2, 3] and s.iteration == 4 and s.iter_ends.inferred == 4
     seg = {k: [(i.exec_id, i.phase) for i in be.launches if i.iteration == k] for k in range(5)}
     assert seg[1] == seg[2] == seg[3] and seg[1]  # update, forward, backward: the same launches every iteration
@@ -125,19 +124,7 @@ def test_a_hooked_step_after_gradient_clipping_ends_each_iteration_once():
     # Clipping runs forward-phase ops between the backward pass and the step: they end the first iteration
     # (no hook has been seen yet), so that step's hook ends none; after it only the hooks end iterations. Three
     # loops, three ends.
-    be = RecordingBackend()
-    s = session(be).start()
-    try:
-        torch.manual_seed(0)
-        m = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
-        opt = torch.optim.Adam(m.parameters(), lr=1e-2)
-        for _ in range(3):
-            m(torch.randn(32, 64)).square().mean().backward()
-            torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad()
-    finally:
-        s.stop()
+    be, s = observed(steps=3, clip=True)
     assert be.iters == [0, 1, 2] and s.iter_ends.inferred == 1 and s.iteration == 3
 
 
