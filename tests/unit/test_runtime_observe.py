@@ -211,6 +211,25 @@ def test_dryrun_backend_respects_budget(policy):
     assert rep["bytes_dtoh"] > 0 and not rep["degraded"]
 
 
+
+def test_inferred_iteration_ends_reach_the_policy_through_the_dryrun_backend():
+    # A hand-written update under the real dryrun backend and the default policy: every inferred end reaches
+    # uvmprefetch's on_iteration (its per-iteration counts reset), the report counts them, and training is as
+    # without the runtime.
+    from uvmprefetch.config import parse_budget
+    ref = train(steps=4, update="manual")
+    cfg = RuntimeConfig(enabled=True, backend="dryrun", policy="uvmprefetch", log="quiet",
+                        budget=parse_budget("256KiB"))
+    s = Session(cfg).start()
+    try:
+        got = train(steps=4, update="manual")
+    finally:
+        rep = s.stop()
+    assert got == ref and not rep["degraded"] and rep["errors"] == []
+    assert rep["iterations"] == rep["inferred_iterations"] == 4
+    assert s.policy.iters_seen == 4 and len(s.policy.iter_starts) == 4
+    assert rep["model_iter_s"] and len(rep["model_iter_s"]) == 4
+
 def test_forked_child_does_not_observe_or_report(tmp_path):
     import os
     be = RecordingBackend()
