@@ -26,14 +26,23 @@ def run(args):
 
 def test_policy_cost_reports_microseconds_per_launch(small_trace, tmp_path):
     out = tmp_path / "res"
-    r = run(["bench/policy_cost.py", str(small_trace), "--out", str(out), "--policies", "uvmprefetch,deepum"])
+    r = run(["bench/policy_cost.py", str(small_trace), "--out", str(out), "--policies", "uvmprefetch,deepum",
+             "--rounds", "2"])
     assert r.returncode == 0, r.stderr
     data = json.loads(next(out.glob("policy-cost-*.json")).read_text())
     rows = {x["policy"]: x for x in data["results"]}
     assert set(rows) == {"uvmprefetch", "deepum"}
     for x in rows.values():
         assert x["launches"] > 0 and 0 < x["on_launch_median_us"] <= x["on_launch_p99_us"]
-    assert "on_launch median us" in r.stdout
+        lo, hi = x["on_launch_median_spread_us"]
+        assert len(x["rounds"]) == 2 and lo <= x["on_launch_median_us"] <= hi
+        assert x["on_launch_steady_median_us"] > 0
+    assert "on_launch median us" in r.stdout and "2 timed rounds" in r.stdout
+
+
+def test_policy_cost_rejects_zero_rounds(small_trace, tmp_path):
+    r = run(["bench/policy_cost.py", str(small_trace), "--out", str(tmp_path), "--rounds", "0"])
+    assert r.returncode == 2 and "--rounds" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_policy_cost_bad_policy_is_one_line_error(small_trace, tmp_path):
