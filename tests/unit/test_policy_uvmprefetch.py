@@ -222,7 +222,8 @@ def test_history_is_bounded():
 
 @pytest.mark.parametrize("spec", ["uvmprefetch:window=0", "uvmprefetch:window_min=8,window_max=4",
                                   "uvmprefetch:window=9000",
-                                  "uvmprefetch:margin=0.9", "uvmprefetch:bogus=1", "uvmprefetch:pace=maybe"])
+                                  "uvmprefetch:margin=0.9", "uvmprefetch:bogus=1", "uvmprefetch:pace=maybe",
+                                  "uvmprefetch:victim_pool=-1", "uvmprefetch:pool_launches=0"])
 def test_bad_params_raise_one_config_error(spec):
     with pytest.raises(ConfigError):
         make_policy(spec)
@@ -358,6 +359,51 @@ def test_victims_kernel_matches_reference(ties):
         assert not pol._mark.any()
     assert not ties or tied_cuts  # equal keys were exercised
 
+
+
+def test_victims_among_listed_ids_in_any_order_match_a_full_scan():
+    from uvmprefetch.policy import _uvmkernels as K
+    from uvmprefetch.policy.uvmprefetch import _AGE, _K_CLEAN, _K_DEAD, _K_DIRTY, INF
+
+    # GIVEN random residency states (many equal keys) and a random subset of the block ids, listed shuffled
+    rng = np.random.default_rng(11)
+    for _ in range(300):
+        pol, view, cur = _random_state(rng)
+        n = view.resident.shape[0]
+        ids = rng.permutation(np.flatnonzero(rng.random(n) < rng.uniform(0.05, 1.0))).astype(np.int64)
+        k = int(rng.integers(1, 300))
+        p = pol.p if pol.p is not None else -1
+        args = (pol.dead, pol.nu, pol.dirty, pol.last_use, p, k, pol._mark, INF, _K_DEAD, _K_DIRTY, _K_CLEAN, _AGE,
+                pol.params.dead_reuse)
+        # WHEN victims are chosen among the listed ids, and by a full scan of a residency holding only those
+        only = np.zeros(n, dtype=bool)
+        only[ids] = True
+        vb, vk, _ = K.victims(view.resident, cur, *args, ids)
+        fb, fk, _ = K.victims(view.resident & only, cur, *args)
+        # THEN the same blocks in the same order (ties by block id, whatever the order of the list)
+        assert np.array_equal(vb, fb) and np.array_equal(vk, fk)
+        assert not pol._mark.any()
+
+
+@pytest.mark.parametrize("name", ["moe", "synthetic", "gpt2-small"])
+def test_victim_pool_makes_the_full_scans_decisions(name):
+    from pathlib import Path
+
+    from uvmprefetch.sim.synthetic import training_trace
+    from uvmprefetch.trace.format import load
+    from uvmprefetch.trace.patterns import moe
+
+    # GIVEN traces where moves are learned (MoE's soft slots, the shipped trace's allocator) and one without
+    tr = {"moe": moe, "synthetic": lambda: training_trace(layers=12, iterations=4),
+          "gpt2-small": lambda: load(Path(__file__).resolve().parents[2] / "traces" / "gpt2-small-b2s128.uvmt")}[name]()
+    levels = (1.5, 1.7) if name == "gpt2-small" else (2.0, 3.0)  # (1.7: the most the shipped trace allows)
+    for oversub in levels:
+        # WHEN it is replayed with victims from the pool and with a full scan every time
+        pooled, t_pool, pol = _decisions(tr, "uvmprefetch", oversub, True)
+        full, t_full, _ = _decisions(tr, "uvmprefetch:victim_pool=0", oversub, True)
+        # THEN the pool served victim choices, and every decision is the same (it misses no block whose key rose)
+        assert pol.stats["pooled_victim_scans"] > 0 and pol.stats["pool_refills"] > 0
+        assert pooled == full and t_pool == t_full
 
 def test_victim_scan_stops_at_the_ids_in_use():
     from uvmprefetch.policy.base import ids_in_use

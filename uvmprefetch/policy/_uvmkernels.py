@@ -147,8 +147,7 @@ def _sift_down(hk, hb, i, n):
 
 @nb.njit(cache=True, nogil=True)
 def _offer(hk, hb, h, key, x):
-    """Offer block ``x`` (larger than every block offered before) with ``key`` to the heap of the ``hk.size``
-    best (largest key, then smallest block). Returns ``(h, out)``: the new fill and the key of the block that
+    """Offer block ``x`` with ``key`` to the heap of the ``hk.size`` best (largest key, then smallest block). Returns ``(h, out)``: the new fill and the key of the block that
     is out (offered and refused, or pushed out), -1 if none."""
     if h < hk.shape[0]:
         i = h
@@ -164,7 +163,7 @@ def _offer(hk, hb, h, key, x):
             else:
                 break
         return h, np.int64(-1)
-    if key > hk[0]:  # x has the largest id so far: on equal keys it is the worse one
+    if _worse(hk[0], hb[0], key, x):  # (with ids offered in increasing order: key > hk[0])
         out = hk[0]
         hk[0] = key
         hb[0] = x
@@ -198,8 +197,10 @@ def _drain(hk, hb, h, keep):
 
 
 @nb.njit(cache=True, nogil=True)
-def victims(resident, cur, dead, nu, dirty, last_use, p, k, mark, inf, k_dead, k_dirty, k_clean, age0, dead_reuse):
-    """Up to ``k`` resident blocks not in ``cur``, in eviction order, with their keys (see ``_victims_ref``).
+def victims(resident, cur, dead, nu, dirty, last_use, p, k, mark, inf, k_dead, k_dirty, k_clean, age0, dead_reuse,
+            ids=None):
+    """Up to ``k`` resident blocks not in ``cur``, in eviction order, with their keys (see ``_victims_ref``);
+    with ``ids`` (distinct block ids, any order), among those only.
 
     Dead blocks first (by predicted reuse, none or farthest first, then by block id: the reference's stable
     sort), then the live ones by key, largest first, equal keys by block id (as the reference). Returns
@@ -219,7 +220,10 @@ def victims(resident, cur, dead, nu, dirty, last_use, p, k, mark, inf, k_dead, k
     nd = 0
     ninf = 0
     nxt = np.int64(-1)
-    for x in range(resident.shape[0]):
+    use_ids = ids is not None
+    m = ids.shape[0] if use_ids else resident.shape[0]
+    for t in range(m):
+        x = ids[t] if use_ids else t
         if not resident[x] or mark[x] != 0:
             continue
         v = nu[x]
@@ -227,9 +231,9 @@ def victims(resident, cur, dead, nu, dirty, last_use, p, k, mark, inf, k_dead, k
         if dead[x] and (unpred or not dead_reuse):
             nd += 1
             key = inf if unpred else v
-            if hd < k or key > dk[0]:  # (the refusal inline: the common case, and cheap)
+            if hd < k or key > dk[0] or (use_ids and key == dk[0] and x < db[0]):  # (the refusal inline)
                 hd, _ = _offer(dk, db, hd, key, x)
-            if unpred:
+            if unpred and not use_ids:
                 ninf += 1
                 if ninf == k:
                     # k dead blocks with the largest possible dead key, the first k by id: no block
@@ -237,7 +241,7 @@ def victims(resident, cur, dead, nu, dirty, last_use, p, k, mark, inf, k_dead, k
                     break
         else:
             key = ((k_dirty if dirty[x] else k_clean) + (age0 - last_use[x])) if unpred else v
-            if hl < k or key > lk[0]:
+            if hl < k or key > lk[0] or (use_ids and key == lk[0] and x < lb[0]):
                 hl, o = _offer(lk, lb, hl, key, x)
                 if o > nxt:
                     nxt = o
@@ -305,6 +309,35 @@ def advance(q, h_ptr, base, fbase, nh, nflat, f_blk, f_next, remap, remap_lim, n
                 nx = first_pos[y]
             x = y
         nu[x] = nx
+
+
+@nb.njit(cache=True, nogil=True)
+def pool_add(ids, in_pool, buf, n):
+    """Append the ids not yet ``in_pool`` to ``buf[n:]`` (room for every block id) and mark them; returns the
+    new length."""
+    for i in range(ids.shape[0]):
+        x = ids[i]
+        if not in_pool[x]:
+            in_pool[x] = True
+            buf[n] = x
+            n += 1
+    return n
+
+
+@nb.njit(cache=True, nogil=True)
+def pool_due(q, h_ptr, base, fbase, nh, nflat, f_blk, remap, in_pool, buf, n):
+    """``pool_add`` the blocks whose eviction key may rise when the pointer reaches position ``q``: those recorded
+    there, as recorded and translated (``advance`` moves their next use on; a block predicted at ``q`` is one of
+    them while no move or stride was learned since the last ``rebuild_nu``: the caller's condition)."""
+    a = h_ptr[q - base] - fbase
+    b = (h_ptr[q + 1 - base] - fbase) if q + 1 - base < nh else nflat
+    for i in range(a, b):
+        for x in (f_blk[i], remap[f_blk[i]]):
+            if not in_pool[x]:
+                in_pool[x] = True
+                buf[n] = x
+                n += 1
+    return n
 
 
 @nb.njit(cache=True, nogil=True)
@@ -600,13 +633,22 @@ def first_not_above(vkey, pos, start):
 def plan_paced(cur, resident, in_flight, capacity, used, margin, now, dur, lead, q_end, cur_waits, stall_aware,
                p, window, horizon, h_ptr, base, fbase, nh, nflat, f_blk, h_cum, h_soft, scan_max, remap,
                remap_lim, nu, mark, dead, dirty, last_use, pf_unused, thrashed, t_blk, lat, fault_late_soft, inf,
-               k_dead, k_dirty, k_clean, age0, dead_reuse, shift_from, s_old, s_new, w_iter, it):
+               k_dead, k_dirty, k_clean, age0, dead_reuse, shift_from, s_old, s_new, w_iter, it, pool, pool_on,
+               pool_min, pool_k):
     """``_plan`` in one call for its common case: a prediction (``p >= 0``), prefetch + pre-eviction paced to the
     link (``t_blk > 0``), no deadline chase, no soft-slot guard, no whole-launch rounding, no ``fault_late``.
     The same steps as the Python code, in the same order and with the same float arithmetic (see the comments
     there). ``h_ptr`` is the filled part (``candidates`` reads its length); ``f_blk`` / ``h_cum`` / ``h_soft``
-    may be whole buffers. Returns ``(status, pf, evict, discard, horizon, q_end, thrash, mispredicted, live)``:
-    status 0 = nothing was scanned (the caller takes the margin path), 1 = planned."""
+    may be whole buffers. Returns ``(status, pf, evict, discard, horizon, q_end, thrash, mispredicted, live,
+    pool_new, pool_min, pooled)``: status 0 = nothing was scanned (the caller takes the margin path), 1 = planned;
+    ``pooled``: the victims came from the pool.
+
+    The victim pool (``pool_k > 0``; ``UvmPrefetchPolicy._pool_ids``): victims come from the blocks ``pool``
+    lists (``pool_on``) when the ``k``-th of them ranks strictly above ``pool_min``, the lowest key of the full scan
+    that filled the pool (no block outside it can then rank among the ``k``, as long as the caller has marked
+    every block whose key may have risen since); otherwise from a full scan for ``max(k, pool_k)``, whose
+    blocks are returned as ``pool_new`` with their lowest key as ``pool_min`` (-1: the scan found all there
+    were). The same victims either way."""
     end = base + nh
     empty = np.empty(0, dtype=np.int64)
     miss = missing(cur, resident, in_flight) if cur.shape[0] else empty
@@ -633,7 +675,7 @@ def plan_paced(cur, resident, in_flight, capacity, used, margin, now, dur, lead,
         scan_hi, sa, sb = scan_window(h_ptr, base, fbase, nflat, end, f_blk, resident, in_flight, h_cum, lo, hi, p,
                                       cap, False, q0, t0, t_blk, scan_max, scan_hi)
     if not (miss.shape[0] or pb > pa or sb > sa):
-        return 0, empty, empty, empty, horizon, q_end, 0, 0, 0
+        return 0, empty, empty, empty, horizon, q_end, 0, 0, 0, empty, pool_min, False
     blk, pos = candidates(miss, f_blk, pa, pb, p + 1, sa, sb, h_ptr, base, fbase, lo, remap, remap_lim, nu, p, True,
                           resident, in_flight, mark, shift_from, s_old, s_new, w_iter, it)
     n = blk.shape[0]
@@ -652,9 +694,24 @@ def plan_paced(cur, resident, in_flight, capacity, used, margin, now, dur, lead,
         near = count_le(pos, placed, p + 1)
         budget = max(0, int((until - (q + placed * t_blk)) / t_blk))
         rest = min(rest, near + budget)
+    pool_new = empty
+    found = False
     if rest:
-        vict, vkey, _ = victims(resident, cur, dead, nu, dirty, last_use, p, rest, mark, inf, k_dead, k_dirty,
-                                k_clean, age0, dead_reuse)
+        vict = empty
+        vkey = empty
+        if pool_on and rest <= pool_k // 2:
+            vict, vkey, _ = victims(resident, cur, dead, nu, dirty, last_use, p, rest, mark, inf, k_dead, k_dirty,
+                                    k_clean, age0, dead_reuse, pool)  # (pool: the ids, pool_add's buffer)
+            found = vict.shape[0] == rest and vkey[rest - 1] > pool_min
+        if not found:
+            kk = max(rest, pool_k)
+            vict, vkey, _ = victims(resident, cur, dead, nu, dirty, last_use, p, kk, mark, inf, k_dead, k_dirty,
+                                    k_clean, age0, dead_reuse)
+            if pool_k > 0:
+                pool_new = vict.copy()
+                pool_min = vkey[kk - 1] if vict.shape[0] == kk else np.int64(-1)
+            vict = vict[:rest]
+            vkey = vkey[:rest]
         k_ok = first_not_above(vkey, pos, placed)
         if k_ok:
             evict, discard, wasted, mis = take_victims(vict[:k_ok], dead, dirty, pf_unused, nu, thrashed, p,
@@ -692,4 +749,4 @@ def plan_paced(cur, resident, in_flight, capacity, used, margin, now, dur, lead,
     if pf.shape[0]:
         live = mark_prefetched(pf, pf_unused, dead)
         q_end = q + live * t_blk
-    return 1, pf, evict, discard, horizon, q_end, wasted, mis, live
+    return 1, pf, evict, discard, horizon, q_end, wasted, mis, live, pool_new, pool_min, found

@@ -85,10 +85,12 @@ class UvmPrefetchParams(Params):
     history_launches: int = 1 << 17  # launches of history kept (bounded state)
     table_entries: int = 1 << 17  # entries per correlation table
     scan_max: int = 1 << 15  # most history entries scanned per decision (bounds the cost per launch)
+    victim_pool: int = 256  # victims come from a pool refilled by a full scan of this many (0: always scan all)
+    pool_launches: int = 64  # ... refilled at least this often (a bound on what its bookkeeping could miss)
 
     def __post_init__(self) -> None:
         for f in ("window", "window_min", "window_max", "patience", "ngram", "history_launches", "table_entries",
-                  "scan_max"):
+                  "scan_max", "pool_launches"):
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ConfigError(f"uvmprefetch: {f} must be a positive integer, got {v!r}")
@@ -102,6 +104,8 @@ class UvmPrefetchParams(Params):
             raise ConfigError(f"uvmprefetch: lead_s must be >= 0, got {self.lead_s!r}")
         if not (isinstance(self.margin, (int, float)) and 0 <= self.margin < 0.5):
             raise ConfigError(f"uvmprefetch: margin must be in [0, 0.5), got {self.margin!r}")
+        if not isinstance(self.victim_pool, int) or isinstance(self.victim_pool, bool) or self.victim_pool < 0:
+            raise ConfigError(f"uvmprefetch: victim_pool must be an integer >= 0, got {self.victim_pool!r}")
         if self.history_launches < 16:
             raise ConfigError(f"uvmprefetch: history_launches must be >= 16, got {self.history_launches}")
 
@@ -192,6 +196,19 @@ class UvmPrefetchPolicy(Policy):
         self._fast_plan = bool(P.prefetch and P.pre_evict and P.pace and self.t_blk > 0 and not (
             P.deadline or P.guard_soft or P.whole or P.fault_late))
         self.margin_blocks = int(P.margin * ctx.capacity_blocks)
+        # The victim pool (``_uvmkernels.plan_paced``): the blocks of the last full victim scan plus every block
+        # whose eviction key may have risen since (used, freed, prefetched, or recorded at a position the pointer
+        # passed), listed in ``_pool_ids[:_pool_n]`` (``_in_pool`` marks them). Refilled by a full scan when it
+        # cannot decide, every pool_launches, and after each jump of the pointer (``_rebuild_nu``). Unused while a
+        # prediction made through a learned move or layer stride may still be passed by the pointer (until it
+        # reaches ``_pool_stale``, or the next jump resets every prediction): ``pool_due`` would miss it.
+        self._in_pool = np.zeros(n, dtype=bool)
+        self._pool_ids = np.zeros(n, dtype=np.int64)
+        self._pool_n = 0
+        self._pool_on = False  # filled by a full scan and kept up since
+        self._pool_stale = 0  # history position from which no such prediction lies ahead
+        self._pool_min = -1
+        self._pool_age = 0
         self.monitor = WindowMonitor(P.window, P.window_min, P.window_max, P.patience, P.adaptive_window)
         self.pending_advice: list = []
         self.cur_waits = False  # the running launch waits for blocks still in flight
@@ -203,12 +220,17 @@ class UvmPrefetchPolicy(Policy):
         self.stats = dict(launches=0, matched=0, soft=0, resync=0, unpredicted=0, prefetched_blocks=0,
                           evicted_blocks=0, discarded_blocks=0, late_blocks=0, predicted_faults=0, thrash_blocks=0,
                           mispredicted_blocks=0, refetched_blocks=0, moved_blocks=0, read_mostly_blocks=0,
-                          prefer_host_blocks=0, soft_moves=0, stable_resync=0)
+                          prefer_host_blocks=0, soft_moves=0, stable_resync=0, pooled_victim_scans=0, pool_refills=0)
 
     # ------------------------------------------------------------------------------------------ hooks
     def on_free(self, blocks: np.ndarray) -> None:
         if self.params.invalidate:
             self.dead[blocks] = True
+            self._pool_add(blocks)
+
+    def _pool_add(self, blocks: np.ndarray) -> None:
+        if self._pool_on:
+            self._pool_n = _k.pool_add(blocks, self._in_pool, self._pool_ids, self._pool_n)
 
     def on_evict(self, blocks: np.ndarray) -> None:
         self.dirty[blocks] = False
@@ -231,6 +253,7 @@ class UvmPrefetchPolicy(Policy):
         if self.pending is not None and not info.known_accesses:
             self.pending = self.pending[:3] + (np.union1d(self.pending[3], blocks), None)
         self.it_link_blocks += blocks.shape[0]
+        self._pool_add(blocks)  # resident now (with unknown accesses, not in the launch's blocks)
         if self.p is not None:
             pred = self._blocks_at(self.p)
             late = int(np.isin(blocks, pred, assume_unique=True).sum()) if pred.size else 0
@@ -300,6 +323,7 @@ class UvmPrefetchPolicy(Policy):
             cur = self._blocks_at(self.p).copy() if self.p is not None else EMPTY
         # Unknown accesses: what the launch used is what was predicted (and came in) plus what faults add.
         self.pending = (key, name, sig, cur, wmask)
+        self._pool_add(cur)  # used now: last use, dirty, dead and next use change
         self.pending_stab = stab
         self.pending_ngram = self.cur_ngram
         self.pending_dur = float(info.duration)
@@ -495,6 +519,11 @@ class UvmPrefetchPolicy(Policy):
         moved = _k.learn_moves(self.p, self.h_ptr._a, self.base, self.fbase, self.h_ptr.n, self.f_blk.n,
                                self.f_blk._a, self.f_w._a, writes, self.remap, self.nu)
         self.stats["moved_blocks"] += moved
+        if moved:  # translated predictions lie before the end of the followed record, and a moved block takes
+            self._pool_on = False  # its old address's next use (wherever that is recorded)
+            nw = self.nu[writes]
+            nw = nw[nw < INF]
+            self._pool_stale = max(self._pool_stale, self._remap_lim(), int(nw.max()) + 1 if nw.size else 0)
 
     def _learn_shift(self, blocks: np.ndarray, writes: np.ndarray) -> None:
         """The pointer follows an earlier launch of this iteration with other blocks: a repeated layer (the
@@ -509,6 +538,9 @@ class UvmPrefetchPolicy(Policy):
             self.s_old = int(d_o)
         if ok_n:
             self.s_new = int(d_n)
+        if ok_o or ok_n:  # shifted predictions lie within this iteration's record so far
+            self._pool_on = False
+            self._pool_stale = max(self._pool_stale, self.end + 1)
 
     def _shift_from(self) -> int:
         """First history position whose blocks ``candidates`` shifts by the layer stride (INF: none)."""
@@ -548,12 +580,17 @@ class UvmPrefetchPolicy(Policy):
 
     def _advance(self, q: int) -> None:
         self.p = q
+        if self._pool_on:
+            self._pool_n = _k.pool_due(q, self.h_ptr._a, self.base, self.fbase, self.h_ptr.n, self.f_blk.n,
+                                       self.f_blk._a, self.remap, self._in_pool, self._pool_ids, self._pool_n)
         _k.advance(q, self.h_ptr._a, self.base, self.fbase, self.h_ptr.n, self.f_blk.n, self.f_blk._a,
                    self.f_next._a, self.remap, self._remap_lim(), self.nu, self.first_it, self.first_pos,
                    self.iters_seen)
 
     def _rebuild_nu(self, q: int) -> None:
         """Predicted next use of every block after a jump of the pointer to ``q`` (O(history))."""
+        self._pool_on = False
+        self._pool_stale = self.end + 1 if (self.s_old or self.s_new) else 0
         a, b = self._span(q + 1, self.end) if q + 1 < self.end else (len(self.f_blk), len(self.f_blk))
         # nu = INF, then each block's first entry in [a, b) (positions from q + 1); bounded cost: beyond
         # scan_max entries, next uses count as unknown.
@@ -748,14 +785,29 @@ class UvmPrefetchPolicy(Policy):
         P = self.params
         st = self.stats
         n = ids_in_use(state)  # (the live runtime's arrays span the device; its ids stop at n)
-        status, pf, evict, discard, self.horizon, self.q_end, wasted, mis, live = _k.plan_paced(
+        self._pool_age += 1
+        on = self._pool_on and self._pool_age <= P.pool_launches
+        (status, pf, evict, discard, self.horizon, self.q_end, wasted, mis, live, pool_new,
+         self._pool_min, pooled) = _k.plan_paced(
             cur, state.resident[:n], state.in_flight[:n], state.capacity_blocks, state.used_blocks, self.margin_blocks,
             state.now, float(info.duration), P.lead_s, self.q_end, self.cur_waits, P.stall_aware, p,
             self.monitor.window, self.horizon, self.h_ptr.view(), self.base, self.fbase, self.h_ptr.n, self.f_blk.n,
             self.f_blk._a, self.h_cum._a, self.h_soft._a, P.scan_max, self.remap,
             self._remap_lim(), self.nu, self._mark, self.dead, self.dirty, self.last_use,
             self.pf_unused, self.thrashed, self.t_blk, self._lat, P.fault_late_soft, INF, _K_DEAD, _K_DIRTY,
-            _K_CLEAN, _AGE, P.dead_reuse, self._shift_from(), self.s_old, self.s_new, self.w_iter, self.iters_seen)
+            _K_CLEAN, _AGE, P.dead_reuse, self._shift_from(), self.s_old, self.s_new, self.w_iter, self.iters_seen,
+            self._pool_ids[:self._pool_n], on, self._pool_min, P.victim_pool if p >= self._pool_stale else 0)
+        if pooled:
+            st["pooled_victim_scans"] += 1
+        if pool_new.shape[0]:  # a full scan refilled the pool; it skipped the running launch's blocks and those
+            st["pool_refills"] += 1
+            self._in_pool[self._pool_ids[:self._pool_n]] = False  # in flight, whose keys it did not read
+            self._pool_n = 0
+            self._pool_on = True
+            self._pool_age = 0
+            for b in (pool_new, cur, np.flatnonzero(state.in_flight[:n])):
+                self._pool_add(b)
+        self._pool_add(pf)
         if not status:
             return self._margin(state, cur) if self.margin_blocks else None
         if wasted or mis:
