@@ -209,6 +209,8 @@ class UvmPrefetchPolicy(Policy):
         self._pool_stale = 0  # history position from which no such prediction lies ahead
         self._pool_min = -1
         self._pool_age = 0
+        # Below 2 MiB blocks the driver's density prefetch makes blocks resident that no hook reports: no pool.
+        self._pool_k = P.victim_pool if ctx.block_size >= 2 << 20 else 0
         self.monitor = WindowMonitor(P.window, P.window_min, P.window_max, P.patience, P.adaptive_window)
         self.pending_advice: list = []
         self.cur_waits = False  # the running launch waits for blocks still in flight
@@ -796,7 +798,7 @@ class UvmPrefetchPolicy(Policy):
             self._remap_lim(), self.nu, self._mark, self.dead, self.dirty, self.last_use,
             self.pf_unused, self.thrashed, self.t_blk, self._lat, P.fault_late_soft, INF, _K_DEAD, _K_DIRTY,
             _K_CLEAN, _AGE, P.dead_reuse, self._shift_from(), self.s_old, self.s_new, self.w_iter, self.iters_seen,
-            self._pool_ids[:self._pool_n], on, self._pool_min, P.victim_pool if p >= self._pool_stale else 0)
+            self._pool_ids[:self._pool_n], on, self._pool_min, self._pool_k if p >= self._pool_stale else 0)
         if pooled:
             st["pooled_victim_scans"] += 1
         if pool_new.shape[0]:  # a full scan refilled the pool; it skipped the running launch's blocks and those
