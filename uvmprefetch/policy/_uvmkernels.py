@@ -312,15 +312,20 @@ def advance(q, h_ptr, base, fbase, nh, nflat, f_blk, f_next, remap, remap_lim, n
 
 
 @nb.njit(cache=True, nogil=True)
+def _pool_put(x, in_pool, buf, n):
+    if not in_pool[x]:
+        in_pool[x] = True
+        buf[n] = x
+        n += 1
+    return n
+
+
+@nb.njit(cache=True, nogil=True)
 def pool_add(ids, in_pool, buf, n):
     """Append the ids not yet ``in_pool`` to ``buf[n:]`` (room for every block id) and mark them; returns the
     new length."""
     for i in range(ids.shape[0]):
-        x = ids[i]
-        if not in_pool[x]:
-            in_pool[x] = True
-            buf[n] = x
-            n += 1
+        n = _pool_put(ids[i], in_pool, buf, n)
     return n
 
 
@@ -328,15 +333,12 @@ def pool_add(ids, in_pool, buf, n):
 def pool_due(q, h_ptr, base, fbase, nh, nflat, f_blk, remap, in_pool, buf, n):
     """``pool_add`` the blocks whose eviction key may rise when the pointer reaches position ``q``: those recorded
     there, as recorded and translated (``advance`` moves their next use on; a block predicted at ``q`` is one of
-    them while no move or stride was learned since the last ``rebuild_nu``: the caller's condition)."""
+    them unless the prediction came through a move or stride: the caller's ``_pool_stale`` condition)."""
     a = h_ptr[q - base] - fbase
     b = (h_ptr[q + 1 - base] - fbase) if q + 1 - base < nh else nflat
     for i in range(a, b):
-        for x in (f_blk[i], remap[f_blk[i]]):
-            if not in_pool[x]:
-                in_pool[x] = True
-                buf[n] = x
-                n += 1
+        n = _pool_put(f_blk[i], in_pool, buf, n)
+        n = _pool_put(remap[f_blk[i]], in_pool, buf, n)
     return n
 
 
