@@ -535,6 +535,16 @@ def test_candidates_and_scan_kernels_match_numpy():
                               view.resident, view.in_flight, pol._mark, *shift, pol.w_iter, pol.iters_seen)
         assert np.array_equal(kb, rb) and np.array_equal(kp, rp)
         assert np.array_equal(pol.nu, nu_ref) and not pol._mark.any()
+        if chase:
+            continue
+        # AND the one-pass kernel of the fast plan (scan and candidates together) gives the same
+        pol.nu[:] = nu0
+        wb, wp, w_hi, spanned = K.window_candidates(
+            miss, pol.f_blk.view(), pa, pb, pol.h_ptr.view(), pol.base, pol.fbase, len(pol.f_blk), end,
+            view.resident, view.in_flight, lo, hi, p, cap, 1 << 15, pol.remap, lim, pol.nu, pol._mark, *shift,
+            pol.w_iter, pol.iters_seen)
+        assert np.array_equal(wb, rb) and np.array_equal(wp, rp) and w_hi == scan_hi and spanned == sb - sa
+        assert np.array_equal(pol.nu, nu_ref) and not pol._mark.any()
 
 
 @pytest.mark.parametrize("spec", ["uvmprefetch", "uvmprefetch:dead_reuse=false",

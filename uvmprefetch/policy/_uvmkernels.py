@@ -123,6 +123,89 @@ def candidates(miss, f_blk, pa, pb, ppos, a, b, h_ptr, base, fbase, lo, remap, r
 
 
 @nb.njit(cache=True, nogil=True)
+def window_candidates(miss, f_blk, pa, pb, h_ptr, base, fbase, nflat, end, resident, in_flight, lo, hi, p, cap,
+                      scan_max, remap, remap_lim, nu, mark, shift_from, s_old, s_new, w_iter, it):
+    """``scan_window`` (without ``chase``) and ``candidates`` in one pass over the history entries: the same
+    chunks, the same candidates in the same order, the same updates of ``nu``. Returns ``(blk, pos, scan_hi,
+    spanned)``: ``scan_hi`` is ``p`` when nothing was scanned (``lo > hi``), ``spanned`` the number of entries
+    the chunks covered (``scan_window``'s ``b - a``).
+
+    One pass suffices because positions ascend along the candidates (``miss`` at -1, the next launch's entries
+    ``[pa, pb)`` at ``p + 1``, the chunks from ``lo > p``): the first occurrence of a block that updates its ``nu``
+    has its earliest position, and no later one can update it again, so ``candidates``' first-occurrence mark is
+    not needed for the update and ``mark`` serves the de-duplication alone. The scan counts missing blocks as
+    recorded (untranslated), the candidates test them translated, as the two kernels do."""
+    span = 0
+    if lo <= hi:
+        hend = (h_ptr[hi + 1 - base] - fbase) if hi + 1 < end else nflat
+        span = hend - (h_ptr[lo - base] - fbase)
+    n = miss.shape[0] + max(0, pb - pa) + max(0, span)
+    out_b = np.empty(n, dtype=np.int64)
+    out_p = np.empty(n, dtype=np.int64)
+    m = 0
+    for i in range(miss.shape[0]):  # (position -1: never translated, shifted, or a next use)
+        x = miss[i]
+        if not (resident[x] or in_flight[x] or mark[x] != 0):
+            mark[x] = 1
+            out_b[m] = x
+            out_p[m] = -1
+            m += 1
+    m, _ = _cand_entries(f_blk, pa, pb, p + 1, m, out_b, out_p, resident, in_flight, remap, remap_lim, nu, mark, p,
+                         shift_from, s_old, s_new, w_iter, it)
+    scan_hi = p
+    got = 0
+    spanned = 0
+    start = lo
+    chunk = 16
+    while start <= hi and got < cap and spanned < scan_max:
+        stop = min(hi, start + chunk - 1)
+        for t in range(start, stop + 1):
+            a = h_ptr[t - base] - fbase
+            b = (h_ptr[t + 1 - base] - fbase) if t + 1 < end else nflat
+            m, g = _cand_entries(f_blk, a, b, t, m, out_b, out_p, resident, in_flight, remap, remap_lim, nu, mark,
+                                 p, shift_from, s_old, s_new, w_iter, it)
+            got += g
+            if b > a:
+                spanned += b - a
+        scan_hi = stop
+        start = stop + 1
+        chunk *= 2
+    for i in range(m):
+        mark[out_b[i]] = 0
+    return out_b[:m], out_p[:m], scan_hi, spanned
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def _cand_entries(f_blk, a, b, t, m, out_b, out_p, resident, in_flight, remap, remap_lim, nu, mark, p, shift_from,
+                  s_old, s_new, w_iter, it):
+    """``window_candidates`` for the entries ``[a, b)`` of position ``t``; returns the new count of candidates and
+    how many of the entries were missing as recorded."""
+    got = 0
+    nb_ = nu.shape[0]
+    for i in range(a, b):
+        x = f_blk[i]
+        if not (resident[x] or in_flight[x]):
+            got += 1
+        if remap_lim > 0 and t < remap_lim:
+            x = remap[x]
+        if (s_old != 0 or s_new != 0) and t >= shift_from:
+            y = x + (s_old if w_iter[x] != it else s_new)
+            if 0 <= y < nb_:
+                x = y
+        if t > p:
+            old = nu[x]
+            if old <= p or old > t:
+                nu[x] = t
+        if resident[x] or in_flight[x] or mark[x] != 0:
+            continue
+        mark[x] = 1
+        out_b[m] = x
+        out_p[m] = t
+        m += 1
+    return m, got
+
+
+@nb.njit(cache=True, nogil=True)
 def _worse(ka, ba, kb, bb):
     return ka < kb or (ka == kb and ba > bb)
 
@@ -196,6 +279,19 @@ def _drain(hk, hb, h, keep):
     return ob, ok, out
 
 
+@nb.njit(cache=True, nogil=True, inline="always")
+def _vkey(x, dead, nu, dirty, last_use, p, inf, k_dirty, k_clean, age0, dead_reuse):
+    """Block ``x``'s rank as a victim: ``(dead, key, unpredicted)``. A dead block (with ``dead_reuse``, one with no
+    predicted use ahead) ranks before every live one, among them by ``key`` (``inf``: no reuse predicted); a live
+    one by ``key``: its predicted next use, or above every prediction when it has none (clean above dirty, least
+    recently used first)."""
+    v = nu[x]
+    unpred = v >= inf or v <= p
+    if dead[x] and (unpred or not dead_reuse):
+        return True, (inf if unpred else v), unpred
+    return False, (((k_dirty if dirty[x] else k_clean) + (age0 - last_use[x])) if unpred else v), unpred
+
+
 @nb.njit(cache=True, nogil=True)
 def victims(resident, cur, dead, nu, dirty, last_use, p, k, mark, inf, k_dead, k_dirty, k_clean, age0, dead_reuse,
             ids=None):
@@ -226,11 +322,9 @@ def victims(resident, cur, dead, nu, dirty, last_use, p, k, mark, inf, k_dead, k
         x = ids[t] if use_ids else t
         if not resident[x] or mark[x] != 0:
             continue
-        v = nu[x]
-        unpred = v >= inf or v <= p
-        if dead[x] and (unpred or not dead_reuse):
+        is_dead, key, unpred = _vkey(x, dead, nu, dirty, last_use, p, inf, k_dirty, k_clean, age0, dead_reuse)
+        if is_dead:
             nd += 1
-            key = inf if unpred else v
             if hd < k or key > dk[0] or (use_ids and key == dk[0] and x < db[0]):  # (the refusal inline)
                 hd, _ = _offer(dk, db, hd, key, x)
             if unpred and not use_ids:
@@ -240,7 +334,6 @@ def victims(resident, cur, dead, nu, dirty, last_use, p, k, mark, inf, k_dead, k
                     # after them can come before them, and only dead blocks are returned (nd >= k)
                     break
         else:
-            key = ((k_dirty if dirty[x] else k_clean) + (age0 - last_use[x])) if unpred else v
             if hl < k or key > lk[0] or (use_ids and key == lk[0] and x < lb[0]):
                 hl, o = _offer(lk, lb, hl, key, x)
                 if o > nxt:
@@ -633,15 +726,14 @@ def first_not_above(vkey, pos, start):
 
 @nb.njit(cache=True, nogil=True)
 def plan_paced(cur, resident, in_flight, capacity, used, margin, now, dur, lead, q_end, cur_waits, stall_aware,
-               p, window, horizon, h_ptr, base, fbase, nh, nflat, f_blk, h_cum, h_soft, scan_max, remap,
+               p, window, horizon, h_ptr, base, fbase, nh, nflat, f_blk, h_soft, scan_max, remap,
                remap_lim, nu, mark, dead, dirty, last_use, pf_unused, thrashed, t_blk, lat, fault_late_soft, inf,
                k_dead, k_dirty, k_clean, age0, dead_reuse, shift_from, s_old, s_new, w_iter, it, pool, pool_on,
                pool_min, pool_k):
     """``_plan`` in one call for its common case: a prediction (``p >= 0``), prefetch + pre-eviction paced to the
     link (``t_blk > 0``), no deadline chase, no soft-slot guard, no whole-launch rounding, no ``fault_late``.
     The same steps as the Python code, in the same order and with the same float arithmetic (see the comments
-    there). ``h_ptr`` is the filled part (``candidates`` reads its length); ``f_blk`` / ``h_cum`` / ``h_soft``
-    may be whole buffers. Returns ``(status, pf, evict, discard, horizon, q_end, thrash, mispredicted, live,
+    there). ``h_ptr`` is the filled part; ``f_blk`` / ``h_soft`` may be whole buffers. Returns ``(status, pf, evict, discard, horizon, q_end, thrash, mispredicted, live,
     pool_new, pool_min, pooled)``: status 0 = nothing was scanned (the caller takes the margin path), 1 = planned;
     ``pooled``: the victims came from the pool.
 
@@ -654,16 +746,14 @@ def plan_paced(cur, resident, in_flight, capacity, used, margin, now, dur, lead,
     end = base + nh
     empty = np.empty(0, dtype=np.int64)
     miss = missing(cur, resident, in_flight) if cur.shape[0] else empty
-    scan_hi = p
     pa = 0
     pb = 0
-    sa = 0
-    sb = 0
     lo = max(p + 1, horizon)
     hi = min(p + window, end - 1)
     if lo > p + 1:
         pa = h_ptr[p + 1 - base] - fbase
         pb = (h_ptr[p + 2 - base] - fbase) if p + 2 < end else nflat
+    cap = 0
     if lo <= hi:
         free0 = max(0, capacity - used - margin)
         spare = (now + dur + lead - max(q_end, now)) / t_blk
@@ -672,14 +762,12 @@ def plan_paced(cur, resident, in_flight, capacity, used, margin, now, dur, lead,
         cap = free0 + max(0, int(spare)) + 8
         if free0 == 0 and cap <= 8:
             hi = min(hi, p + 1)
-        q0 = max(q_end, now) + (miss.shape[0] if cur.shape[0] else 0) * t_blk
-        t0 = now + dur
-        scan_hi, sa, sb = scan_window(h_ptr, base, fbase, nflat, end, f_blk, resident, in_flight, h_cum, lo, hi, p,
-                                      cap, False, q0, t0, t_blk, scan_max, scan_hi)
-    if not (miss.shape[0] or pb > pa or sb > sa):
+    # (the scan and the candidates in one pass: ``window_candidates``; when it finds nothing, nothing changed)
+    blk, pos, scan_hi, spanned = window_candidates(miss, f_blk, pa, pb, h_ptr, base, fbase, nflat, end, resident,
+                                                   in_flight, lo, hi, p, cap, scan_max, remap, remap_lim, nu, mark,
+                                                   shift_from, s_old, s_new, w_iter, it)
+    if not (miss.shape[0] or pb > pa or spanned > 0):
         return 0, empty, empty, empty, horizon, q_end, 0, 0, 0, empty, pool_min, False
-    blk, pos = candidates(miss, f_blk, pa, pb, p + 1, sa, sb, h_ptr, base, fbase, lo, remap, remap_lim, nu, p, True,
-                          resident, in_flight, mark, shift_from, s_old, s_new, w_iter, it)
     n = blk.shape[0]
     free = max(0, capacity - used - margin)
     q = max(q_end, now)

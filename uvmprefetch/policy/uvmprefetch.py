@@ -794,7 +794,7 @@ class UvmPrefetchPolicy(Policy):
             cur, state.resident[:n], state.in_flight[:n], state.capacity_blocks, state.used_blocks, self.margin_blocks,
             state.now, float(info.duration), P.lead_s, self.q_end, self.cur_waits, P.stall_aware, p,
             self.monitor.window, self.horizon, self.h_ptr.view(), self.base, self.fbase, self.h_ptr.n, self.f_blk.n,
-            self.f_blk._a, self.h_cum._a, self.h_soft._a, P.scan_max, self.remap,
+            self.f_blk._a, self.h_soft._a, P.scan_max, self.remap,
             self._remap_lim(), self.nu, self._mark, self.dead, self.dirty, self.last_use,
             self.pf_unused, self.thrashed, self.t_blk, self._lat, P.fault_late_soft, INF, _K_DEAD, _K_DIRTY,
             _K_CLEAN, _AGE, P.dead_reuse, self._shift_from(), self.s_old, self.s_new, self.w_iter, self.iters_seen,
