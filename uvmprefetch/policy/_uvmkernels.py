@@ -386,11 +386,15 @@ def commit_launch(h_cum, h_key, h_name, h_sig, h_soft, h_ptr, hn, cum, key, name
 
 
 @nb.njit(cache=True, nogil=True)
-def advance(q, h_ptr, base, fbase, nh, nflat, f_blk, f_next, remap, remap_lim, nu, first_it, first_pos, it):
+def advance(q, h_ptr, base, fbase, nh, nflat, f_blk, f_next, remap, remap_lim, nu, first_it, first_pos, it, pool_on,
+            in_pool, buf, n):
     """``_advance``: the blocks recorded at position ``q`` (before ``remap_lim``: through ``remap``) are next used
     where their entries link to. A moved block whose recorded address is next used only after ``remap_lim``
     (the followed iteration's end: another tensor at that address) is next used where this iteration first used
-    it (``first_pos`` when ``first_it`` is ``it``): the same offset of the next iteration."""
+    it (``first_pos`` when ``first_it`` is ``it``): the same offset of the next iteration. With ``pool_on``, first
+    ``pool_due`` (the victim pool ``buf[:n]``); returns the pool's new length."""
+    if pool_on:
+        n = pool_due(q, h_ptr, base, fbase, nh, nflat, f_blk, remap, in_pool, buf, n)
     a = h_ptr[q - base] - fbase
     b = (h_ptr[q + 1 - base] - fbase) if q + 1 - base < nh else nflat
     for i in range(a, b):
@@ -402,6 +406,7 @@ def advance(q, h_ptr, base, fbase, nh, nflat, f_blk, f_next, remap, remap_lim, n
                 nx = first_pos[y]
             x = y
         nu[x] = nx
+    return n
 
 
 @nb.njit(cache=True, nogil=True)
@@ -606,10 +611,13 @@ def learn_shift(rec, rec_w, blocks, writes, w_iter, it):
 
 
 @nb.njit(cache=True, nogil=True)
-def launch_marks(blocks, writes, iters_seen, index, dead, pf_unused, dirty, written, w_iter, uses, last_use):
+def launch_marks(blocks, writes, iters_seen, index, dead, pf_unused, dirty, written, w_iter, uses, last_use, thrashed,
+                 resident, in_flight, pool_on, in_pool, buf, pn):
     """``on_launch``'s bookkeeping of a launch with known accesses (``blocks`` sorted, ``writes`` a subset):
-    not dead, not an unused prefetch, written ones dirty, one more use, last used now. Returns the write mask
-    over ``blocks`` (all False without writes). NumPy's buffered ``uses[blocks] += 1`` counts a repeat once."""
+    not dead, not an unused prefetch, written ones dirty, one more use, last used now; then ``cur_marks``, and
+    with ``pool_on`` the blocks join the victim pool ``buf[:pn]``. Returns ``(wmask, (thrashed, again, late),
+    pool length)``, ``wmask`` the write mask over ``blocks`` (all False without writes). NumPy's buffered
+    ``uses[blocks] += 1`` counts a repeat once."""
     n = blocks.shape[0]
     inc = np.empty(n, dtype=uses.dtype)
     for i in range(n):
@@ -627,7 +635,9 @@ def launch_marks(blocks, writes, iters_seen, index, dead, pf_unused, dirty, writ
         written[x] = True
         w_iter[x] = iters_seen
         wmask[np.searchsorted(blocks, x)] = True
-    return wmask
+    if pool_on:
+        pn = pool_add(blocks, in_pool, buf, pn)
+    return wmask, cur_marks(blocks, thrashed, resident, in_flight), pn
 
 
 @nb.njit(cache=True, nogil=True)

@@ -315,33 +315,35 @@ class UvmPrefetchPolicy(Policy):
         if known and self.soft and self.params.soft_moves:
             self._classify_soft(blocks, info.write_blocks)
         wmask = None
+        again = late = 0
         if known:
             # not dead, not an unused prefetch; writes dirty / written / w_iter; uses += 1; last_use; the
-            # write mask over the blocks (for the history)
-            wmask = _k.launch_marks(blocks, info.write_blocks, self.iters_seen, info.index, self.dead,
-                                    self.pf_unused, self.dirty, self.written, self.w_iter, self.uses, self.last_use)
+            # write mask over the blocks (for the history); then ``cur_marks``; the blocks join the victim pool
+            # (used now: last use, dirty, dead and next use change)
+            wmask, (_, again, late), self._pool_n = _k.launch_marks(
+                blocks, info.write_blocks, self.iters_seen, info.index, self.dead, self.pf_unused, self.dirty,
+                self.written, self.w_iter, self.uses, self.last_use, self.thrashed, state.resident, state.in_flight,
+                self._pool_on, self._in_pool, self._pool_ids, self._pool_n)
             cur = blocks
         else:
+            # Unknown accesses: what the launch used is what was predicted (and came in) plus what faults add.
             cur = self._blocks_at(self.p).copy() if self.p is not None else EMPTY
-        # Unknown accesses: what the launch used is what was predicted (and came in) plus what faults add.
+            self._pool_add(cur)
+            if cur.size:
+                _, again, late = _k.cur_marks(cur, self.thrashed, state.resident, state.in_flight)
         self.pending = (key, name, sig, cur, wmask)
-        self._pool_add(cur)  # used now: last use, dirty, dead and next use change
         self.pending_stab = stab
         self.pending_ngram = self.cur_ngram
         self.pending_dur = float(info.duration)
         self.it_compute += float(info.duration)
-        if cur.size:
-            _, again, late = _k.cur_marks(cur, self.thrashed, state.resident, state.in_flight)
-            # (thrashed blocks needed now: evicted unused, not back in time)
-            if again and self.p is not None:  # without a prediction the window is not what failed
-                self.stats["refetched_blocks"] += again
-                self.monitor.thrash(info.index, again)
-            self.cur_waits = late > 0
-            if late:
-                st["late_blocks"] += late
-                self.monitor.late(info.index, late)
-        else:
-            self.cur_waits = False
+        # (again: thrashed blocks needed now, evicted unused, not back in time)
+        if again and self.p is not None:  # without a prediction the window is not what failed
+            self.stats["refetched_blocks"] += again
+            self.monitor.thrash(info.index, again)
+        self.cur_waits = late > 0
+        if late:
+            st["late_blocks"] += late
+            self.monitor.late(info.index, late)
         dec = self._plan(info, state, cur)
         if self.pending_advice:
             dec = dec or Decision()
@@ -582,12 +584,11 @@ class UvmPrefetchPolicy(Policy):
 
     def _advance(self, q: int) -> None:
         self.p = q
-        if self._pool_on:
-            self._pool_n = _k.pool_due(q, self.h_ptr._a, self.base, self.fbase, self.h_ptr.n, self.f_blk.n,
-                                       self.f_blk._a, self.remap, self._in_pool, self._pool_ids, self._pool_n)
-        _k.advance(q, self.h_ptr._a, self.base, self.fbase, self.h_ptr.n, self.f_blk.n, self.f_blk._a,
-                   self.f_next._a, self.remap, self._remap_lim(), self.nu, self.first_it, self.first_pos,
-                   self.iters_seen)
+        # (with the pool on, ``pool_due`` first)
+        self._pool_n = _k.advance(q, self.h_ptr._a, self.base, self.fbase, self.h_ptr.n, self.f_blk.n, self.f_blk._a,
+                                  self.f_next._a, self.remap, self._remap_lim(), self.nu, self.first_it,
+                                  self.first_pos, self.iters_seen, self._pool_on, self._in_pool, self._pool_ids,
+                                  self._pool_n)
 
     def _rebuild_nu(self, q: int) -> None:
         """Predicted next use of every block after a jump of the pointer to ``q`` (O(history))."""
