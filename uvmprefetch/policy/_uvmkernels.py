@@ -738,23 +738,25 @@ def first_not_above(vkey, pos, start):
 def plan_paced(cur, resident, in_flight, capacity, used, margin, now, dur, lead, q_end, cur_waits, stall_aware,
                p, window, horizon, h_ptr, base, fbase, nh, nflat, f_blk, h_soft, scan_max, remap,
                remap_lim, nu, mark, dead, dirty, last_use, pf_unused, thrashed, t_blk, lat, fault_late_soft, inf,
-               k_dead, k_dirty, k_clean, age0, dead_reuse, shift_from, s_old, s_new, w_iter, it, pool, pool_on,
-               pool_min, pool_k):
+               k_dead, k_dirty, k_clean, age0, dead_reuse, shift_from, s_old, s_new, w_iter, it, pool_buf, pool_n,
+               in_pool, pool_live, pool_on, pool_min, pool_k):
     """``_plan`` in one call for its common case: a prediction (``p >= 0``), prefetch + pre-eviction paced to the
     link (``t_blk > 0``), no deadline chase, no soft-slot guard, no whole-launch rounding, no ``fault_late``.
     The same steps as the Python code, in the same order and with the same float arithmetic (see the comments
     there). ``h_ptr`` is the filled part; ``f_blk`` / ``h_soft`` may be whole buffers. Returns ``(status, pf, evict, discard, horizon, q_end, thrash, mispredicted, live,
-    pool_new, pool_min, pooled)``: status 0 = nothing was scanned (the caller takes the margin path), 1 = planned;
-    ``pooled``: the victims came from the pool.
+    pool_new, pool_min, pooled, pool_n)``: status 0 = nothing was scanned (the caller takes the margin path), 1 =
+    planned; ``pooled``: the victims came from the pool; ``pool_n``: its length after the prefetched blocks joined
+    it (``pool_live``: the pool is kept up, and no full scan refilled it: the caller then builds it anew).
 
-    The victim pool (``pool_k > 0``; ``UvmPrefetchPolicy._pool_ids``): victims come from the blocks ``pool``
-    lists (``pool_on``) when the ``k``-th of them ranks strictly above ``pool_min``, the lowest key of the full scan
+    The victim pool (``pool_k > 0``; ``UvmPrefetchPolicy._pool_ids``): victims come from the blocks
+    ``pool_buf[:pool_n]`` lists (``pool_on``) when the ``k``-th of them ranks strictly above ``pool_min``, the lowest key of the full scan
     that filled the pool (no block outside it can then rank among the ``k``, as long as the caller has marked
     every block whose key may have risen since); otherwise from a full scan for ``max(k, pool_k)``, whose
     blocks are returned as ``pool_new`` with their lowest key as ``pool_min`` (-1: the scan found all there
     were). The same victims either way."""
     end = base + nh
     empty = np.empty(0, dtype=np.int64)
+    pool = pool_buf[:pool_n]
     miss = missing(cur, resident, in_flight) if cur.shape[0] else empty
     pa = 0
     pb = 0
@@ -777,7 +779,7 @@ def plan_paced(cur, resident, in_flight, capacity, used, margin, now, dur, lead,
                                                    in_flight, lo, hi, p, cap, scan_max, remap, remap_lim, nu, mark,
                                                    shift_from, s_old, s_new, w_iter, it)
     if not (miss.shape[0] or pb > pa or spanned > 0):
-        return 0, empty, empty, empty, horizon, q_end, 0, 0, 0, empty, pool_min, False
+        return 0, empty, empty, empty, horizon, q_end, 0, 0, 0, empty, pool_min, False, pool_n
     n = blk.shape[0]
     free = max(0, capacity - used - margin)
     q = max(q_end, now)
@@ -849,4 +851,6 @@ def plan_paced(cur, resident, in_flight, capacity, used, margin, now, dur, lead,
     if pf.shape[0]:
         live = mark_prefetched(pf, pf_unused, dead)
         q_end = q + live * t_blk
-    return 1, pf, evict, discard, horizon, q_end, wasted, mis, live, pool_new, pool_min, found
+        if pool_live and not pool_new.shape[0]:
+            pool_n = pool_add(pf, in_pool, pool_buf, pool_n)
+    return 1, pf, evict, discard, horizon, q_end, wasted, mis, live, pool_new, pool_min, found, pool_n

@@ -791,7 +791,7 @@ class UvmPrefetchPolicy(Policy):
         self._pool_age += 1
         on = self._pool_on and self._pool_age <= P.pool_launches
         (status, pf, evict, discard, self.horizon, self.q_end, wasted, mis, live, pool_new,
-         self._pool_min, pooled) = _k.plan_paced(
+         self._pool_min, pooled, self._pool_n) = _k.plan_paced(
             cur, state.resident[:n], state.in_flight[:n], state.capacity_blocks, state.used_blocks, self.margin_blocks,
             state.now, float(info.duration), P.lead_s, self.q_end, self.cur_waits, P.stall_aware, p,
             self.monitor.window, self.horizon, self.h_ptr.view(), self.base, self.fbase, self.h_ptr.n, self.f_blk.n,
@@ -799,7 +799,8 @@ class UvmPrefetchPolicy(Policy):
             self._remap_lim(), self.nu, self._mark, self.dead, self.dirty, self.last_use,
             self.pf_unused, self.thrashed, self.t_blk, self._lat, P.fault_late_soft, INF, _K_DEAD, _K_DIRTY,
             _K_CLEAN, _AGE, P.dead_reuse, self._shift_from(), self.s_old, self.s_new, self.w_iter, self.iters_seen,
-            self._pool_ids[:self._pool_n], on, self._pool_min, self._pool_k if p >= self._pool_stale else 0)
+            self._pool_ids, self._pool_n, self._in_pool, self._pool_on, on, self._pool_min,
+            self._pool_k if p >= self._pool_stale else 0)
         if pooled:
             st["pooled_victim_scans"] += 1
         if pool_new.shape[0]:  # a full scan refilled the pool; it skipped the running launch's blocks and those
@@ -808,9 +809,8 @@ class UvmPrefetchPolicy(Policy):
             self._pool_n = 0
             self._pool_on = True
             self._pool_age = 0
-            for b in (pool_new, cur, np.flatnonzero(state.in_flight[:n])):
+            for b in (pool_new, cur, np.flatnonzero(state.in_flight[:n]), pf):
                 self._pool_add(b)
-        self._pool_add(pf)
         if not status:
             return self._margin(state, cur) if self.margin_blocks else None
         if wasted or mis:
