@@ -230,7 +230,8 @@ def _sift_down(hk, hb, i, n):
 
 @nb.njit(cache=True, nogil=True)
 def _offer(hk, hb, h, key, x):
-    """Offer block ``x`` with ``key`` to the heap of the ``hk.size`` best (largest key, then smallest block). Returns ``(h, out)``: the new fill and the key of the block that
+    """Offer block ``x`` with ``key`` to the heap of the ``hk.size`` best (largest key, then smallest block).
+    Returns ``(h, out)``: the new fill and the key of the block that
     is out (offered and refused, or pushed out), -1 if none."""
     if h < hk.shape[0]:
         i = h
@@ -743,15 +744,16 @@ def plan_paced(cur, resident, in_flight, capacity, used, margin, now, dur, lead,
     """``_plan`` in one call for its common case: a prediction (``p >= 0``), prefetch + pre-eviction paced to the
     link (``t_blk > 0``), no deadline chase, no soft-slot guard, no whole-launch rounding, no ``fault_late``.
     The same steps as the Python code, in the same order and with the same float arithmetic (see the comments
-    there). ``h_ptr`` is the filled part; ``f_blk`` / ``h_soft`` may be whole buffers. Returns ``(status, pf, evict, discard, horizon, q_end, thrash, mispredicted, live,
-    pool_new, pool_min, pooled, pool_n)``: status 0 = nothing was scanned (the caller takes the margin path), 1 =
-    planned; ``pooled``: the victims came from the pool; ``pool_n``: its length after the prefetched blocks joined
-    it (``pool_live``: the pool is kept up, and no full scan refilled it: the caller then builds it anew).
+    there). ``h_ptr`` is the filled part; ``f_blk`` / ``h_soft`` may be whole buffers. Returns ``(status, pf,
+    evict, discard, horizon, q_end, thrash, mispredicted, live, pool_new, pool_min, pooled, pool_n)``: status 0 =
+    nothing was scanned (the caller takes the margin path), 1 = planned; ``pooled``: the victims came from the
+    pool; ``pool_n``: its length after the prefetched blocks joined it (with ``pool_live``: the pool is kept up,
+    and no full scan refilled it; after a refill the caller builds it anew).
 
     The victim pool (``pool_k > 0``; ``UvmPrefetchPolicy._pool_ids``): victims come from the blocks
-    ``pool_buf[:pool_n]`` lists (``pool_on``) when the ``k``-th of them ranks strictly above ``pool_min``, the lowest key of the full scan
-    that filled the pool (no block outside it can then rank among the ``k``, as long as the caller has marked
-    every block whose key may have risen since); otherwise from a full scan for ``max(k, pool_k)``, whose
+    ``pool_buf[:pool_n]`` lists (``pool_on``) when the ``k``-th of them ranks strictly above ``pool_min``, the
+    lowest key of the full scan that filled the pool (no block outside it can then rank among the ``k``, as long
+    as the caller has marked every block whose key may have risen since); otherwise from a full scan for ``max(k, pool_k)``, whose
     blocks are returned as ``pool_new`` with their lowest key as ``pool_min`` (-1: the scan found all there
     were). The same victims either way."""
     end = base + nh
