@@ -753,9 +753,9 @@ def plan_paced(cur, resident, in_flight, capacity, used, margin, now, dur, lead,
     The victim pool (``pool_k > 0``; ``UvmPrefetchPolicy._pool_ids``): victims come from the blocks
     ``pool_buf[:pool_n]`` lists (``pool_on``) when the ``k``-th of them ranks strictly above ``pool_min``, the
     lowest key of the full scan that filled the pool (no block outside it can then rank among the ``k``, as long
-    as the caller has marked every block whose key may have risen since); otherwise from a full scan for ``max(k, pool_k)``, whose
-    blocks are returned as ``pool_new`` with their lowest key as ``pool_min`` (-1: the scan found all there
-    were). The same victims either way."""
+    as the caller has marked every block whose key may have risen since); otherwise from a full scan for
+    ``max(k, pool_k)``, whose blocks are returned as ``pool_new`` with their lowest key as ``pool_min`` (-1: the
+    scan found all there were). The same victims either way."""
     end = base + nh
     empty = np.empty(0, dtype=np.int64)
     pool = pool_buf[:pool_n]
