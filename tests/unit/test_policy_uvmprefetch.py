@@ -442,8 +442,15 @@ def _candidates_ref(pol, state, miss, pa, pb, sa, sb, lo, scan_hi, p, shift=(INF
         cand_p.append(pol._positions(lo, scan_hi + 1, sa, sb))
     blk, pos = np.concatenate(cand_b), np.concatenate(cand_p)
     if p is not None and pol.params.track_moves and pol.stats["moved_blocks"]:
+        # translated where recorded before the limit; from the recorded block's ``rend`` on, also as recorded
         lim = INF if remap_lim is None else remap_lim
-        blk = np.where((pos >= 0) & (pos < lim), pol.remap[blk], blk)
+        tr = (pos >= 0) & (pos < lim)
+        y = np.where(tr, pol.remap[blk], blk)
+        both = tr & (y != blk) & (pos >= pol.rend[blk]) & ~pol.dead[blk]
+        order = np.repeat(np.arange(blk.shape[0]), np.where(both, 2, 1))
+        second = np.zeros(order.shape[0], dtype=bool)
+        second[1:] = order[1:] == order[:-1]
+        blk, pos = np.where(second, blk[order], y[order]), pos[order]
     s_from, s_old, s_new = shift
     if p is not None and (s_old or s_new):
         y = blk + np.where(pol.w_iter[blk] != pol.iters_seen, s_old, s_new)
@@ -479,10 +486,12 @@ def test_candidates_and_scan_kernels_match_numpy():
             pol._commit(i % 7, i % 5, i, blocks, None, dur=float(rng.random()))
         view.resident[:] = rng.random(n) < 0.5
         view.in_flight[:] = ~view.resident & (rng.random(n) < 0.2)
+        end = pol.end
         if trial % 3 == 0:
             pol.stats["moved_blocks"] = 1
             pol.remap[:] = rng.permutation(n)
-        end = pol.end
+            pol.rend[:] = rng.integers(0, end + 2, n)  # (where each recorded block's next tensor is born)
+            pol.dead[:] = rng.random(n) < 0.3
         p = int(rng.integers(0, end - 1))
         pol.p = p
         pol.nu[:] = np.where(rng.random(n) < 0.5, rng.integers(0, end + 3, n), np.iinfo(np.int64).max // 4)
@@ -531,8 +540,8 @@ def test_candidates_and_scan_kernels_match_numpy():
         nu_ref = pol.nu.copy()
         pol.nu[:] = nu0
         kb, kp = K.candidates(miss, pol.f_blk.view(), pa, pb, p + 1, sa, sb, pol.h_ptr.view(), pol.base,
-                              pol.fbase, lo, pol.remap, lim, pol.nu, p, True,
-                              view.resident, view.in_flight, pol._mark, *shift, pol.w_iter, pol.iters_seen)
+                              pol.fbase, lo, pol.remap, pol.rend, lim, pol.nu, p, True,
+                              view.resident, view.in_flight, pol._mark, *shift, pol.w_iter, pol.iters_seen, pol.dead)
         assert np.array_equal(kb, rb) and np.array_equal(kp, rp)
         assert np.array_equal(pol.nu, nu_ref) and not pol._mark.any()
         if chase:
@@ -541,8 +550,8 @@ def test_candidates_and_scan_kernels_match_numpy():
         pol.nu[:] = nu0
         wb, wp, w_hi, spanned = K.window_candidates(
             miss, pol.f_blk.view(), pa, pb, pol.h_ptr.view(), pol.base, pol.fbase, len(pol.f_blk), end,
-            view.resident, view.in_flight, lo, hi, p, cap, 1 << 15, pol.remap, lim, pol.nu, pol._mark, *shift,
-            pol.w_iter, pol.iters_seen)
+            view.resident, view.in_flight, lo, hi, p, cap, 1 << 15, pol.remap, pol.rend, lim, pol.nu, pol._mark, *shift,
+            pol.w_iter, pol.iters_seen, pol.dead)
         assert np.array_equal(wb, rb) and np.array_equal(wp, rp) and w_hi == scan_hi and spanned == sb - sa
         assert np.array_equal(pol.nu, nu_ref) and not pol._mark.any()
 
@@ -616,34 +625,52 @@ def test_one_kernel_plan_makes_the_python_plans_decisions(spec):
 
 
 def test_learn_moves_kernel_matches_numpy():
-    from uvmprefetch.policy import _uvmkernels as K
+    from uvmprefetch.policy import _uvmkernels as _k
 
     rng = np.random.default_rng(5)
     n = 32
     for _ in range(300):
-        # GIVEN one recorded launch (its blocks, some written) and the blocks the running launch writes, where a
+        # GIVEN a recorded history whose first launch wrote some blocks (the later ones read, write in place, or
+        # write a new tensor into a dead block: f_w 0 / 1 / 2), and the blocks the running launch writes, where a
         # new block may be another recorded one (so reads must come before writes)
+        pol = UvmPrefetchPolicy(advice=False)
+        pol.on_start(ctx(n, n))
         k = int(rng.integers(1, 8))
         rec_blocks = np.sort(rng.choice(n, k, replace=False)).astype(np.int64)
-        f_w = rng.random(k) < 0.7
-        m = int(f_w.sum()) if rng.random() < 0.9 else int(rng.integers(0, 4))
+        f_w = np.where(rng.random(k) < 0.7, 1 + (rng.random(k) < 0.5), 0).astype(np.int8)
+        pol._commit(0, 0, 0, rec_blocks, f_w)
+        for i in range(1, int(rng.integers(1, 12))):
+            b = np.sort(rng.choice(n, int(rng.integers(0, 6)), replace=False)).astype(np.int64)
+            pol._commit(i, i, i, b, rng.integers(0, 3, b.shape[0]).astype(np.int8))
+        lim = int(rng.integers(1, pol.end + 2))
+        m = int((f_w != 0).sum()) if rng.random() < 0.9 else int(rng.integers(0, 4))
         writes = np.sort(rng.choice(n, m, replace=False)).astype(np.int64)
-        nu = rng.integers(0, 100, n).astype(np.int64)
-        remap = np.arange(n, dtype=np.int64)
-        # WHEN the kernel pairs them, and the NumPy code it replaced does
-        nu_k, remap_k = nu.copy(), remap.copy()
-        moved = K.learn_moves(0, np.array([0], dtype=np.int64), 0, 0, 1, k, rec_blocks, f_w, writes, remap_k, nu_k)
-        rec = rec_blocks[f_w]
+        pol.nu[:] = rng.integers(0, 100, n)
+        pol.dead[:] = rng.random(n) < 0.3
+        nu, remap, rend = pol.nu.copy(), pol.remap.copy(), pol.rend.copy()
+        # WHEN the kernel pairs them, and the NumPy code does
+        moved = _k.learn_moves(0, pol.h_ptr._a, pol.base, pol.fbase, pol.h_ptr.n, pol.f_blk.n, pol.f_blk._a,
+                               pol.f_w._a, pol.f_next._a, writes, pol.remap, pol.rend, lim, pol.nu, pol.dead)
+        rec = rec_blocks[f_w != 0]
         want = 0
         if rec.shape[0] == writes.shape[0] and rec.size:
             mv = rec != writes
             if mv.any():
                 old, new = rec[mv], writes[mv]
                 remap[old] = new
-                nu[new] = nu[old]
+                vals = nu[old]
+                for x in old:  # the move holds up to the recorded block's next birth before the limit
+                    births = [t for t in range(1, min(lim, pol.end)) if x in pol._blocks_at(t)
+                              and pol.f_w.view()[pol._span(t, t + 1)[0] + int(np.searchsorted(pol._blocks_at(t), x))]
+                              == 2]
+                    rend[x] = births[0] if births else lim
+                    if births and not pol.dead[x]:
+                        nu[x] = births[0]
+                nu[new] = vals
                 want = int(mv.sum())
-        # THEN the moved count, the remap and the next uses agree
-        assert moved == want and np.array_equal(remap_k, remap) and np.array_equal(nu_k, nu)
+        # THEN the moved count, the remap, where each move ends and the next uses agree
+        assert moved == want and np.array_equal(pol.remap, remap) and np.array_equal(pol.rend, rend)
+        assert np.array_equal(pol.nu, nu)
 
 
 def _learn_shift_ref(rec, rec_w, blocks, writes, w_iter, it):
@@ -765,3 +792,62 @@ def test_stable_signature_finds_the_layer_when_activations_moved():
     assert K.stable_sig(np.array([2, 5, 7], dtype=np.int64), writes, w_iter, 2, 1234) != h
     assert K.stable_sig(blocks, writes, w_iter, 2, 1235) != h
     assert K.stable_sig(np.array([5, 7], dtype=np.int64), writes, w_iter, 2, 1234) == 0
+
+
+def _step(pol, view, i, it, name, blocks, writes):
+    """One launch with known accesses; faulted blocks become resident. Returns the decision."""
+    blocks = np.array(blocks, dtype=np.int64)
+    info = LaunchInfo(index=i, exec_id=100 + name, name=name, phase=1, iteration=it, duration=1e-3, blocks=blocks,
+                      write_blocks=np.array(writes, dtype=np.int64))
+    dec = pol.on_launch(info, view)
+    view.apply(dec)
+    view.resident[blocks] = True
+    return dec
+
+
+def test_a_moved_block_whose_address_the_record_gives_to_a_later_tensor_is_predicted_there_too():
+    # GIVEN a first step where activation A is written into block 10, read, freed, and block 10 then holds new data
+    # that outlives the step (optimizer state: written while dead, read at the end)
+    pol = UvmPrefetchPolicy(window=8, window_min=1, adaptive_window=False, advice=False, stable_sync=False)
+    n = 32
+    view = FakeView(n, n)
+    pol.on_start(ctx(n, n))
+    _step(pol, view, 0, 0, 0, [1, 10], [10])
+    _step(pol, view, 1, 0, 1, [10, 11], [11])
+    pol.on_free(np.array([10]))
+    _step(pol, view, 2, 0, 2, [10, 12], [10])
+    _step(pol, view, 3, 0, 3, [10, 11], [])
+    pol.on_iteration(0)
+    assert pol.f_w.view()[pol._span(2, 3)[0]] == 2  # the record marks the new tensor's first write
+    # WHEN the next step writes A elsewhere (block 10 still holds the state) and nothing is on the GPU (the pointer
+    # stands before the recorded step, as after the last launch of a step that preceded it)
+    view.resident[:] = False
+    pol.p = -1
+    dec = _step(pol, view, 4, 1, 0, [1, 20], [20])
+    assert pol.p == 0 and pol.stats["moved_blocks"] == 1
+    # THEN A's reads are predicted at 20, the move ends where the record writes the new tensor into 10, and 10 is
+    # predicted (and prefetched) for the launches that use the state, not only its translation 20
+    assert pol.remap[10] == 20 and pol.rend[10] == 2
+    assert pol.nu[10] == 2
+    assert dec is not None and 10 in set(dec.prefetch.tolist()) and 11 in set(dec.prefetch.tolist())
+
+
+def test_iteration_end_settles_the_next_use_of_moved_blocks():
+    # GIVEN a block that took a recorded block's next use through a move, its prediction left behind the pointer
+    pol = UvmPrefetchPolicy(advice=False)
+    n = 16
+    view = FakeView(n, n)
+    pol.on_start(ctx(n, n))
+    for i in range(6):
+        _step(pol, view, i, 0, i, [i], [i])
+    pol.p = 4
+    pol.stats["moved_blocks"] = 1
+    pol.moved_to[[2, 3]] = True
+    pol.nu[2] = 1  # passed
+    pol.nu[3] = 5  # ahead, but it came from the old address
+    pol.nu[5] = 5  # not moved and ahead: kept
+    # WHEN the iteration ends
+    pol.on_iteration(0)
+    # THEN the moved / stale blocks are next used where this iteration's record first has them
+    assert pol.nu[2] == pol.first_pos[2] == 2 and pol.nu[3] == 3 and pol.nu[5] == 5
+    assert not pol.moved_to.any()

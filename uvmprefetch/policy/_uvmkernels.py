@@ -45,15 +45,37 @@ def scan_window(h_ptr, base, fbase, nflat, end, f_blk, resident, in_flight, h_cu
     return scan_hi, a0, b_last
 
 
+@nb.njit(cache=True, nogil=True, inline="always")
+def _put_translated(x, t, blk, pos, j, tr, remap, rend, remap_lim, dead):
+    """Append recorded block ``x`` at position ``t`` to ``blk``/``pos`` at ``j``: translated through ``remap`` before
+    ``remap_lim`` (with ``tr``), and from ``rend[x]`` on also as recorded while ``x`` is not dead; returns the new
+    ``j``."""
+    y = x
+    if tr and 0 <= t < remap_lim:
+        y = remap[x]
+    blk[j] = y
+    pos[j] = t
+    j += 1
+    if y != x and t >= rend[x] and not dead[x]:
+        blk[j] = x
+        pos[j] = t
+        j += 1
+    return j
+
+
 @nb.njit(cache=True, nogil=True)
-def candidates(miss, f_blk, pa, pb, ppos, a, b, h_ptr, base, fbase, lo, remap, remap_lim, nu, p, has_p, resident,
-               in_flight, mark, shift_from, s_old, s_new, w_iter, it):
+def candidates(miss, f_blk, pa, pb, ppos, a, b, h_ptr, base, fbase, lo, remap, rend, remap_lim, nu, p, has_p, resident,
+               in_flight, mark, shift_from, s_old, s_new, w_iter, it, dead):
     """Candidate blocks of ``_plan`` in order of need, with their history positions: ``miss`` (position -1),
     flat entries ``[pa, pb)`` (position ``ppos``), flat entries ``[a, b)`` (positions from ``lo`` on).
 
     As the NumPy code: blocks recorded before position ``remap_lim`` are translated through ``remap`` (the
     moves were learned against that recorded iteration; later iterations' records hold other addresses and
-    are not translated; 0: nothing is); the predicted next
+    are not translated; 0: nothing is); from ``rend[x]`` on (the birth of the next tensor the record has at
+    ``x``: ``learn_moves``) a moved block that is not dead is a candidate both translated and as recorded,
+    right after: that tensor may have moved as the first did (the allocator shifted a region) or, when the
+    address holds live data, stayed there (it was given to data that outlives the step, e.g. optimizer state
+    where step one's activations were); the predicted next
     use ``nu`` of each block takes the earliest of its candidate positions ahead of ``p`` when its current one
     is behind ``p`` or later (``has_p``); then blocks resident or in flight are dropped, and repeats after the
     first. ``mark`` is a zeroed scratch array of ``max_blocks`` bytes (left zeroed).
@@ -62,29 +84,23 @@ def candidates(miss, f_blk, pa, pb, ppos, a, b, h_ptr, base, fbase, lo, remap, r
     are shifted by the layer stride: ``s_old`` for data from before this iteration (``w_iter != it``: weights),
     ``s_new`` for data written in it (activations); a shift out of range leaves the block as recorded."""
     n = miss.shape[0] + max(0, pb - pa) + max(0, b - a)
-    blk = np.empty(n, dtype=np.int64)
-    pos = np.empty(n, dtype=np.int64)
+    tr = has_p and remap_lim > 0
+    blk = np.empty(2 * n if tr else n, dtype=np.int64)
+    pos = np.empty(blk.shape[0], dtype=np.int64)
     j = 0
     for i in range(miss.shape[0]):
         blk[j] = miss[i]
         pos[j] = -1
         j += 1
     for i in range(pa, pb):
-        blk[j] = f_blk[i]
-        pos[j] = ppos
-        j += 1
+        j = _put_translated(f_blk[i], ppos, blk, pos, j, tr, remap, rend, remap_lim, dead)
     q = lo
     nh = h_ptr.shape[0]
     for i in range(a, b):
         while q + 1 - base < nh and h_ptr[q + 1 - base] - fbase <= i:
             q += 1
-        blk[j] = f_blk[i]
-        pos[j] = q
-        j += 1
-    if has_p and remap_lim > 0:
-        for i in range(n):
-            if 0 <= pos[i] < remap_lim:
-                blk[i] = remap[blk[i]]
+        j = _put_translated(f_blk[i], q, blk, pos, j, tr, remap, rend, remap_lim, dead)
+    n = j
     if has_p and (s_old != 0 or s_new != 0):
         nb_ = nu.shape[0]
         for i in range(n):
@@ -124,7 +140,7 @@ def candidates(miss, f_blk, pa, pb, ppos, a, b, h_ptr, base, fbase, lo, remap, r
 
 @nb.njit(cache=True, nogil=True)
 def window_candidates(miss, f_blk, pa, pb, h_ptr, base, fbase, nflat, end, resident, in_flight, lo, hi, p, cap,
-                      scan_max, remap, remap_lim, nu, mark, shift_from, s_old, s_new, w_iter, it):
+                      scan_max, remap, rend, remap_lim, nu, mark, shift_from, s_old, s_new, w_iter, it, dead):
     """``scan_window`` (without ``chase``) and ``candidates`` in one pass over the history entries: the same
     chunks, the same candidates in the same order, the same updates of ``nu``. Returns ``(blk, pos, scan_hi,
     spanned)``: ``scan_hi`` is ``p`` when nothing was scanned (``lo > hi``), ``spanned`` the number of entries
@@ -140,6 +156,8 @@ def window_candidates(miss, f_blk, pa, pb, h_ptr, base, fbase, nflat, end, resid
         hend = (h_ptr[hi + 1 - base] - fbase) if hi + 1 < end else nflat
         span = hend - (h_ptr[lo - base] - fbase)
     n = miss.shape[0] + max(0, pb - pa) + max(0, span)
+    if remap_lim > 0:
+        n *= 2  # (a moved block may be a candidate twice: ``_cand_entries``)
     out_b = np.empty(n, dtype=np.int64)
     out_p = np.empty(n, dtype=np.int64)
     m = 0
@@ -150,8 +168,8 @@ def window_candidates(miss, f_blk, pa, pb, h_ptr, base, fbase, nflat, end, resid
             out_b[m] = x
             out_p[m] = -1
             m += 1
-    m, _ = _cand_entries(f_blk, pa, pb, p + 1, m, out_b, out_p, resident, in_flight, remap, remap_lim, nu, mark, p,
-                         shift_from, s_old, s_new, w_iter, it)
+    m, _ = _cand_entries(f_blk, pa, pb, p + 1, m, out_b, out_p, resident, in_flight, remap, rend, remap_lim, nu,
+                         mark, p, shift_from, s_old, s_new, w_iter, it, dead)
     scan_hi = p
     got = 0
     spanned = 0
@@ -162,8 +180,8 @@ def window_candidates(miss, f_blk, pa, pb, h_ptr, base, fbase, nflat, end, resid
         for t in range(start, stop + 1):
             a = h_ptr[t - base] - fbase
             b = (h_ptr[t + 1 - base] - fbase) if t + 1 < end else nflat
-            m, g = _cand_entries(f_blk, a, b, t, m, out_b, out_p, resident, in_flight, remap, remap_lim, nu, mark,
-                                 p, shift_from, s_old, s_new, w_iter, it)
+            m, g = _cand_entries(f_blk, a, b, t, m, out_b, out_p, resident, in_flight, remap, rend, remap_lim, nu,
+                                 mark, p, shift_from, s_old, s_new, w_iter, it, dead)
             got += g
             if b > a:
                 spanned += b - a
@@ -176,33 +194,45 @@ def window_candidates(miss, f_blk, pa, pb, h_ptr, base, fbase, nflat, end, resid
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
-def _cand_entries(f_blk, a, b, t, m, out_b, out_p, resident, in_flight, remap, remap_lim, nu, mark, p, shift_from,
-                  s_old, s_new, w_iter, it):
+def _cand_entries(f_blk, a, b, t, m, out_b, out_p, resident, in_flight, remap, rend, remap_lim, nu, mark, p,
+                  shift_from, s_old, s_new, w_iter, it, dead):
     """``window_candidates`` for the entries ``[a, b)`` of position ``t``; returns the new count of candidates and
     how many of the entries were missing as recorded."""
     got = 0
-    nb_ = nu.shape[0]
     for i in range(a, b):
         x = f_blk[i]
         if not (resident[x] or in_flight[x]):
             got += 1
         if remap_lim > 0 and t < remap_lim:
-            x = remap[x]
-        if (s_old != 0 or s_new != 0) and t >= shift_from:
-            y = x + (s_old if w_iter[x] != it else s_new)
-            if 0 <= y < nb_:
-                x = y
-        if t > p:
-            old = nu[x]
-            if old <= p or old > t:
-                nu[x] = t
-        if resident[x] or in_flight[x] or mark[x] != 0:
-            continue
-        mark[x] = 1
-        out_b[m] = x
-        out_p[m] = t
-        m += 1
+            y = remap[x]
+            m = _cand_put(y, t, m, out_b, out_p, resident, in_flight, nu, mark, p, shift_from, s_old, s_new, w_iter,
+                          it)
+            if y != x and t >= rend[x] and not dead[x]:  # (as recorded too: ``candidates``)
+                m = _cand_put(x, t, m, out_b, out_p, resident, in_flight, nu, mark, p, shift_from, s_old, s_new,
+                              w_iter, it)
+        else:
+            m = _cand_put(x, t, m, out_b, out_p, resident, in_flight, nu, mark, p, shift_from, s_old, s_new, w_iter,
+                          it)
     return m, got
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def _cand_put(x, t, m, out_b, out_p, resident, in_flight, nu, mark, p, shift_from, s_old, s_new, w_iter, it):
+    """``_cand_entries`` for one (translated) block: shifted, its next use, a candidate unless present or listed."""
+    if (s_old != 0 or s_new != 0) and t >= shift_from:
+        y = x + (s_old if w_iter[x] != it else s_new)
+        if 0 <= y < nu.shape[0]:
+            x = y
+    if t > p:
+        old = nu[x]
+        if old <= p or old > t:
+            nu[x] = t
+    if resident[x] or in_flight[x] or mark[x] != 0:
+        return m
+    mark[x] = 1
+    out_b[m] = x
+    out_p[m] = t
+    return m + 1
 
 
 @nb.njit(cache=True, nogil=True)
@@ -387,13 +417,15 @@ def commit_launch(h_cum, h_key, h_name, h_sig, h_soft, h_ptr, hn, cum, key, name
 
 
 @nb.njit(cache=True, nogil=True)
-def advance(q, h_ptr, base, fbase, nh, nflat, f_blk, f_next, remap, remap_lim, nu, first_it, first_pos, it, pool_on,
-            in_pool, buf, n):
+def advance(q, h_ptr, base, fbase, nh, nflat, f_blk, f_next, remap, rend, remap_lim, nu, first_it, first_pos, it,
+            dead, pool_on, in_pool, buf, n):
     """``_advance``: the blocks recorded at position ``q`` (before ``remap_lim``: through ``remap``) are next used
     where their entries link to. A moved block whose recorded address is next used only after ``remap_lim``
     (the followed iteration's end: another tensor at that address) is next used where this iteration first used
-    it (``first_pos`` when ``first_it`` is ``it``): the same offset of the next iteration. With ``pool_on``, first
-    ``pool_due`` (the victim pool ``buf[:n]``); returns the pool's new length."""
+    it (``first_pos`` when ``first_it`` is ``it``): the same offset of the next iteration. When the recorded
+    address's next entry holds a later tensor (from ``rend``, its birth) and the address is not dead, the
+    address itself is predicted there too (see ``candidates``). With ``pool_on``, first ``pool_due`` (the victim pool ``buf[:n]``); returns the
+    pool's new length."""
     if pool_on:
         n = pool_due(q, h_ptr, base, fbase, nh, nflat, f_blk, remap, in_pool, buf, n)
     a = h_ptr[q - base] - fbase
@@ -403,8 +435,11 @@ def advance(q, h_ptr, base, fbase, nh, nflat, f_blk, f_next, remap, remap_lim, n
         nx = f_next[i]
         if remap_lim > 0 and q < remap_lim:
             y = remap[x]
-            if y != x and nx >= remap_lim and first_it[y] == it:
-                nx = first_pos[y]
+            if y != x:
+                if nx >= rend[x] and not dead[x]:
+                    nu[x] = nx  # the next tensor at the recorded address may stay there
+                if nx >= remap_lim and first_it[y] == it:
+                    nx = first_pos[y]
             x = y
         nu[x] = nx
     return n
@@ -442,10 +477,13 @@ def pool_due(q, h_ptr, base, fbase, nh, nflat, f_blk, remap, in_pool, buf, n):
 
 
 @nb.njit(cache=True, nogil=True)
-def learn_moves(q, h_ptr, base, fbase, nh, nflat, f_blk, f_w, writes, remap, nu):
+def learn_moves(q, h_ptr, base, fbase, nh, nflat, f_blk, f_w, f_next, writes, remap, rend, remap_lim, nu, dead):
     """``_learn_moves``' pairing: the blocks position ``q`` wrote, in address order, against ``writes`` (the
     running launch's); where they differ, the recorded block is remapped to the new one and the new one takes
-    its predicted next use. Returns the number of moved blocks (0 when the counts differ)."""
+    its predicted next use. ``rend`` of the recorded block: where the record next writes a new tensor into it
+    (``_next_birth``, before ``remap_lim``; the caching allocator gave the address to another tensor, e.g.
+    optimizer state where step one's activations were), which becomes the recorded block's next use unless it
+    is dead. Returns the number of moved blocks (0 when the counts differ)."""
     a = h_ptr[q - base] - fbase
     b = (h_ptr[q + 1 - base] - fbase) if q + 1 - base < nh else nflat
     m = 0
@@ -469,11 +507,41 @@ def learn_moves(q, h_ptr, base, fbase, nh, nflat, f_blk, f_w, writes, remap, nu)
     for i in range(a, b):
         if f_w[i]:
             if f_blk[i] != writes[j]:
-                remap[f_blk[i]] = writes[j]
+                x = f_blk[i]
+                remap[x] = writes[j]
+                e = _next_birth(x, f_next[i], h_ptr, base, fbase, nh, nflat, f_blk, f_w, f_next, remap_lim)
+                rend[x] = e
+                if e < remap_lim and not dead[x]:
+                    nu[x] = e
             j += 1
     for t in range(moved):
         nu[writes[olds[t]]] = vals[t]
     return moved
+
+
+@nb.njit(cache=True, nogil=True)
+def _next_birth(x, t, h_ptr, base, fbase, nh, nflat, f_blk, f_w, f_next, lim):
+    """The first position from ``t`` on (along block ``x``'s entries) where the record writes a new tensor into
+    ``x`` (``f_w`` 2: written while dead); ``lim`` if none before it. In-place writes (1) keep the tensor. A
+    position's blocks are sorted: ``x`` is found by bisection."""
+    end = base + nh
+    while t < lim and t < end:
+        a = h_ptr[t - base] - fbase
+        b = (h_ptr[t + 1 - base] - fbase) if t + 1 < end else nflat
+        lo = a
+        hi = b
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if f_blk[mid] < x:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo >= b or f_blk[lo] != x:
+            return t  # (not recorded there: the links are stale, stop)
+        if f_w[lo] == 2:
+            return t
+        t = f_next[lo]
+    return lim
 
 
 @nb.njit(cache=True, nogil=True)
@@ -617,9 +685,14 @@ def launch_marks(blocks, writes, iters_seen, index, dead, pf_unused, dirty, writ
     """``on_launch``'s bookkeeping of a launch with known accesses (``blocks`` sorted, ``writes`` a subset):
     not dead, not an unused prefetch, written ones dirty, one more use, last used now; then ``cur_marks``, and
     with ``pool_on`` the blocks join the victim pool ``buf[:pn]``. Returns ``(wmask, (thrashed, again, late),
-    pool length)``, ``wmask`` the write mask over ``blocks`` (all False without writes). NumPy's buffered
-    ``uses[blocks] += 1`` counts a repeat once."""
+    pool length)``, ``wmask`` the write flags over ``blocks`` (int8: 0 read, 1 written, 2 written while dead:
+    a new tensor's first write, the history's ``f_w``). NumPy's buffered ``uses[blocks] += 1`` counts a repeat
+    once."""
     n = blocks.shape[0]
+    wmask = np.zeros(n, dtype=np.int8)
+    for i in range(writes.shape[0]):
+        x = writes[i]
+        wmask[np.searchsorted(blocks, x)] = 2 if dead[x] else 1
     inc = np.empty(n, dtype=uses.dtype)
     for i in range(n):
         inc[i] = uses[blocks[i]] + 1
@@ -629,13 +702,11 @@ def launch_marks(blocks, writes, iters_seen, index, dead, pf_unused, dirty, writ
         pf_unused[x] = False
         uses[x] = inc[i]
         last_use[x] = index
-    wmask = np.zeros(n, dtype=np.bool_)
     for i in range(writes.shape[0]):
         x = writes[i]
         dirty[x] = True
         written[x] = True
         w_iter[x] = iters_seen
-        wmask[np.searchsorted(blocks, x)] = True
     if pool_on:
         pn = pool_add(blocks, in_pool, buf, pn)
     return wmask, cur_marks(blocks, thrashed, resident, in_flight), pn
@@ -737,7 +808,7 @@ def first_not_above(vkey, pos, start):
 
 @nb.njit(cache=True, nogil=True)
 def plan_paced(cur, resident, in_flight, capacity, used, margin, now, dur, lead, q_end, cur_waits, stall_aware,
-               p, window, horizon, h_ptr, base, fbase, nh, nflat, f_blk, h_soft, scan_max, remap,
+               p, window, horizon, h_ptr, base, fbase, nh, nflat, f_blk, h_soft, scan_max, remap, rend,
                remap_lim, nu, mark, dead, dirty, last_use, pf_unused, thrashed, t_blk, lat, fault_late_soft, inf,
                k_dead, k_dirty, k_clean, age0, dead_reuse, shift_from, s_old, s_new, w_iter, it, pool_buf, pool_n,
                in_pool, pool_live, pool_on, pool_min, pool_k):
@@ -778,8 +849,8 @@ def plan_paced(cur, resident, in_flight, capacity, used, margin, now, dur, lead,
             hi = min(hi, p + 1)
     # (the scan and the candidates in one pass: ``window_candidates``; when it finds nothing, nothing changed)
     blk, pos, scan_hi, spanned = window_candidates(miss, f_blk, pa, pb, h_ptr, base, fbase, nflat, end, resident,
-                                                   in_flight, lo, hi, p, cap, scan_max, remap, remap_lim, nu, mark,
-                                                   shift_from, s_old, s_new, w_iter, it)
+                                                   in_flight, lo, hi, p, cap, scan_max, remap, rend, remap_lim, nu,
+                                                   mark, shift_from, s_old, s_new, w_iter, it, dead)
     if not (miss.shape[0] or pb > pa or spanned > 0):
         return 0, empty, empty, empty, horizon, q_end, 0, 0, 0, empty, pool_min, False, pool_n
     n = blk.shape[0]
