@@ -199,40 +199,34 @@ def _cand_entries(f_blk, a, b, t, m, out_b, out_p, resident, in_flight, remap, r
     """``window_candidates`` for the entries ``[a, b)`` of position ``t``; returns the new count of candidates and
     how many of the entries were missing as recorded."""
     got = 0
+    nb_ = nu.shape[0]
+    shifted = (s_old != 0 or s_new != 0) and t >= shift_from
+    tr = remap_lim > 0 and t < remap_lim
     for i in range(a, b):
-        x = f_blk[i]
-        if not (resident[x] or in_flight[x]):
+        x0 = f_blk[i]
+        if not (resident[x0] or in_flight[x0]):
             got += 1
-        if remap_lim > 0 and t < remap_lim:
-            y = remap[x]
-            m = _cand_put(y, t, m, out_b, out_p, resident, in_flight, nu, mark, p, shift_from, s_old, s_new, w_iter,
-                          it)
-            if y != x and t >= rend[x] and not dead[x]:  # (as recorded too: ``candidates``)
-                m = _cand_put(x, t, m, out_b, out_p, resident, in_flight, nu, mark, p, shift_from, s_old, s_new,
-                              w_iter, it)
-        else:
-            m = _cand_put(x, t, m, out_b, out_p, resident, in_flight, nu, mark, p, shift_from, s_old, s_new, w_iter,
-                          it)
+        x = remap[x0] if tr else x0
+        # (a moved block from its next birth on, while not dead, is a candidate as recorded too: ``candidates``)
+        two = tr and x != x0 and t >= rend[x0] and not dead[x0]
+        for k in range(2 if two else 1):
+            if k == 1:
+                x = x0
+            if shifted:
+                y = x + (s_old if w_iter[x] != it else s_new)
+                if 0 <= y < nb_:
+                    x = y
+            if t > p:
+                old = nu[x]
+                if old <= p or old > t:
+                    nu[x] = t
+            if resident[x] or in_flight[x] or mark[x] != 0:
+                continue
+            mark[x] = 1
+            out_b[m] = x
+            out_p[m] = t
+            m += 1
     return m, got
-
-
-@nb.njit(cache=True, nogil=True, inline="always")
-def _cand_put(x, t, m, out_b, out_p, resident, in_flight, nu, mark, p, shift_from, s_old, s_new, w_iter, it):
-    """``_cand_entries`` for one (translated) block: shifted, its next use, a candidate unless present or listed."""
-    if (s_old != 0 or s_new != 0) and t >= shift_from:
-        y = x + (s_old if w_iter[x] != it else s_new)
-        if 0 <= y < nu.shape[0]:
-            x = y
-    if t > p:
-        old = nu[x]
-        if old <= p or old > t:
-            nu[x] = t
-    if resident[x] or in_flight[x] or mark[x] != 0:
-        return m
-    mark[x] = 1
-    out_b[m] = x
-    out_p[m] = t
-    return m + 1
 
 
 @nb.njit(cache=True, nogil=True)
