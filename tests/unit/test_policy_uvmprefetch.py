@@ -647,27 +647,38 @@ def test_learn_moves_kernel_matches_numpy():
         writes = np.sort(rng.choice(n, m, replace=False)).astype(np.int64)
         pol.nu[:] = rng.integers(0, 100, n)
         pol.dead[:] = rng.random(n) < 0.3
+        # (earlier moves this iteration: some recorded blocks already sent elsewhere; first uses this iteration)
+        moved_before = rng.random(n) < 0.3
+        pol.remap[moved_before] = rng.integers(0, n, int(moved_before.sum()))
+        pol.rend[moved_before] = rng.integers(0, pol.end + 2, int(moved_before.sum()))
+        pol.first_it[:] = rng.integers(0, 2, n)
+        pol.first_pos[:] = rng.integers(0, 100, n)
         nu, remap, rend = pol.nu.copy(), pol.remap.copy(), pol.rend.copy()
         # WHEN the kernel pairs them, and the NumPy code does
-        moved = _k.learn_moves(0, pol.h_ptr._a, pol.base, pol.fbase, pol.h_ptr.n, pol.f_blk.n, pol.f_blk._a,
-                               pol.f_w._a, pol.f_next._a, writes, pol.remap, pol.rend, lim, pol.nu, pol.dead)
+        moved, _ = _k.learn_moves(0, pol.h_ptr._a, pol.base, pol.fbase, pol.h_ptr.n, pol.f_blk.n, pol.f_blk._a,
+                               pol.f_w._a, pol.f_next._a, writes, pol.remap, pol.rend, lim, pol.nu, pol.dead,
+                               pol.first_it, pol.first_pos, 1)
         rec = rec_blocks[f_w != 0]
         want = 0
         if rec.shape[0] == writes.shape[0] and rec.size:
             mv = rec != writes
-            if mv.any():
-                old, new = rec[mv], writes[mv]
-                remap[old] = new
-                vals = nu[old]
-                for x in old:  # the move holds up to the recorded block's next birth before the limit
+            vals = nu[rec[mv]]
+            for x, w in zip(rec, writes):
+                y = remap[x]
+                if y != x and y != w and pol.first_it[y] == 1:  # an earlier move's block: next used next step
+                    nu[y] = pol.first_pos[y]
+                if x != w:  # the move holds up to the recorded block's next birth before the limit
+                    remap[x] = w
                     births = [t for t in range(1, min(lim, pol.end)) if x in pol._blocks_at(t)
                               and pol.f_w.view()[pol._span(t, t + 1)[0] + int(np.searchsorted(pol._blocks_at(t), x))]
                               == 2]
                     rend[x] = births[0] if births else lim
                     if births and not pol.dead[x]:
                         nu[x] = births[0]
-                nu[new] = vals
-                want = int(mv.sum())
+                elif y != x:  # written where recorded: the tensor stayed
+                    remap[x], rend[x] = x, 0
+            nu[writes[mv]] = vals
+            want = int(mv.sum())
         # THEN the moved count, the remap, where each move ends and the next uses agree
         assert moved == want and np.array_equal(pol.remap, remap) and np.array_equal(pol.rend, rend)
         assert np.array_equal(pol.nu, nu)

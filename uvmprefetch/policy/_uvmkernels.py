@@ -471,13 +471,19 @@ def pool_due(q, h_ptr, base, fbase, nh, nflat, f_blk, remap, in_pool, buf, n):
 
 
 @nb.njit(cache=True, nogil=True)
-def learn_moves(q, h_ptr, base, fbase, nh, nflat, f_blk, f_w, f_next, writes, remap, rend, remap_lim, nu, dead):
+def learn_moves(q, h_ptr, base, fbase, nh, nflat, f_blk, f_w, f_next, writes, remap, rend, remap_lim, nu, dead,
+                first_it, first_pos, it):
     """``_learn_moves``' pairing: the blocks position ``q`` wrote, in address order, against ``writes`` (the
     running launch's); where they differ, the recorded block is remapped to the new one and the new one takes
     its predicted next use. ``rend`` of the recorded block: where the record next writes a new tensor into it
     (``_next_birth``, before ``remap_lim``; the caching allocator gave the address to another tensor, e.g.
     optimizer state where step one's activations were), which becomes the recorded block's next use unless it
-    is dead. Returns the number of moved blocks (0 when the counts differ)."""
+    is dead. A recorded block written where the record has it drops its earlier move (the tensor stayed); the
+    block an earlier move sent it to, when this write is not there, holds a tensor the followed record has no
+    more uses of: it is next used where this iteration first used it (``first_pos``, if ``first_it`` is ``it``;
+    left at a passed position it would rank as unused and be dropped before the next step needs it: GPT-2-large
+    at 1.5x, iteration 3 at 1.11x the oracle instead of 1.06x). Returns ``(moved, settled)``: the number of
+    moved blocks and of earlier moves revised (both 0 when the counts differ)."""
     a = h_ptr[q - base] - fbase
     b = (h_ptr[q + 1 - base] - fbase) if q + 1 - base < nh else nflat
     m = 0
@@ -485,7 +491,7 @@ def learn_moves(q, h_ptr, base, fbase, nh, nflat, f_blk, f_w, f_next, writes, re
         if f_w[i]:
             m += 1
     if m != writes.shape[0] or m == 0:
-        return 0
+        return 0, 0
     olds = np.empty(m, dtype=np.int64)
     vals = np.empty(m, dtype=np.int64)
     moved = 0
@@ -498,19 +504,29 @@ def learn_moves(q, h_ptr, base, fbase, nh, nflat, f_blk, f_w, f_next, writes, re
                 moved += 1
             j += 1
     j = 0
+    settled = 0
     for i in range(a, b):
         if f_w[i]:
-            if f_blk[i] != writes[j]:
-                x = f_blk[i]
-                remap[x] = writes[j]
+            x = f_blk[i]
+            w = writes[j]
+            y = remap[x]
+            if y != x and y != w and first_it[y] == it:
+                nu[y] = first_pos[y]  # (the tensor there is not the one written now: next used next step)
+                settled += 1
+            if x != w:
+                remap[x] = w
                 e = _next_birth(x, f_next[i], h_ptr, base, fbase, nh, nflat, f_blk, f_w, f_next, remap_lim)
                 rend[x] = e
                 if e < remap_lim and not dead[x]:
                     nu[x] = e
+            elif y != x:
+                remap[x] = x  # written where the record has it: this tensor stayed
+                rend[x] = 0
+                settled += 1
             j += 1
     for t in range(moved):
         nu[writes[olds[t]]] = vals[t]
-    return moved
+    return moved, settled
 
 
 @nb.njit(cache=True, nogil=True)

@@ -534,10 +534,13 @@ class UvmPrefetchPolicy(Policy):
             return
         # (pairs the recorded writes with ``writes`` in order; the tensor's predicted next use moves with it:
         # victim choice reads nu by actual block)
-        moved = _k.learn_moves(self.p, self.h_ptr._a, self.base, self.fbase, self.h_ptr.n, self.f_blk.n,
-                               self.f_blk._a, self.f_w._a, self.f_next._a, writes, self.remap, self.rend,
-                               self._record_end(self.p), self.nu, self.dead)
+        moved, settled = _k.learn_moves(
+            self.p, self.h_ptr._a, self.base, self.fbase, self.h_ptr.n, self.f_blk.n, self.f_blk._a, self.f_w._a,
+            self.f_next._a, writes, self.remap, self.rend, self._record_end(self.p), self.nu, self.dead, self.first_it,
+            self.first_pos, self.iters_seen)
         self.stats["moved_blocks"] += moved
+        if settled and not moved:
+            self._pool_on = False  # (next uses rose: the pool would not know)
         if moved:
             a, b = self._span(self.p, self.p + 1)
             rec = self.f_blk.view()[a:b][self.f_w.view()[a:b] != 0]
