@@ -418,8 +418,8 @@ def advance(q, h_ptr, base, fbase, nh, nflat, f_blk, f_next, remap, rend, remap_
     (the followed iteration's end: another tensor at that address) is next used where this iteration first used
     it (``first_pos`` when ``first_it`` is ``it``): the same offset of the next iteration. When the recorded
     address's next entry holds a later tensor (from ``rend``, its birth) and the address is not dead, the
-    address itself is predicted there too (see ``candidates``). With ``pool_on``, first ``pool_due`` (the victim pool ``buf[:n]``); returns the
-    pool's new length."""
+    address itself is predicted there too (see ``candidates``). With ``pool_on``, first ``pool_due`` (the victim
+    pool ``buf[:n]``); returns the pool's new length."""
     if pool_on:
         n = pool_due(q, h_ptr, base, fbase, nh, nflat, f_blk, remap, in_pool, buf, n)
     a = h_ptr[q - base] - fbase

@@ -630,8 +630,8 @@ class UvmPrefetchPolicy(Policy):
         # (with the pool on, ``pool_due`` first)
         self._pool_n = _k.advance(q, self.h_ptr._a, self.base, self.fbase, self.h_ptr.n, self.f_blk.n, self.f_blk._a,
                                   self.f_next._a, self.remap, self.rend, self._remap_lim(), self.nu, self.first_it,
-                                  self.first_pos, self.iters_seen, self.dead, self._pool_on, self._in_pool, self._pool_ids,
-                                  self._pool_n)
+                                  self.first_pos, self.iters_seen, self.dead, self._pool_on, self._in_pool,
+                                  self._pool_ids, self._pool_n)
 
     def _rebuild_nu(self, q: int) -> None:
         """Predicted next use of every block after a jump of the pointer to ``q`` (O(history))."""
