@@ -657,7 +657,7 @@ def test_learn_moves_kernel_matches_numpy():
         # WHEN the kernel pairs them, and the NumPy code does
         moved, _ = _k.learn_moves(0, pol.h_ptr._a, pol.base, pol.fbase, pol.h_ptr.n, pol.f_blk.n, pol.f_blk._a,
                                pol.f_w._a, pol.f_next._a, writes, pol.remap, pol.rend, lim, pol.nu, pol.dead,
-                               pol.first_it, pol.first_pos, 1)
+                               pol.first_it, pol.first_pos, 1, pol.moved_to)
         rec = rec_blocks[f_w != 0]
         want = 0
         if rec.shape[0] == writes.shape[0] and rec.size:
@@ -679,8 +679,12 @@ def test_learn_moves_kernel_matches_numpy():
                     remap[x], rend[x] = x, 0
             nu[writes[mv]] = vals
             want = int(mv.sum())
-        # THEN the moved count, the remap, where each move ends and the next uses agree
+        # THEN the moved count, the remap, where each move ends, the moved blocks and the next uses agree
         assert moved == want and np.array_equal(pol.remap, remap) and np.array_equal(pol.rend, rend)
+        want_to = np.zeros(n, dtype=bool)
+        if want:
+            want_to[writes[rec != writes]] = True
+        assert np.array_equal(pol.moved_to, want_to)
         assert np.array_equal(pol.nu, nu)
 
 

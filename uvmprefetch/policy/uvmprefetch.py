@@ -49,7 +49,6 @@ from .tables import GrowArray, LruMap
 from .window import WindowMonitor
 
 INF = np.iinfo(np.int64).max // 4
-
 # Victim classes above every history position: dead, then clean unpredicted, then dirty unpredicted.
 _K_DEAD, _K_CLEAN, _K_DIRTY = 3 * INF, 2 * INF, INF + 1
 _MASK63 = (1 << 63) - 1
@@ -537,16 +536,11 @@ class UvmPrefetchPolicy(Policy):
         moved, settled = _k.learn_moves(
             self.p, self.h_ptr._a, self.base, self.fbase, self.h_ptr.n, self.f_blk.n, self.f_blk._a, self.f_w._a,
             self.f_next._a, writes, self.remap, self.rend, self._record_end(self.p), self.nu, self.dead, self.first_it,
-            self.first_pos, self.iters_seen)
+            self.first_pos, self.iters_seen, self.moved_to)
         self.stats["moved_blocks"] += moved
-        if settled and not moved:
-            self._pool_on = False  # (next uses rose: the pool would not know)
-        if moved:
-            a, b = self._span(self.p, self.p + 1)
-            rec = self.f_blk.view()[a:b][self.f_w.view()[a:b] != 0]
-            self.moved_to[writes[rec != writes]] = True
-            # translated predictions lie before the end of the followed record, and a moved block takes its old
-            self._pool_on = False  # address's next use (wherever that is recorded)
+        if moved or settled:  # next uses changed: a moved block takes its old address's (wherever that is
+            self._pool_on = False  # recorded), revised ones rose
+        if moved:  # (translated predictions lie before the end of the followed record)
             nw = self.nu[writes]
             nw = nw[nw < INF]
             self._pool_stale = max(self._pool_stale, self._remap_lim(), int(nw.max()) + 1 if nw.size else 0)
