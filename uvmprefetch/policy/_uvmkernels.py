@@ -45,24 +45,6 @@ def scan_window(h_ptr, base, fbase, nflat, end, f_blk, resident, in_flight, h_cu
     return scan_hi, a0, b_last
 
 
-@nb.njit(cache=True, nogil=True, inline="always")
-def _put_translated(x, t, blk, pos, j, tr, remap, rend, remap_lim, dead):
-    """Append recorded block ``x`` at position ``t`` to ``blk``/``pos`` at ``j``: translated through ``remap`` before
-    ``remap_lim`` (with ``tr``), and from ``rend[x]`` on also as recorded while ``x`` is not dead; returns the new
-    ``j``."""
-    y = x
-    if tr and 0 <= t < remap_lim:
-        y = remap[x]
-    blk[j] = y
-    pos[j] = t
-    j += 1
-    if y != x and t >= rend[x] and not dead[x]:
-        blk[j] = x
-        pos[j] = t
-        j += 1
-    return j
-
-
 @nb.njit(cache=True, nogil=True)
 def candidates(miss, f_blk, pa, pb, ppos, a, b, h_ptr, base, fbase, lo, remap, rend, remap_lim, nu, p, has_p, resident,
                in_flight, mark, shift_from, s_old, s_new, w_iter, it, dead):
@@ -92,14 +74,24 @@ def candidates(miss, f_blk, pa, pb, ppos, a, b, h_ptr, base, fbase, lo, remap, r
         blk[j] = miss[i]
         pos[j] = -1
         j += 1
-    for i in range(pa, pb):
-        j = _put_translated(f_blk[i], ppos, blk, pos, j, tr, remap, rend, remap_lim, dead)
     q = lo
     nh = h_ptr.shape[0]
-    for i in range(a, b):
-        while q + 1 - base < nh and h_ptr[q + 1 - base] - fbase <= i:
-            q += 1
-        j = _put_translated(f_blk[i], q, blk, pos, j, tr, remap, rend, remap_lim, dead)
+    for part in range(2):  # the next launch's entries [pa, pb) at ppos, then the scanned span [a, b)
+        for i in range(pa if part == 0 else a, pb if part == 0 else b):
+            t = ppos
+            if part == 1:
+                while q + 1 - base < nh and h_ptr[q + 1 - base] - fbase <= i:
+                    q += 1
+                t = q
+            x = f_blk[i]
+            y = remap[x] if tr and 0 <= t < remap_lim else x
+            blk[j] = y
+            pos[j] = t
+            j += 1
+            if y != x and t >= rend[x] and not dead[x]:  # (also as recorded)
+                blk[j] = x
+                pos[j] = t
+                j += 1
     n = j
     if has_p and (s_old != 0 or s_new != 0):
         nb_ = nu.shape[0]
