@@ -527,19 +527,12 @@ def learn_moves(q, h_ptr, base, fbase, nh, nflat, f_blk, f_w, f_next, writes, re
 def _next_birth(x, t, h_ptr, base, fbase, nh, nflat, f_blk, f_w, f_next, lim):
     """The first position from ``t`` on (along block ``x``'s entries) where the record writes a new tensor into
     ``x`` (``f_w`` 2: written while dead); ``lim`` if none before it. In-place writes (1) keep the tensor. A
-    position's blocks are sorted: ``x`` is found by bisection."""
+    position's blocks are sorted (``x`` is found by ``searchsorted``, as in ``launch_marks``)."""
     end = base + nh
     while t < lim and t < end:
         a = h_ptr[t - base] - fbase
         b = (h_ptr[t + 1 - base] - fbase) if t + 1 < end else nflat
-        lo = a
-        hi = b
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if f_blk[mid] < x:
-                lo = mid + 1
-            else:
-                hi = mid
+        lo = a + np.searchsorted(f_blk[a:b], x)
         if lo >= b or f_blk[lo] != x:
             return t  # (not recorded there: the links are stale, stop)
         if f_w[lo] == 2:
