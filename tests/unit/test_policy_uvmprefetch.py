@@ -121,6 +121,31 @@ def test_never_evicts_a_block_needed_sooner_than_the_one_it_brings():
 EMPTY_W = np.zeros(0, dtype=np.int64)
 
 
+@pytest.mark.parametrize("fast", [True, False])
+def test_paced_plan_keeps_the_link_busy_up_to_the_next_decision(fast):
+    # GIVEN an 8-launch loop of one block each, learned once, and then a full GPU (4 blocks) holding the
+    # running launch's block and the last three launches' (needed later than any missing one)
+    seq = [np.array([k]) for k in range(8)]
+    pol = UvmPrefetchPolicy(window=8, adaptive_window=False, advice=False)
+    view = FakeView(16, 16)
+    pol.on_start(ctx(16, 4))
+    pol._fast_plan = pol._fast_plan and fast
+    drive(pol, view, seq, 1)
+    view.capacity_blocks = 4
+    view.resident[:] = False
+    view.resident[[0, 5, 6, 7]] = True
+    view.now = 1.0  # the H2D queue has drained
+    # WHEN launch 0 of the next iteration runs for 1.5 block transfers
+    info = LaunchInfo(index=8, exec_id=1000, name=0, phase=1, iteration=1, duration=1.5 * pol.t_blk,
+                      blocks=seq[0], write_blocks=EMPTY_W)
+    dec = pol.on_launch(info, view)
+    # THEN it brings the next launch's block and, paced, enough for the link to stay busy until the next
+    # decision point: two more transfers (rounded up, so the link never idles for part of one), in order of
+    # need, each in place of a block needed later
+    assert dec is not None and dec.prefetch.tolist() == [1, 2, 3]
+    assert sorted(np.concatenate([dec.evict, dec.discard]).tolist()) == [5, 6, 7]
+
+
 def test_dead_blocks_are_discarded_first():
     # GIVEN a full GPU whose resident blocks include freed ones
     pol = UvmPrefetchPolicy(window=4, adaptive_window=False, advice=False, pace=False)
@@ -289,6 +314,47 @@ def test_guard_soft_keeps_guessed_blocks_to_free_room(guard):
     # THEN with the guard the guesses never take a victim (no free room: never prefetched); without it they
     # are prefetched like any predicted block (Belady still decides the victims)
     assert guessed == (set() if guard else {12, 13, 14, 15})
+    assert pol.report()["soft"] > 0
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_busy_link_leaves_only_older_data_of_a_soft_next_launch_to_fault(fast):
+    # GIVEN the 4-launch loop where launch 2 reads what launch 0 wrote (block 0: an activation) and two blocks
+    # that change every iteration (routing-like: a soft slot), after two iterations
+    pol = UvmPrefetchPolicy(window=4, adaptive_window=False, advice=False)
+    view = FakeView(64, 64)
+    pol.on_start(ctx(64, 64))
+    pol._fast_plan = pol._fast_plan and fast
+
+    def launch(i, it, k):
+        blocks = np.array([0, 8 + 2 * it, 9 + 2 * it]) if k == 2 else SEQ[k]
+        info = LaunchInfo(index=i, exec_id=1000 + k, name=k, phase=1, iteration=it, duration=1e-3,
+                          blocks=blocks, write_blocks=blocks[1:2] if k == 2 else blocks[:1])
+        dec = pol.on_launch(info, view)
+        view.apply(dec)
+        view.resident[blocks] = True
+        return dec
+
+    i = 0
+    for it in range(2):
+        for k in range(4):
+            launch(i, it, k)
+            i += 1
+        pol.on_iteration(it)
+    launch(i, 2, 0)  # (rewrites block 0: this iteration's data)
+    # WHEN launch 1 runs with the H2D queue busy for a second, and block 0 and the guesses (last iteration's
+    # blocks 10, 11: older data) are off the GPU
+    gone = np.array([0, 10, 11])
+    view.resident[gone] = False
+    pol.on_evict(gone)
+    view.now = 10.0
+    pol.q_end = 11.0
+    dec = pol.on_launch(LaunchInfo(index=i + 1, exec_id=1001, name=1, phase=1, iteration=2, duration=1e-3,
+                                   blocks=SEQ[1], write_blocks=SEQ[1][:1]), view)
+    # THEN the guesses, which the queue would deliver after launch 2 starts, are left to fault (a fault goes
+    # ahead of the queue), but this iteration's activation is prefetched: its prediction is not a guess
+    pf = set() if dec is None else set(dec.prefetch.tolist())
+    assert 0 in pf and not pf & {10, 11}
     assert pol.report()["soft"] > 0
 
 

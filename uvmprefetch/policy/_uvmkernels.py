@@ -864,7 +864,7 @@ def plan_paced(cur, resident, in_flight, capacity, used, margin, now, dur, lead,
         if stall_aware and cur_waits:
             until += max(0.0, q - now)
         near = count_le(pos, placed, p + 1)
-        budget = max(0, int((until - (q + placed * t_blk)) / t_blk))
+        budget = max(0, int(np.ceil((until - (q + placed * t_blk)) / t_blk)))
         rest = min(rest, near + budget)
     pool_new = empty
     found = False
@@ -892,7 +892,7 @@ def plan_paced(cur, resident, in_flight, capacity, used, margin, now, dur, lead,
     pf = blk[:placed]
     if placed and q > now + lat:
         # the running launch's misses fault instead; with fault_late_soft, so do a soft next launch's blocks
-        # that would arrive after it starts
+        # of older data that would arrive after it starts (its guesses; this iteration's data is not one)
         soft_next = fault_late_soft and p + 1 < end and h_soft[p + 1 - base] > 0
         keep = np.empty(placed, dtype=np.bool_)
         c = 0
@@ -901,7 +901,7 @@ def plan_paced(cur, resident, in_flight, capacity, used, margin, now, dur, lead,
             if not dead[blk[i]]:
                 c += 1  # arrival = q + t_blk * (live blocks queued up to here), as the NumPy code's cumsum
             ok = pos[i] >= 0
-            if ok and soft_next and pos[i] == p + 1 and q + t_blk * c > now + dur + lat:
+            if ok and soft_next and pos[i] == p + 1 and w_iter[blk[i]] != it and q + t_blk * c > now + dur + lat:
                 ok = False
             keep[i] = ok
             if ok:
