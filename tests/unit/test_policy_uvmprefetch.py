@@ -927,8 +927,11 @@ def test_iteration_end_settles_the_next_use_of_moved_blocks():
     pol.nu[2] = 1  # passed
     pol.nu[3] = 5  # ahead, but it came from the old address
     pol.nu[5] = 5  # not moved and ahead: kept
+    pol.horizon = 6  # the plan went past their new positions while they were on the GPU
     # WHEN the iteration ends
     pol.on_iteration(0)
-    # THEN the moved / stale blocks are next used where this iteration's record first has them
+    # THEN the moved / stale blocks are next used where this iteration's record first has them, and the plan
+    # goes back over those positions (an evicted one would otherwise be found only a launch before its use)
     assert pol.nu[2] == pol.first_pos[2] == 2 and pol.nu[3] == 3 and pol.nu[5] == 5
     assert not pol.moved_to.any()
+    assert pol.horizon <= 2
