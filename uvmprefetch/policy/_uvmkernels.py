@@ -804,13 +804,14 @@ def first_not_above(vkey, pos, start):
 
 
 @nb.njit(cache=True, nogil=True)
-def plan_paced(cur, resident, in_flight, capacity, used, margin, now, dur, lead, q_end, cur_waits, stall_aware,
+def plan_paced(cur, resident, in_flight, capacity, used, margin, now, dur, lead, q_end, cur_waits, stall_aware, sure,
                p, window, horizon, h_ptr, base, fbase, nh, nflat, f_blk, h_soft, scan_max, remap, rend,
                remap_lim, nu, mark, dead, dirty, last_use, pf_unused, thrashed, t_blk, lat, fault_late_soft, inf,
                k_dead, k_dirty, k_clean, age0, dead_reuse, shift_from, s_old, s_new, w_iter, it, pool_buf, pool_n,
                in_pool, pool_live, pool_on, pool_min, pool_k):
     """``_plan`` in one call for its common case: a prediction (``p >= 0``), prefetch + pre-eviction paced to the
     link (``t_blk > 0``), no deadline chase, no soft-slot guard, no whole-launch rounding, no ``fault_late``.
+    ``sure``: the running launch matched its record exactly (the pacing budget is rounded up, else down).
     The same steps as the Python code, in the same order and with the same float arithmetic (see the comments
     there). ``h_ptr`` is the filled part; ``f_blk`` / ``h_soft`` may be whole buffers. Returns ``(status, pf,
     evict, discard, horizon, q_end, thrash, mispredicted, live, pool_new, pool_min, pooled, pool_n)``: status 0 =
@@ -864,7 +865,8 @@ def plan_paced(cur, resident, in_flight, capacity, used, margin, now, dur, lead,
         if stall_aware and cur_waits:
             until += max(0.0, q - now)
         near = count_le(pos, placed, p + 1)
-        budget = max(0, int(np.ceil((until - (q + placed * t_blk)) / t_blk)))
+        room = (until - (q + placed * t_blk)) / t_blk
+        budget = max(0, int(np.ceil(room) if sure else room))
         rest = min(rest, near + budget)
     pool_new = empty
     found = False

@@ -21,8 +21,8 @@ How it decides (each launch, in ``on_launch``):
    later than its own (never evict a block needed sooner than the one it brings in). Victims are chosen
    dead first, then clean with no predicted reuse, then dirty with no predicted reuse, then farthest
    predicted reuse. Evictions for launches beyond the next one are *paced* to the link (as in the oracle):
-   only until the H2D queue reaches the next decision point (rounded up to a whole block), so a wrong guess
-   costs little.
+   only until the H2D queue reaches the next decision point (rounded up to a whole block when the running
+   launch matched its record exactly, down otherwise), so a wrong guess costs little.
 4. **Window.** ``window.WindowMonitor`` widens it on late prefetches (a predicted block faulted or was
    still in flight) and narrows it when prefetched blocks are evicted before use.
 5. **Invalidation.** Freed blocks are dead: discarded (no write-back) when their room is needed.
@@ -750,10 +750,14 @@ class UvmPrefetchPolicy(Policy):
                     # only after they arrive (about when the queue drains), so the link has that much longer.
                     until += max(0.0, q - now)
                 near = _k.count_le(pos, placed, p + 1 if p is not None else -1)
-                # (rounded up: the link stays busy up to the next decision point instead of idling for part of a
-                # block at each one; at ~1-block launches that idle was a fifth of the link, ResNet-152 at 2x
-                # in its steady state 1.05x the oracle -> 1.01x)
-                budget = max(0, int(np.ceil((until - (q + placed * self.t_blk)) / self.t_blk)))
+                # (rounded up while the running launch matched its record exactly: the link stays busy up to the
+                # next decision point instead of idling for part of a block at each one; at ~1-block launches
+                # that idle was a fifth of the link, ResNet-152 at 2x in its steady state 1.05x the oracle ->
+                # 1.01x. Rounded down while following the record softly (moved activations, data-dependent
+                # slots): one more eviction on an uncertain prediction costs more than the idle (ResNet-152 at
+                # 1.5x, iteration 1: 1.46x the oracle rounded up, 1.35x down).)
+                room = (until - (q + placed * self.t_blk)) / self.t_blk
+                budget = max(0, int(np.ceil(room) if not self.soft else room))
                 rest_paced = min(rest, near + budget)
                 if P.whole and budget > 0 and rest_paced < rest:
                     # As the oracle: the launch the budget reaches into is queued whole (a launch waits for
@@ -847,7 +851,7 @@ class UvmPrefetchPolicy(Policy):
         (status, pf, evict, discard, self.horizon, self.q_end, wasted, mis, live, pool_new,
          self._pool_min, pooled, self._pool_n) = _k.plan_paced(
             cur, state.resident[:n], state.in_flight[:n], state.capacity_blocks, state.used_blocks, self.margin_blocks,
-            state.now, float(info.duration), P.lead_s, self.q_end, self.cur_waits, P.stall_aware, p,
+            state.now, float(info.duration), P.lead_s, self.q_end, self.cur_waits, P.stall_aware, not self.soft, p,
             self.monitor.window, self.horizon, self.h_ptr.view(), self.base, self.fbase, self.h_ptr.n, self.f_blk.n,
             self.f_blk._a, self.h_soft._a, P.scan_max, self.remap, self.rend,
             self._remap_lim(), self.nu, self._mark, self.dead, self.dirty, self.last_use,
