@@ -618,7 +618,10 @@ class UvmPrefetchPolicy(Policy):
         """Positions before this one take the learned moves (``candidates``): the end of the recorded iteration the
         pointer follows (the moves pair its blocks with this iteration's); 0 when there are none to apply."""
         p = self.p
-        if not (self.params.track_moves and self.stats["moved_blocks"]) or p is None or p >= self.iter_start:
+        # (``remap`` is the identity again from each iteration's end until the next move is learned: 0 then,
+        # which spares the kernels the translation and lets the window pass stop at its cap)
+        if (not self.params.track_moves or self.stats["moved_blocks"] == self._moved_at_start or p is None
+                or p >= self.iter_start):
             return 0
         return self._record_end(p)
 
