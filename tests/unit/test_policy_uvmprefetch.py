@@ -655,8 +655,9 @@ def test_replay_figures_unchanged_by_the_victims_kernel(spec):
     assert figures[0][4] + figures[0][5] > 0
 
 
-def _decisions(tr, spec, oversub, fast):
-    """Every on_launch decision of a replay, with the one-kernel plan on or off (the Python reference)."""
+def _decisions(tr, spec, oversub, fast, step=None):
+    """Every on_launch decision of a replay, with the one-kernel plan on or off (the Python reference), and the
+    one-kernel step of exact matches on or off (default: as the plan)."""
     from uvmprefetch.sim.replay import replay
 
     pol = make_policy(spec)
@@ -666,6 +667,7 @@ def _decisions(tr, spec, oversub, fast):
     def on_start(c):
         start(c)
         pol._fast_plan = pol._fast_plan and fast
+        pol._fast_step = pol._fast_step and (fast if step is None else step)
 
     def on_launch(info, state):
         d = launch(info, state)
@@ -695,6 +697,89 @@ def test_one_kernel_plan_makes_the_python_plans_decisions(spec):
         assert pol._fast_plan
         assert fast == ref and t_fast == t_ref
         assert sum(1 for d in fast if d and (d[1] or d[2])) > 0  # victims were chosen
+
+
+def _same(x, y) -> bool:
+    """Deep equality of two policies' state values (arrays, history buffers, tables, the monitor)."""
+    from uvmprefetch.policy.tables import GrowArray, LruMap
+    from uvmprefetch.policy.window import WindowMonitor
+
+    if isinstance(x, np.ndarray):
+        return isinstance(y, np.ndarray) and x.shape == y.shape and np.array_equal(x, y)
+    if isinstance(x, GrowArray):
+        return x.n == y.n and np.array_equal(x.view(), y.view())
+    if isinstance(x, LruMap):
+        return list(x.items()) == list(y.items())
+    if isinstance(x, WindowMonitor):
+        return x.report() == y.report()
+    if isinstance(x, (tuple, list)):
+        return type(x) is type(y) and len(x) == len(y) and all(_same(u, v) for u, v in zip(x, y))
+    if isinstance(x, dict):
+        return x.keys() == y.keys() and all(_same(x[k], y[k]) for k in x)
+    return x == y
+
+
+def _lockstep(tr, spec, oversub):
+    """Replay driving two policies in lock step: ``one`` takes exact matches in one kernel, ``gen`` through the
+    general path (the one-kernel plan on in both). After every launch their decisions and their whole state must
+    be equal; returns ``(one, launches compared)``."""
+    from uvmprefetch.sim.replay import replay
+
+    one, gen = make_policy(spec), make_policy(spec)
+    hooks = {h: (getattr(one, h), getattr(gen, h)) for h in ("on_start", "on_launch", "on_fault", "on_evict",
+                                                             "on_free", "on_iteration")}
+    count = [0]
+
+    def both(h):
+        f1, f2 = hooks[h]
+
+        def call(*a):
+            r2 = f2(*a)
+            r1 = f1(*a)
+            if h == "on_start":
+                gen._fast_step = False
+            if h == "on_launch":
+                d1, d2 = (None if d is None else (d.prefetch.tolist(), d.evict.tolist(), d.discard.tolist(),
+                                                  d.advise) for d in (r1, r2))
+                assert _same(d1, d2), f"launch {a[0].index}: decisions differ"
+                count[0] += 1
+            skip = set(hooks) | {"_fast_step", "stats"}
+            bad = [k for k in one.__dict__ if k not in skip and not _same(one.__dict__[k], gen.__dict__[k])]
+            st = {k: v for k, v in one.stats.items() if k != "one_kernel_steps"}
+            assert not bad and st == {k: v for k, v in gen.stats.items() if k != "one_kernel_steps"}, (
+                f"after {h} ({count[0]} launches): state differs in {bad or 'stats'}")
+            return r1
+
+        return call
+
+    for h in hooks:
+        setattr(one, h, both(h))
+    replay(tr, one, "h100-pcie", oversub=oversub)
+    return one, count[0]
+
+
+@pytest.mark.parametrize("name,spec", [("gpt2-small", "uvmprefetch"), ("moe", "uvmprefetch"),
+                                       ("synthetic", "uvmprefetch"), ("alternating", "uvmprefetch"),
+                                       ("gpt2-small", "uvmprefetch:stable_sync=false,track_moves=false"),
+                                       ("gpt2-small", "uvmprefetch:history_launches=300")])
+def test_one_kernel_step_leaves_the_general_paths_state(name, spec):
+    from pathlib import Path
+
+    from uvmprefetch.sim.synthetic import training_trace
+    from uvmprefetch.trace.format import load
+    from uvmprefetch.trace.patterns import alternating_seq, moe
+
+    # GIVEN traces whose launches repeat exactly, move their activations (the shipped trace: the allocator),
+    # follow soft slots (MoE) or change pattern, short of memory
+    tr = {"moe": moe, "alternating": alternating_seq, "synthetic": lambda: training_trace(layers=12, iterations=4),
+          "gpt2-small": lambda: load(Path(__file__).resolve().parents[2] / "traces" / "gpt2-small-b2s128.uvmt")}[name]()
+    for oversub in ((1.5, 1.7) if name == "gpt2-small" else (2.0, 3.0)):
+        # WHEN two policies run in lock step, one taking exact matches in one kernel (``exact_step``), the other
+        # through the general path
+        one, n = _lockstep(tr, spec, oversub)
+        # THEN (checked after every hook) the same decisions and the same state, bit for bit; the step served
+        # exact matches
+        assert n == len(tr.launch_iter) and one.stats["one_kernel_steps"] > 0
 
 
 def test_learn_moves_kernel_matches_numpy():

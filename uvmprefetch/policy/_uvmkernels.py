@@ -524,6 +524,27 @@ def learn_moves(q, h_ptr, base, fbase, nh, nflat, f_blk, f_w, f_next, writes, re
 
 
 @nb.njit(cache=True, nogil=True)
+def learn_moves_pool(q, h_ptr, base, fbase, nh, nflat, f_blk, f_w, f_next, writes, remap, rend, rec_end, nu, dead,
+                     first_it, first_pos, it, moved_to, pool_on, pool_stale, inf):
+    """``learn_moves`` (``rec_end``: the followed record's end) and what it means for the victim pool: a move or
+    a revision changed next uses (``pool_on`` off); a moved block's prediction is not tied to the positions the
+    pointer passes, so the pool stays unused up to the record's end and the moved blocks' next uses
+    (``pool_stale``). Returns ``(moved, settled, pool_on, pool_stale)``."""
+    moved, settled = learn_moves(q, h_ptr, base, fbase, nh, nflat, f_blk, f_w, f_next, writes, remap, rend, rec_end,
+                                 nu, dead, first_it, first_pos, it, moved_to)
+    if moved or settled:
+        pool_on = False
+    if moved:
+        top = rec_end
+        for i in range(writes.shape[0]):
+            v = nu[writes[i]]
+            if v < inf and v + 1 > top:
+                top = v + 1
+        pool_stale = max(pool_stale, top)
+    return moved, settled, pool_on, pool_stale
+
+
+@nb.njit(cache=True, nogil=True)
 def _next_birth(x, t, h_ptr, base, fbase, nh, nflat, f_blk, f_w, f_next, lim):
     """The first position from ``t`` on (along block ``x``'s entries) where the record writes a new tensor into
     ``x`` (``f_w`` 2: written while dead); ``lim`` if none before it. In-place writes (1) keep the tensor. A
@@ -926,3 +947,70 @@ def plan_paced(cur, resident, in_flight, capacity, used, margin, now, dur, lead,
         if pool_live and not pool_new.shape[0]:
             pool_n = pool_add(pf, in_pool, pool_buf, pool_n)
     return 1, pf, evict, discard, horizon, q_end, wasted, mis, live, pool_new, pool_min, found, pool_n
+
+
+@nb.njit(cache=True, nogil=True)
+def exact_step(has_pending, h_cum, h_key, h_name, h_sig, h_soft, h_ptr, hn, cum, pkey, pname, psig, psoft, f_blk, f_w,
+               f_next, fn, pblocks, pwmask, p_has_w, fbase, last_flat, pp, first_it, first_pos, it, stable_sync,
+               key, q, blocks, writes, index, rec_end, moves_now, track_moves, base, dead, pf_unused, dirty,
+               written, w_iter, uses, last_use, thrashed, resident, in_flight, n_ids, pool_on, in_pool, pool_buf,
+               pool_n, pool_stale, pool_age, pool_launches, pool_k, pool_min, remap, rend, nu, moved_to, mark,
+               capacity, used, margin, now, dur, lead, q_end, stall_aware, window, horizon, scan_max, t_blk, lat,
+               fault_late_soft, inf, k_dead, k_dirty, k_clean, age0, dead_reuse, shift_from, s_old, s_new):
+    """``on_launch`` in one call for a launch with known accesses that matches the next recorded launch
+    exactly (``h_sig`` at ``q``, the pointer's next position, is its signature; the caller checked): the
+    same kernels in the same order as the Python hooks, with the same arguments.
+
+    1. ``commit_launch`` of the pending (previous) launch at history index ``hn`` (``has_pending``; the
+       caller reserved room, updates the buffers' lengths and the tables), its pointer ``pp``;
+    2. ``stable_sig`` of this launch (``stable_sync``; 0 otherwise);
+    3. ``advance`` to ``q`` (remap limit ``rec_end`` when a move was learned this iteration, ``moves_now``);
+    4. ``learn_moves`` at ``q`` (``track_moves`` and ``q`` before this iteration); a move or a revision empties
+       the victim pool, a move makes it stale up to the recorded iteration's end and the moved blocks' next use;
+    5. ``launch_marks``; when a block came back after thrash or is late (``again`` / ``late``), the window
+       monitor must see it before the plan: stop here (``stage`` 1, the caller plans);
+    6. ``plan_paced`` (exact: ``sure``, not waiting), the pool age counted.
+
+    Returns ``(stage, stab, moved, settled, wmask, again, late, pool_n, pool_on, pool_stale, pool_age, plan)``
+    with ``plan`` the tuple ``plan_paced`` returns (``(0, empty, ...)`` at stage 1)."""
+    empty = np.empty(0, dtype=np.int64)
+    nh = hn
+    nflat = fn
+    if has_pending:
+        commit_launch(h_cum, h_key, h_name, h_sig, h_soft, h_ptr, hn, cum, pkey, pname, psig, psoft, f_blk, f_w,
+                      f_next, fn, pblocks, pwmask, p_has_w, fbase, last_flat, base + hn, nu, pp, inf, first_it,
+                      first_pos, it)
+        nh = hn + 1
+        nflat = fn + pblocks.shape[0]
+    stab = 0
+    if stable_sync:
+        stab = stable_sig(blocks, writes, w_iter, it, key)
+    lim = rec_end if (track_moves and moves_now and q < rec_end) else 0
+    pool_n = advance(q, h_ptr, base, fbase, nh, nflat, f_blk, f_next, remap, rend, lim, nu, first_it, first_pos, it,
+                     dead, pool_on, in_pool, pool_buf, pool_n)
+    moved = 0
+    settled = 0
+    if track_moves and q < rec_end:
+        moved, settled, pool_on, pool_stale = learn_moves_pool(
+            q, h_ptr, base, fbase, nh, nflat, f_blk, f_w, f_next, writes, remap, rend, rec_end, nu, dead, first_it,
+            first_pos, it, moved_to, pool_on, pool_stale, inf)
+        if moved:
+            lim = rec_end
+    wmask, marks, pool_n = launch_marks(blocks, writes, it, index, dead, pf_unused, dirty, written, w_iter, uses,
+                                        last_use, thrashed, resident, in_flight, pool_on, in_pool, pool_buf, pool_n)
+    again = marks[1]
+    late = marks[2]
+    if again or late:
+        plan = (0, empty, empty, empty, horizon, q_end, 0, 0, 0, empty, pool_min, False, pool_n)
+        return 1, stab, moved, settled, wmask, again, late, pool_n, pool_on, pool_stale, pool_age, plan
+    pool_age += 1
+    on = pool_on and pool_age <= pool_launches
+    pk = 0
+    if q >= pool_stale:
+        pk = pool_k
+    plan = plan_paced(blocks, resident[:n_ids], in_flight[:n_ids], capacity, used, margin, now, dur, lead, q_end,
+                      False, stall_aware, True, q, window, horizon, h_ptr[:nh], base, fbase, nh, nflat, f_blk, h_soft,
+                      scan_max, remap, rend, lim, nu, mark, dead, dirty, last_use, pf_unused, thrashed, t_blk, lat,
+                      fault_late_soft, inf, k_dead, k_dirty, k_clean, age0, dead_reuse, shift_from, s_old, s_new,
+                      w_iter, it, pool_buf, pool_n, in_pool, pool_on, on, pool_min, pk)
+    return 0, stab, moved, settled, wmask, again, late, plan[12], pool_on, pool_stale, pool_age, plan

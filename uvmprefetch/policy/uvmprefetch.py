@@ -50,6 +50,7 @@ from .tables import GrowArray, LruMap
 from .window import WindowMonitor
 
 INF = np.iinfo(np.int64).max // 4
+_NO_W = np.zeros(0, dtype=np.int8)  # (no write flags: the history's f_w keeps its fill)
 # Victim classes above every history position: dead, then clean unpredicted, then dirty unpredicted.
 _K_DEAD, _K_CLEAN, _K_DIRTY = 3 * INF, 2 * INF, INF + 1
 _MASK63 = (1 << 63) - 1
@@ -198,6 +199,8 @@ class UvmPrefetchPolicy(Policy):
         # reference for tests, take the Python ``_plan``.
         self._fast_plan = bool(P.prefetch and P.pre_evict and P.pace and self.t_blk > 0 and not (
             P.deadline or P.guard_soft or P.whole or P.fault_late))
+        # ... and a launch that matches the next recorded one exactly takes one kernel for the whole hook
+        self._fast_step = self._fast_plan
         self.margin_blocks = int(P.margin * ctx.capacity_blocks)
         # The victim pool (``_uvmkernels.plan_paced``): the blocks of the last full victim scan plus every block
         # whose eviction key may have risen since (used, freed, prefetched, or recorded at a position the pointer
@@ -227,7 +230,8 @@ class UvmPrefetchPolicy(Policy):
         self.stats = dict(launches=0, matched=0, soft=0, resync=0, unpredicted=0, prefetched_blocks=0,
                           evicted_blocks=0, discarded_blocks=0, late_blocks=0, predicted_faults=0, thrash_blocks=0,
                           mispredicted_blocks=0, refetched_blocks=0, moved_blocks=0, read_mostly_blocks=0,
-                          prefer_host_blocks=0, soft_moves=0, stable_resync=0, pooled_victim_scans=0, pool_refills=0)
+                          prefer_host_blocks=0, soft_moves=0, stable_resync=0, pooled_victim_scans=0, pool_refills=0,
+                          one_kernel_steps=0)
 
     # ------------------------------------------------------------------------------------------ hooks
     def on_free(self, blocks: np.ndarray) -> None:
@@ -294,21 +298,20 @@ class UvmPrefetchPolicy(Policy):
     def on_launch(self, info: LaunchInfo, state: ResidencyView) -> Decision | None:
         st = self.stats
         st["launches"] += 1
-        if self.pending is not None:
-            self._commit(*self.pending, dur=self.pending_dur)
         known = info.known_accesses
         blocks = info.blocks if known else EMPTY
         key = int(info.exec_id) & _MASK63
         name = int(info.name)
         sig = hash((name, blocks.tobytes())) if known else hash((key,))
-        n = self.params.ngram
-        if len(self.recent_exec) >= n:
-            g = tuple(self.recent_exec[-n:]) + (key,)
-            c = self.ngram_seen.get(g, 0)
-            self.ngram_seen[g] = c + 1
-            self.cur_ngram = (g, c)
-        else:
-            self.cur_ngram = None
+        p = self.p
+        if known and self._fast_step and p is not None and self.pending is not None:
+            hn = self.h_key.n
+            if (p + 1 < self.base + hn and int(self.h_sig._a[p + 1 - self.base]) == sig
+                    and hn < self.params.history_launches):
+                return self._exact_step(info, state, blocks, key, name, sig, p + 1)
+        if self.pending is not None:
+            self._commit(*self.pending, dur=self.pending_dur)
+        self._count_ngram(key)
         stab = None
         if known and self.params.stable_sync:
             h = _k.stable_sig(blocks, info.write_blocks, self.w_iter, self.iters_seen, key)
@@ -360,6 +363,81 @@ class UvmPrefetchPolicy(Policy):
             self.pending_advice = []
         return dec
 
+    def _count_ngram(self, key: int) -> None:
+        """The running launch's counted exec-id n-gram (``cur_ngram``, committed with it)."""
+        n = self.params.ngram
+        if len(self.recent_exec) >= n:
+            g = tuple(self.recent_exec[-n:]) + (key,)
+            c = self.ngram_seen.get(g, 0)
+            self.ngram_seen[g] = c + 1
+            self.cur_ngram = (g, c)
+        else:
+            self.cur_ngram = None
+
+    def _exact_step(self, info: LaunchInfo, state: ResidencyView, blocks: np.ndarray, key: int, name: int, sig: int,
+                    q: int) -> Decision | None:
+        """``on_launch`` for its common case, a launch that matches the next recorded one (position ``q``)
+        exactly, in one kernel (``_uvmkernels.exact_step``): the commit of the previous launch, the stable
+        signature, the pointer's advance, the moves, the launch's marks and the plan, the same steps in the
+        same order as the general path (``_fast_step`` off: tests compare the two), which takes the rest."""
+        P = self.params
+        st = self.stats
+        pkey, pname, psig, pblocks, pwmask = self.pending
+        hn, fn, has_w = self._commit_room(pblocks, pwmask)
+        cum = self.cum_total
+        # (the kernel reads neither the tables nor the n-grams: their part of the commit goes first)
+        self._commit_tables(pkey, pname, psig, hn, fn + pblocks.shape[0], self.pending_dur)
+        self._count_ngram(key)
+        writes = info.write_blocks
+        it0 = self.iter_start
+        n = ids_in_use(state)
+        (stage, h, moved, settled, wmask, again, late, self._pool_n, self._pool_on, self._pool_stale, self._pool_age,
+         plan) = _k.exact_step(
+            True, self.h_cum._a, self.h_key._a, self.h_name._a, self.h_sig._a, self.h_soft._a, self.h_ptr._a, hn, cum,
+            pkey, pname, psig, self.soft, self.f_blk._a, self.f_w._a, self.f_next._a, fn, pblocks,
+            pwmask if has_w else _NO_W, has_w, self.fbase, self.last_flat, self.p, self.first_it, self.first_pos,
+            self.iters_seen, P.stable_sync, key, q, blocks, writes, info.index,
+            self._record_end(q) if q < it0 else 0, st["moved_blocks"] != self._moved_at_start, P.track_moves,
+            self.base, self.dead, self.pf_unused, self.dirty, self.written, self.w_iter, self.uses, self.last_use,
+            self.thrashed, state.resident, state.in_flight, n, self._pool_on, self._in_pool, self._pool_ids,
+            self._pool_n, self._pool_stale, self._pool_age, P.pool_launches, self._pool_k, self._pool_min, self.remap,
+            self.rend, self.nu, self.moved_to, self._mark, state.capacity_blocks, state.used_blocks,
+            self.margin_blocks, state.now, float(info.duration), P.lead_s, self.q_end, P.stall_aware,
+            self.monitor.window, self.horizon, P.scan_max, self.t_blk, self._lat, P.fault_late_soft, INF, _K_DEAD,
+            _K_DIRTY, _K_CLEAN, _AGE, P.dead_reuse,
+            INF if q < it0 or not (self.s_old or self.s_new) else it0, self.s_old, self.s_new)
+        self.p = q
+        self.soft = 0
+        st["matched"] += 1
+        st["one_kernel_steps"] += 1
+        st["moved_blocks"] += moved
+        stab = None
+        if h:
+            c = self.stab_seen.get(h, 0)
+            self.stab_seen[h] = c + 1
+            stab = (h, c)
+        self.pending = (key, name, sig, blocks, wmask)
+        self.pending_stab = stab
+        self.pending_ngram = self.cur_ngram
+        self.pending_dur = float(info.duration)
+        self.it_compute += float(info.duration)
+        self.cur_waits = late > 0
+        if stage:  # blocks back after thrash, or late: the window monitor sees them before the plan
+            if again:
+                st["refetched_blocks"] += again
+                self.monitor.thrash(info.index, again)
+            if late:
+                st["late_blocks"] += late
+                self.monitor.late(info.index, late)
+            dec = self._plan(info, state, blocks)
+        else:
+            dec = self._after_plan(plan, state, blocks, n)
+        if self.pending_advice:
+            dec = dec or Decision()
+            dec.advise = tuple(self.pending_advice)
+            self.pending_advice = []
+        return dec
+
     def report(self) -> dict:
         out = dict(self.stats)
         out.update(self.monitor.report())
@@ -396,30 +474,39 @@ class UvmPrefetchPolicy(Policy):
 
     def _commit(self, key: int, name: int, sig: int, blocks: np.ndarray, wmask: np.ndarray | None = None,
                 dur: float = 0.0) -> None:
-        hk = self.h_key
-        hn = hk.n
-        r = self.base + hn
-        fn = self.f_blk.n
-        k = blocks.shape[0]
-        hist = self._hist
-        if hn + 1 > self._h_room:  # the six per-position arrays grow together
-            self._h_room = min(g.reserve(hn + 1).shape[0] for g in hist)
-        flat = self._flat
-        if fn + k > self._f_room:
-            self._f_room = min(g.reserve(fn + k).shape[0] for g in flat)
-        has_w = wmask is not None and wmask.shape[0] == k
+        hn, fn, has_w = self._commit_room(blocks, wmask)
         # One kernel: the position's entry, its blocks (f_next of new entries is INF, f_w 0: the buffers'
         # fill), and ``commit_blocks``: link the blocks' previous entries to r, make these their last; blocks
         # with no predicted use ahead of the pointer recur (in predicted time) at this position.
-        _k.commit_launch(self.h_cum._a, hk._a, self.h_name._a, self.h_sig._a, self.h_soft._a, self.h_ptr._a, hn,
-                         self.cum_total, key, name, sig, self.soft, self.f_blk._a, self.f_w._a, self.f_next._a, fn,
-                         blocks, wmask if has_w else blocks, has_w, self.fbase, self.last_flat, r, self.nu,
+        _k.commit_launch(self.h_cum._a, self.h_key._a, self.h_name._a, self.h_sig._a, self.h_soft._a, self.h_ptr._a,
+                         hn, self.cum_total, key, name, sig, self.soft, self.f_blk._a, self.f_w._a, self.f_next._a, fn,
+                         blocks, wmask if has_w else blocks, has_w, self.fbase, self.last_flat, self.base + hn, self.nu,
                          self.p if self.p is not None else -1, INF, self.first_it, self.first_pos, self.iters_seen)
+        self._commit_tables(key, name, sig, hn, fn + blocks.shape[0], dur)
+        if len(self.h_key) > self.params.history_launches:
+            self._trim(len(self.h_key) // 2)
+
+    def _commit_room(self, blocks: np.ndarray, wmask: np.ndarray | None) -> tuple[int, int, bool]:
+        """Room in the history buffers for one more position and its blocks; returns ``(hn, fn, has_w)``: the
+        position's index, its first flat index, whether ``wmask`` holds the blocks' write flags."""
+        hn = self.h_key.n
+        fn = self.f_blk.n
+        k = blocks.shape[0]
+        if hn + 1 > self._h_room:  # the six per-position arrays grow together
+            self._h_room = min(g.reserve(hn + 1).shape[0] for g in self._hist)
+        if fn + k > self._f_room:
+            self._f_room = min(g.reserve(fn + k).shape[0] for g in self._flat)
+        return hn, fn, wmask is not None and wmask.shape[0] == k
+
+    def _commit_tables(self, key: int, name: int, sig: int, hn: int, nflat: int, dur: float) -> None:
+        """``_commit`` after its kernel wrote position ``base + hn``: the buffers' lengths, the predicted time,
+        and the tables that find the position again."""
+        r = self.base + hn
         self.cum_total += dur
-        for g in hist:
+        for g in self._hist:
             g.n = hn + 1
-        for g in flat:
-            g.n = fn + k
+        for g in self._flat:
+            g.n = nflat
         self.sig_tab.put(sig, r)
         if self.pending_stab is not None:
             self.stab_tab.put(self.pending_stab, r)
@@ -432,8 +519,6 @@ class UvmPrefetchPolicy(Policy):
             if self.pending_ngram is not None:
                 self.exec_tab.put(self.pending_ngram, r)
             self.name_tab.put(tuple(self.recent_name), r)
-        if len(self.h_key) > self.params.history_launches:
-            self._trim(len(self.h_key) // 2)
 
     def _trim(self, k: int) -> None:
         """Forget the oldest ``k`` launches of history (bounded state)."""
@@ -533,18 +618,14 @@ class UvmPrefetchPolicy(Policy):
         if self.p >= self.iter_start:
             return
         # (pairs the recorded writes with ``writes`` in order; the tensor's predicted next use moves with it:
-        # victim choice reads nu by actual block)
-        moved, settled = _k.learn_moves(
+        # victim choice reads nu by actual block; next uses changed: a moved block takes its old address's,
+        # wherever that is recorded, revised ones rose: the pool is refilled; translated predictions lie before
+        # the end of the followed record)
+        moved, _, self._pool_on, self._pool_stale = _k.learn_moves_pool(
             self.p, self.h_ptr._a, self.base, self.fbase, self.h_ptr.n, self.f_blk.n, self.f_blk._a, self.f_w._a,
             self.f_next._a, writes, self.remap, self.rend, self._record_end(self.p), self.nu, self.dead, self.first_it,
-            self.first_pos, self.iters_seen, self.moved_to)
+            self.first_pos, self.iters_seen, self.moved_to, self._pool_on, self._pool_stale, INF)
         self.stats["moved_blocks"] += moved
-        if moved or settled:  # next uses changed: a moved block takes its old address's (wherever that is
-            self._pool_on = False  # recorded), revised ones rose
-        if moved:  # (translated predictions lie before the end of the followed record)
-            nw = self.nu[writes]
-            nw = nw[nw < INF]
-            self._pool_stale = max(self._pool_stale, self._remap_lim(), int(nw.max()) + 1 if nw.size else 0)
 
     def _settle_moves(self) -> None:
         """At the end of an iteration that learned moves: the remap is dropped, and with it what kept the moved
@@ -847,12 +928,10 @@ class UvmPrefetchPolicy(Policy):
         """``_plan`` for its common case in one kernel (``_uvmkernels.plan_paced``): the same decisions, the
         Python code above stays the reference (``_fast_plan`` off) and covers the other settings."""
         P = self.params
-        st = self.stats
         n = ids_in_use(state)  # (the live runtime's arrays span the device; its ids stop at n)
         self._pool_age += 1
         on = self._pool_on and self._pool_age <= P.pool_launches
-        (status, pf, evict, discard, self.horizon, self.q_end, wasted, mis, live, pool_new,
-         self._pool_min, pooled, self._pool_n) = _k.plan_paced(
+        res = _k.plan_paced(
             cur, state.resident[:n], state.in_flight[:n], state.capacity_blocks, state.used_blocks, self.margin_blocks,
             state.now, float(info.duration), P.lead_s, self.q_end, self.cur_waits, P.stall_aware, not self.soft, p,
             self.monitor.window, self.horizon, self.h_ptr.view(), self.base, self.fbase, self.h_ptr.n, self.f_blk.n,
@@ -862,6 +941,14 @@ class UvmPrefetchPolicy(Policy):
             _K_CLEAN, _AGE, P.dead_reuse, self._shift_from(), self.s_old, self.s_new, self.w_iter, self.iters_seen,
             self._pool_ids, self._pool_n, self._in_pool, self._pool_on, on, self._pool_min,
             self._pool_k if p >= self._pool_stale else 0)
+        return self._after_plan(res, state, cur, n)
+
+    def _after_plan(self, res: tuple, state: ResidencyView, cur: np.ndarray, n: int) -> Decision | None:
+        """``_plan_paced`` after its kernel (``res``: what ``plan_paced`` returns): the pool, the counts, the
+        decision."""
+        st = self.stats
+        (status, pf, evict, discard, self.horizon, self.q_end, wasted, mis, live, pool_new,
+         self._pool_min, pooled, self._pool_n) = res
         if pooled:
             st["pooled_victim_scans"] += 1
         if pool_new.shape[0]:  # a full scan refilled the pool; it skipped the running launch's blocks and those
