@@ -950,67 +950,108 @@ def plan_paced(cur, resident, in_flight, capacity, used, margin, now, dur, lead,
 
 
 @nb.njit(cache=True, nogil=True)
-def exact_step(has_pending, h_cum, h_key, h_name, h_sig, h_soft, h_ptr, hn, cum, pkey, pname, psig, psoft, f_blk, f_w,
-               f_next, fn, pblocks, pwmask, p_has_w, fbase, last_flat, pp, first_it, first_pos, it, stable_sync,
-               key, q, blocks, writes, index, rec_end, moves_now, track_moves, base, dead, pf_unused, dirty,
-               written, w_iter, uses, last_use, thrashed, resident, in_flight, n_ids, pool_on, in_pool, pool_buf,
-               pool_n, pool_stale, pool_age, pool_launches, pool_k, pool_min, remap, rend, nu, moved_to, mark,
-               capacity, used, margin, now, dur, lead, q_end, stall_aware, window, horizon, scan_max, t_blk, lat,
-               fault_late_soft, inf, k_dead, k_dirty, k_clean, age0, dead_reuse, shift_from, s_old, s_new):
-    """``on_launch`` in one call for a launch with known accesses that matches the next recorded launch
-    exactly (``h_sig`` at ``q``, the pointer's next position, is its signature; the caller checked): the
-    same kernels in the same order as the Python hooks, with the same arguments.
+def after_match(q, soft, blocks, writes, index, it, rec_end, moves_now, track_moves, layer_stride, iter_start, h_ptr,
+                base, fbase, nh, nflat, f_blk, f_w, f_next, h_soft, dead, pf_unused, dirty, written, w_iter, uses,
+                last_use, thrashed, resident, in_flight, n_ids, pool_on, in_pool, pool_buf, pool_n, pool_stale,
+                pool_age, pool_launches, pool_k, pool_min, remap, rend, nu, moved_to, mark, first_it, first_pos,
+                capacity, used, margin, now, dur, lead, q_end, stall_aware, window, horizon, scan_max, t_blk, lat,
+                fault_late_soft, inf, k_dead, k_dirty, k_clean, age0, dead_reuse, s_old, s_new):
+    """``on_launch`` after the pointer moved to ``q`` (``soft``: how the launch matched, ``_match``), for a launch
+    with known accesses, in one call: the same kernels in the same order as the Python hooks.
 
-    1. ``commit_launch`` of the pending (previous) launch at history index ``hn`` (``has_pending``; the
-       caller reserved room, updates the buffers' lengths and the tables), its pointer ``pp``;
-    2. ``stable_sig`` of this launch (``stable_sync``; 0 otherwise);
-    3. ``advance`` to ``q`` (remap limit ``rec_end`` when a move was learned this iteration, ``moves_now``);
-    4. ``learn_moves`` at ``q`` (``track_moves`` and ``q`` before this iteration); a move or a revision empties
-       the victim pool, a move makes it stale up to the recorded iteration's end and the moved blocks' next use;
-    5. ``launch_marks``; when a block came back after thrash or is late (``again`` / ``late``), the window
+    1. ``learn_moves_pool`` (``track_moves`` and ``q`` before this iteration: ``rec_end``, the followed
+       record's end, is then > ``q``; 0 otherwise);
+    2. ``learn_shift`` (a soft match inside this iteration, ``layer_stride``): the strides ``s_old`` / ``s_new``;
+       a new one empties the victim pool and makes it stale up to the history's end;
+    3. ``launch_marks``; when a block came back after thrash or is late (``again`` / ``late``), the window
        monitor must see it before the plan: stop here (``stage`` 1, the caller plans);
-    6. ``plan_paced`` (exact: ``sure``, not waiting), the pool age counted.
+    4. ``plan_paced`` (``sure`` on an exact match, not waiting), the pool age counted; the remap limit is
+       ``rec_end`` once a move was learned this iteration (``moves_now`` or step 1).
 
-    Returns ``(stage, stab, moved, settled, wmask, again, late, pool_n, pool_on, pool_stale, pool_age, plan)``
+    Returns ``(stage, moved, wmask, again, late, pool_n, pool_on, pool_stale, pool_age, s_old, s_new, plan)``
     with ``plan`` the tuple ``plan_paced`` returns (``(0, empty, ...)`` at stage 1)."""
     empty = np.empty(0, dtype=np.int64)
-    nh = hn
-    nflat = fn
-    if has_pending:
-        commit_launch(h_cum, h_key, h_name, h_sig, h_soft, h_ptr, hn, cum, pkey, pname, psig, psoft, f_blk, f_w,
-                      f_next, fn, pblocks, pwmask, p_has_w, fbase, last_flat, base + hn, nu, pp, inf, first_it,
-                      first_pos, it)
-        nh = hn + 1
-        nflat = fn + pblocks.shape[0]
-    stab = 0
-    if stable_sync:
-        stab = stable_sig(blocks, writes, w_iter, it, key)
-    lim = rec_end if (track_moves and moves_now and q < rec_end) else 0
-    pool_n = advance(q, h_ptr, base, fbase, nh, nflat, f_blk, f_next, remap, rend, lim, nu, first_it, first_pos, it,
-                     dead, pool_on, in_pool, pool_buf, pool_n)
+    lim = 0
+    if track_moves and moves_now and q < rec_end:
+        lim = rec_end
     moved = 0
-    settled = 0
     if track_moves and q < rec_end:
-        moved, settled, pool_on, pool_stale = learn_moves_pool(
+        moved, _, pool_on, pool_stale = learn_moves_pool(
             q, h_ptr, base, fbase, nh, nflat, f_blk, f_w, f_next, writes, remap, rend, rec_end, nu, dead, first_it,
             first_pos, it, moved_to, pool_on, pool_stale, inf)
         if moved:
             lim = rec_end
+    if soft and q >= iter_start and layer_stride:
+        a = h_ptr[q - base] - fbase
+        b = nflat
+        if q + 1 < base + nh:
+            b = h_ptr[q + 1 - base] - fbase
+        ok_o, d_o, ok_n, d_n = learn_shift(f_blk[a:b], f_w[a:b], blocks, writes, w_iter, it)
+        if ok_o:
+            s_old = d_o
+        if ok_n:
+            s_new = d_n
+        if ok_o or ok_n:  # (shifted predictions lie within this iteration's record so far)
+            pool_on = False
+            pool_stale = max(pool_stale, base + nh + 1)
     wmask, marks, pool_n = launch_marks(blocks, writes, it, index, dead, pf_unused, dirty, written, w_iter, uses,
                                         last_use, thrashed, resident, in_flight, pool_on, in_pool, pool_buf, pool_n)
     again = marks[1]
     late = marks[2]
     if again or late:
         plan = (0, empty, empty, empty, horizon, q_end, 0, 0, 0, empty, pool_min, False, pool_n)
-        return 1, stab, moved, settled, wmask, again, late, pool_n, pool_on, pool_stale, pool_age, plan
+        return 1, moved, wmask, again, late, pool_n, pool_on, pool_stale, pool_age, s_old, s_new, plan
     pool_age += 1
     on = pool_on and pool_age <= pool_launches
     pk = 0
     if q >= pool_stale:
         pk = pool_k
+    shift_from = inf
+    if q >= iter_start and (s_old != 0 or s_new != 0):
+        shift_from = iter_start
     plan = plan_paced(blocks, resident[:n_ids], in_flight[:n_ids], capacity, used, margin, now, dur, lead, q_end,
-                      False, stall_aware, True, q, window, horizon, h_ptr[:nh], base, fbase, nh, nflat, f_blk, h_soft,
-                      scan_max, remap, rend, lim, nu, mark, dead, dirty, last_use, pf_unused, thrashed, t_blk, lat,
-                      fault_late_soft, inf, k_dead, k_dirty, k_clean, age0, dead_reuse, shift_from, s_old, s_new,
+                      False, stall_aware, soft == 0, q, window, horizon, h_ptr[:nh], base, fbase, nh, nflat, f_blk,
+                      h_soft, scan_max, remap, rend, lim, nu, mark, dead, dirty, last_use, pf_unused, thrashed, t_blk,
+                      lat, fault_late_soft, inf, k_dead, k_dirty, k_clean, age0, dead_reuse, shift_from, s_old, s_new,
                       w_iter, it, pool_buf, pool_n, in_pool, pool_on, on, pool_min, pk)
-    return 0, stab, moved, settled, wmask, again, late, plan[12], pool_on, pool_stale, pool_age, plan
+    return 0, moved, wmask, again, late, plan[12], pool_on, pool_stale, pool_age, s_old, s_new, plan
+
+
+@nb.njit(cache=True, nogil=True)
+def exact_step(h_cum, h_key, h_name, h_sig, h_soft, h_ptr, hn, cum, pkey, pname, psig, psoft, f_blk, f_w, f_next, fn,
+               pblocks, pwmask, p_has_w, fbase, last_flat, pp, first_it, first_pos, it, stable_sync, key, q, blocks,
+               writes, index, rec_end, moves_now, track_moves, iter_start, base, dead, pf_unused, dirty, written,
+               w_iter, uses, last_use, thrashed, resident, in_flight, n_ids, pool_on, in_pool, pool_buf, pool_n,
+               pool_stale, pool_age, pool_launches, pool_k, pool_min, remap, rend, nu, moved_to, mark, capacity, used,
+               margin, now, dur, lead, q_end, stall_aware, window, horizon, scan_max, t_blk, lat, fault_late_soft, inf,
+               k_dead, k_dirty, k_clean, age0, dead_reuse, s_old, s_new):
+    """``on_launch`` in one call for a launch with known accesses that matches the next recorded launch
+    exactly (``h_sig`` at ``q``, the pointer's next position, is its signature; the caller checked): the
+    same kernels in the same order as the Python hooks, with the same arguments.
+
+    1. ``commit_launch`` of the pending (previous) launch at history index ``hn`` (the caller reserved room and
+       updates the buffers' lengths and the tables), its pointer ``pp``, its match ``psoft``;
+    2. ``stable_sig`` of this launch (``stable_sync``; 0 otherwise);
+    3. ``advance`` to ``q`` (remap limit ``rec_end`` when a move was learned this iteration, ``moves_now``);
+    4. ``after_match`` (an exact match: no layer stride to learn).
+
+    Returns ``(stab, after)``: the stable signature and what ``after_match`` returns."""
+    commit_launch(h_cum, h_key, h_name, h_sig, h_soft, h_ptr, hn, cum, pkey, pname, psig, psoft, f_blk, f_w, f_next,
+                  fn, pblocks, pwmask, p_has_w, fbase, last_flat, base + hn, nu, pp, inf, first_it, first_pos, it)
+    nh = hn + 1
+    nflat = fn + pblocks.shape[0]
+    stab = 0
+    if stable_sync:
+        stab = stable_sig(blocks, writes, w_iter, it, key)
+    lim = 0
+    if track_moves and moves_now and q < rec_end:
+        lim = rec_end
+    pool_n = advance(q, h_ptr, base, fbase, nh, nflat, f_blk, f_next, remap, rend, lim, nu, first_it, first_pos, it,
+                     dead, pool_on, in_pool, pool_buf, pool_n)
+    return stab, after_match(q, 0, blocks, writes, index, it, rec_end, moves_now, track_moves, False, iter_start,
+                             h_ptr, base, fbase, nh, nflat, f_blk, f_w, f_next, h_soft, dead, pf_unused, dirty, written,
+                             w_iter, uses, last_use, thrashed, resident, in_flight, n_ids, pool_on, in_pool, pool_buf,
+                             pool_n, pool_stale, pool_age, pool_launches, pool_k, pool_min, remap, rend, nu, moved_to,
+                             mark, first_it, first_pos, capacity, used, margin, now, dur, lead, q_end, stall_aware,
+                             window, horizon, scan_max, t_blk, lat, fault_late_soft, inf, k_dead, k_dirty, k_clean,
+                             age0, dead_reuse, s_old, s_new)

@@ -231,7 +231,7 @@ class UvmPrefetchPolicy(Policy):
                           evicted_blocks=0, discarded_blocks=0, late_blocks=0, predicted_faults=0, thrash_blocks=0,
                           mispredicted_blocks=0, refetched_blocks=0, moved_blocks=0, read_mostly_blocks=0,
                           prefer_host_blocks=0, soft_moves=0, stable_resync=0, pooled_victim_scans=0, pool_refills=0,
-                          one_kernel_steps=0)
+                          one_kernel_steps=0, fused_after_match=0)
 
     # ------------------------------------------------------------------------------------------ hooks
     def on_free(self, blocks: np.ndarray) -> None:
@@ -320,6 +320,11 @@ class UvmPrefetchPolicy(Policy):
                 self.stab_seen[h] = c + 1
                 stab = (h, c)
         self._match(key, name, sig, stab)
+        if known and self._fast_step and self.p is not None and not self.params.soft_moves:
+            # the rest in one kernel (as ``_exact_step``): moves, layer stride, marks, plan
+            st["fused_after_match"] += 1
+            n = ids_in_use(state)
+            return self._finish(info, state, blocks, key, name, sig, stab, n, self._after_match(info, state, blocks, n))
         if known and self.p is not None and self.params.track_moves:
             self._learn_moves(info.write_blocks)
         if known and self.soft and self.p is not None and self.p >= self.iter_start and self.params.layer_stride:
@@ -378,8 +383,8 @@ class UvmPrefetchPolicy(Policy):
                     q: int) -> Decision | None:
         """``on_launch`` for its common case, a launch that matches the next recorded one (position ``q``)
         exactly, in one kernel (``_uvmkernels.exact_step``): the commit of the previous launch, the stable
-        signature, the pointer's advance, the moves, the launch's marks and the plan, the same steps in the
-        same order as the general path (``_fast_step`` off: tests compare the two), which takes the rest."""
+        signature, the pointer's advance, then ``after_match`` (moves, marks, plan): the same steps in the same
+        order as the general path (``_fast_step`` off: tests compare the two in lock step)."""
         P = self.params
         st = self.stats
         pkey, pname, psig, pblocks, pwmask = self.pending
@@ -388,34 +393,58 @@ class UvmPrefetchPolicy(Policy):
         # (the kernel reads neither the tables nor the n-grams: their part of the commit goes first)
         self._commit_tables(pkey, pname, psig, hn, fn + pblocks.shape[0], self.pending_dur)
         self._count_ngram(key)
-        writes = info.write_blocks
         it0 = self.iter_start
         n = ids_in_use(state)
-        (stage, h, moved, settled, wmask, again, late, self._pool_n, self._pool_on, self._pool_stale, self._pool_age,
-         plan) = _k.exact_step(
-            True, self.h_cum._a, self.h_key._a, self.h_name._a, self.h_sig._a, self.h_soft._a, self.h_ptr._a, hn, cum,
-            pkey, pname, psig, self.soft, self.f_blk._a, self.f_w._a, self.f_next._a, fn, pblocks,
+        h, after = _k.exact_step(
+            self.h_cum._a, self.h_key._a, self.h_name._a, self.h_sig._a, self.h_soft._a, self.h_ptr._a, hn, cum, pkey,
+            pname, psig, self.soft, self.f_blk._a, self.f_w._a, self.f_next._a, fn, pblocks,
             pwmask if has_w else _NO_W, has_w, self.fbase, self.last_flat, self.p, self.first_it, self.first_pos,
-            self.iters_seen, P.stable_sync, key, q, blocks, writes, info.index,
-            self._record_end(q) if q < it0 else 0, st["moved_blocks"] != self._moved_at_start, P.track_moves,
+            self.iters_seen, P.stable_sync, key, q, blocks, info.write_blocks, info.index,
+            self._record_end(q) if q < it0 else 0, st["moved_blocks"] != self._moved_at_start, P.track_moves, it0,
             self.base, self.dead, self.pf_unused, self.dirty, self.written, self.w_iter, self.uses, self.last_use,
             self.thrashed, state.resident, state.in_flight, n, self._pool_on, self._in_pool, self._pool_ids,
             self._pool_n, self._pool_stale, self._pool_age, P.pool_launches, self._pool_k, self._pool_min, self.remap,
             self.rend, self.nu, self.moved_to, self._mark, state.capacity_blocks, state.used_blocks,
             self.margin_blocks, state.now, float(info.duration), P.lead_s, self.q_end, P.stall_aware,
             self.monitor.window, self.horizon, P.scan_max, self.t_blk, self._lat, P.fault_late_soft, INF, _K_DEAD,
-            _K_DIRTY, _K_CLEAN, _AGE, P.dead_reuse,
-            INF if q < it0 or not (self.s_old or self.s_new) else it0, self.s_old, self.s_new)
+            _K_DIRTY, _K_CLEAN, _AGE, P.dead_reuse, self.s_old, self.s_new)
         self.p = q
         self.soft = 0
         st["matched"] += 1
         st["one_kernel_steps"] += 1
-        st["moved_blocks"] += moved
         stab = None
         if h:
             c = self.stab_seen.get(h, 0)
             self.stab_seen[h] = c + 1
             stab = (h, c)
+        return self._finish(info, state, blocks, key, name, sig, stab, n, after)
+
+    def _after_match(self, info: LaunchInfo, state: ResidencyView, blocks: np.ndarray, n: int) -> tuple:
+        """``_uvmkernels.after_match`` for the launch the pointer now follows (``self.p``, ``self.soft``)."""
+        P = self.params
+        q = self.p
+        it0 = self.iter_start
+        return _k.after_match(
+            q, self.soft, blocks, info.write_blocks, info.index, self.iters_seen,
+            self._record_end(q) if q < it0 else 0, self.stats["moved_blocks"] != self._moved_at_start,
+            P.track_moves, P.layer_stride, it0, self.h_ptr._a, self.base, self.fbase, self.h_ptr.n, self.f_blk.n,
+            self.f_blk._a, self.f_w._a, self.f_next._a, self.h_soft._a, self.dead, self.pf_unused, self.dirty,
+            self.written, self.w_iter, self.uses, self.last_use, self.thrashed, state.resident, state.in_flight, n,
+            self._pool_on, self._in_pool, self._pool_ids, self._pool_n, self._pool_stale, self._pool_age,
+            P.pool_launches, self._pool_k, self._pool_min, self.remap, self.rend, self.nu, self.moved_to, self._mark,
+            self.first_it, self.first_pos, state.capacity_blocks, state.used_blocks, self.margin_blocks, state.now,
+            float(info.duration), P.lead_s, self.q_end, P.stall_aware, self.monitor.window, self.horizon, P.scan_max,
+            self.t_blk, self._lat, P.fault_late_soft, INF, _K_DEAD, _K_DIRTY, _K_CLEAN, _AGE, P.dead_reuse,
+            self.s_old, self.s_new)
+
+    def _finish(self, info: LaunchInfo, state: ResidencyView, blocks: np.ndarray, key: int, name: int, sig: int,
+                stab: tuple | None, n: int, after: tuple) -> Decision | None:
+        """``on_launch`` after ``after_match`` (``after``: what it returns): the running launch pending its
+        commit, the window monitor, the plan's decision, the advice."""
+        st = self.stats
+        (stage, moved, wmask, again, late, self._pool_n, self._pool_on, self._pool_stale, self._pool_age, self.s_old,
+         self.s_new, plan) = after
+        st["moved_blocks"] += moved
         self.pending = (key, name, sig, blocks, wmask)
         self.pending_stab = stab
         self.pending_ngram = self.cur_ngram
