@@ -31,6 +31,10 @@ How it decides (each launch, in ``on_launch``):
    iteration needed more link time than compute time, and only as many as balance the two (remote reads
    move work from the saturated link onto the compute stream).
 
+The hot path runs in Numba kernels (``_uvmkernels``): a launch that matches its record exactly takes one call
+for the whole hook (``exact_step``), any other with known accesses one call after the match (``after_match``);
+the Python methods they mirror stay as the reference (``_fast_step`` / ``_fast_plan`` off).
+
 State is bounded: ``history_launches`` launches of history and ``table_entries`` entries per correlation
 table (``report()['state_bytes']``).
 """
