@@ -1018,16 +1018,18 @@ def after_match(q, soft, blocks, writes, index, it, rec_end, moves_now, track_mo
 
 
 @nb.njit(cache=True, nogil=True)
-def exact_step(h_cum, h_key, h_name, h_sig, h_soft, h_ptr, hn, cum, pkey, pname, psig, psoft, f_blk, f_w, f_next, fn,
-               pblocks, pwmask, p_has_w, fbase, last_flat, pp, first_it, first_pos, it, stable_sync, key, q, blocks,
-               writes, index, rec_end, moves_now, track_moves, iter_start, base, dead, pf_unused, dirty, written,
-               w_iter, uses, last_use, thrashed, resident, in_flight, n_ids, pool_on, in_pool, pool_buf, pool_n,
-               pool_stale, pool_age, pool_launches, pool_k, pool_min, remap, rend, nu, moved_to, mark, capacity, used,
-               margin, now, dur, lead, q_end, stall_aware, window, horizon, scan_max, t_blk, lat, fault_late_soft, inf,
-               k_dead, k_dirty, k_clean, age0, dead_reuse, s_old, s_new):
+def exact_step(h_cum, h_key, h_name, h_sig, hn, cum, pkey, pname, psig, psoft, fn, pblocks, pwmask, p_has_w,
+               last_flat, pp, stable_sync, key, q, soft, blocks, writes, index, it, rec_end, moves_now, track_moves,
+               layer_stride, iter_start, h_ptr, base, fbase, nh, nflat, f_blk, f_w, f_next, h_soft, dead, pf_unused,
+               dirty, written, w_iter, uses, last_use, thrashed, resident, in_flight, n_ids, pool_on, in_pool,
+               pool_buf, pool_n, pool_stale, pool_age, pool_launches, pool_k, pool_min, remap, rend, nu, moved_to, mark,
+               first_it, first_pos, capacity, used, margin, now, dur, lead, q_end, stall_aware, window, horizon,
+               scan_max, t_blk, lat, fault_late_soft, inf, k_dead, k_dirty, k_clean, age0, dead_reuse, s_old, s_new):
     """``on_launch`` in one call for a launch with known accesses that matches the next recorded launch
     exactly (``h_sig`` at ``q``, the pointer's next position, is its signature; the caller checked): the
-    same kernels in the same order as the Python hooks, with the same arguments.
+    same kernels in the same order as the Python hooks, with the same arguments. The arguments from ``q`` on are
+    ``after_match``'s (``nh`` / ``nflat``: the history's lengths with the pending launch committed; ``soft`` and
+    ``layer_stride`` are read as 0 and False: an exact match learns no stride).
 
     1. ``commit_launch`` of the pending (previous) launch at history index ``hn`` (the caller reserved room and
        updates the buffers' lengths and the tables), its pointer ``pp``, its match ``psoft``;
@@ -1038,8 +1040,6 @@ def exact_step(h_cum, h_key, h_name, h_sig, h_soft, h_ptr, hn, cum, pkey, pname,
     Returns ``(stab, after)``: the stable signature and what ``after_match`` returns."""
     commit_launch(h_cum, h_key, h_name, h_sig, h_soft, h_ptr, hn, cum, pkey, pname, psig, psoft, f_blk, f_w, f_next,
                   fn, pblocks, pwmask, p_has_w, fbase, last_flat, base + hn, nu, pp, inf, first_it, first_pos, it)
-    nh = hn + 1
-    nflat = fn + pblocks.shape[0]
     stab = 0
     if stable_sync:
         stab = stable_sig(blocks, writes, w_iter, it, key)

@@ -328,7 +328,8 @@ class UvmPrefetchPolicy(Policy):
             # the rest in one kernel (as ``_exact_step``): moves, layer stride, marks, plan
             st["fused_after_match"] += 1
             n = ids_in_use(state)
-            return self._finish(info, state, blocks, key, name, sig, stab, n, self._after_match(info, state, blocks, n))
+            return self._finish(info, state, blocks, key, name, sig, stab, n,
+                                _k.after_match(*self._after_args(info, state, blocks, self.p, self.soft, n)))
         if known and self.p is not None and self.params.track_moves:
             self._learn_moves(info.write_blocks)
         if known and self.soft and self.p is not None and self.p >= self.iter_start and self.params.layer_stride:
@@ -397,21 +398,11 @@ class UvmPrefetchPolicy(Policy):
         # (the kernel reads neither the tables nor the n-grams: their part of the commit goes first)
         self._commit_tables(pkey, pname, psig, hn, fn + pblocks.shape[0], self.pending_dur)
         self._count_ngram(key)
-        it0 = self.iter_start
         n = ids_in_use(state)
         h, after = _k.exact_step(
-            self.h_cum._a, self.h_key._a, self.h_name._a, self.h_sig._a, self.h_soft._a, self.h_ptr._a, hn, cum, pkey,
-            pname, psig, self.soft, self.f_blk._a, self.f_w._a, self.f_next._a, fn, pblocks,
-            pwmask if has_w else _NO_W, has_w, self.fbase, self.last_flat, self.p, self.first_it, self.first_pos,
-            self.iters_seen, P.stable_sync, key, q, blocks, info.write_blocks, info.index,
-            self._record_end(q) if q < it0 else 0, st["moved_blocks"] != self._moved_at_start, P.track_moves, it0,
-            self.base, self.dead, self.pf_unused, self.dirty, self.written, self.w_iter, self.uses, self.last_use,
-            self.thrashed, state.resident, state.in_flight, n, self._pool_on, self._in_pool, self._pool_ids,
-            self._pool_n, self._pool_stale, self._pool_age, P.pool_launches, self._pool_k, self._pool_min, self.remap,
-            self.rend, self.nu, self.moved_to, self._mark, state.capacity_blocks, state.used_blocks,
-            self.margin_blocks, state.now, float(info.duration), P.lead_s, self.q_end, P.stall_aware,
-            self.monitor.window, self.horizon, P.scan_max, self.t_blk, self._lat, P.fault_late_soft, INF, _K_DEAD,
-            _K_DIRTY, _K_CLEAN, _AGE, P.dead_reuse, self.s_old, self.s_new)
+            self.h_cum._a, self.h_key._a, self.h_name._a, self.h_sig._a, hn, cum, pkey, pname, psig, self.soft, fn,
+            pblocks, pwmask if has_w else _NO_W, has_w, self.last_flat, self.p, P.stable_sync, key,
+            *self._after_args(info, state, blocks, q, 0, n))
         self.p = q
         self.soft = 0
         st["matched"] += 1
@@ -423,23 +414,23 @@ class UvmPrefetchPolicy(Policy):
             stab = (h, c)
         return self._finish(info, state, blocks, key, name, sig, stab, n, after)
 
-    def _after_match(self, info: LaunchInfo, state: ResidencyView, blocks: np.ndarray, n: int) -> tuple:
-        """``_uvmkernels.after_match`` for the launch the pointer now follows (``self.p``, ``self.soft``)."""
+    def _after_args(self, info: LaunchInfo, state: ResidencyView, blocks: np.ndarray, q: int, soft: int,
+                    n: int) -> tuple:
+        """The arguments of ``_uvmkernels.after_match`` (and the tail of ``exact_step``'s) for the running launch,
+        the pointer at ``q`` matched as ``soft``."""
         P = self.params
-        q = self.p
         it0 = self.iter_start
-        return _k.after_match(
-            q, self.soft, blocks, info.write_blocks, info.index, self.iters_seen,
-            self._record_end(q) if q < it0 else 0, self.stats["moved_blocks"] != self._moved_at_start,
-            P.track_moves, P.layer_stride, it0, self.h_ptr._a, self.base, self.fbase, self.h_ptr.n, self.f_blk.n,
-            self.f_blk._a, self.f_w._a, self.f_next._a, self.h_soft._a, self.dead, self.pf_unused, self.dirty,
-            self.written, self.w_iter, self.uses, self.last_use, self.thrashed, state.resident, state.in_flight, n,
-            self._pool_on, self._in_pool, self._pool_ids, self._pool_n, self._pool_stale, self._pool_age,
-            P.pool_launches, self._pool_k, self._pool_min, self.remap, self.rend, self.nu, self.moved_to, self._mark,
-            self.first_it, self.first_pos, state.capacity_blocks, state.used_blocks, self.margin_blocks, state.now,
-            float(info.duration), P.lead_s, self.q_end, P.stall_aware, self.monitor.window, self.horizon, P.scan_max,
-            self.t_blk, self._lat, P.fault_late_soft, INF, _K_DEAD, _K_DIRTY, _K_CLEAN, _AGE, P.dead_reuse,
-            self.s_old, self.s_new)
+        return (q, soft, blocks, info.write_blocks, info.index, self.iters_seen,
+                self._record_end(q) if q < it0 else 0, self.stats["moved_blocks"] != self._moved_at_start,
+                P.track_moves, P.layer_stride, it0, self.h_ptr._a, self.base, self.fbase, self.h_ptr.n, self.f_blk.n,
+                self.f_blk._a, self.f_w._a, self.f_next._a, self.h_soft._a, self.dead, self.pf_unused, self.dirty,
+                self.written, self.w_iter, self.uses, self.last_use, self.thrashed, state.resident, state.in_flight, n,
+                self._pool_on, self._in_pool, self._pool_ids, self._pool_n, self._pool_stale, self._pool_age,
+                P.pool_launches, self._pool_k, self._pool_min, self.remap, self.rend, self.nu, self.moved_to,
+                self._mark, self.first_it, self.first_pos, state.capacity_blocks, state.used_blocks,
+                self.margin_blocks, state.now, float(info.duration), P.lead_s, self.q_end, P.stall_aware,
+                self.monitor.window, self.horizon, P.scan_max, self.t_blk, self._lat, P.fault_late_soft, INF, _K_DEAD,
+                _K_DIRTY, _K_CLEAN, _AGE, P.dead_reuse, self.s_old, self.s_new)
 
     def _finish(self, info: LaunchInfo, state: ResidencyView, blocks: np.ndarray, key: int, name: int, sig: int,
                 stab: tuple | None, n: int, after: tuple) -> Decision | None:
