@@ -529,7 +529,7 @@ def learn_moves_pool(q, h_ptr, base, fbase, nh, nflat, f_blk, f_w, f_next, write
     """``learn_moves`` (``rec_end``: the followed record's end) and what it means for the victim pool: a move or
     a revision changed next uses (``pool_on`` off); a moved block's prediction is not tied to the positions the
     pointer passes, so the pool stays unused up to the record's end and the moved blocks' next uses
-    (``pool_stale``). Returns ``(moved, settled, pool_on, pool_stale)``."""
+    (``pool_stale``). Returns ``(moved, pool_on, pool_stale)``."""
     moved, settled = learn_moves(q, h_ptr, base, fbase, nh, nflat, f_blk, f_w, f_next, writes, remap, rend, rec_end,
                                  nu, dead, first_it, first_pos, it, moved_to)
     if moved or settled:
@@ -541,7 +541,7 @@ def learn_moves_pool(q, h_ptr, base, fbase, nh, nflat, f_blk, f_w, f_next, write
             if v < inf and v + 1 > top:
                 top = v + 1
         pool_stale = max(pool_stale, top)
-    return moved, settled, pool_on, pool_stale
+    return moved, pool_on, pool_stale
 
 
 @nb.njit(cache=True, nogil=True)
@@ -950,6 +950,15 @@ def plan_paced(cur, resident, in_flight, capacity, used, margin, now, dur, lead,
 
 
 @nb.njit(cache=True, nogil=True)
+def _remap_limit(track_moves, moves_now, q, rec_end):
+    """``UvmPrefetchPolicy._remap_lim`` with the pointer at ``q``: the followed record's end ``rec_end`` (0 when
+    ``q`` is in this iteration) once a move was learned this iteration (``moves_now``), else 0."""
+    if track_moves and moves_now and q < rec_end:
+        return rec_end
+    return 0
+
+
+@nb.njit(cache=True, nogil=True)
 def after_match(q, soft, blocks, writes, index, it, rec_end, moves_now, track_moves, layer_stride, iter_start, h_ptr,
                 base, fbase, nh, nflat, f_blk, f_w, f_next, h_soft, dead, pf_unused, dirty, written, w_iter, uses,
                 last_use, thrashed, resident, in_flight, n_ids, pool_on, in_pool, pool_buf, pool_n, pool_stale,
@@ -971,12 +980,10 @@ def after_match(q, soft, blocks, writes, index, it, rec_end, moves_now, track_mo
     Returns ``(stage, moved, wmask, again, late, pool_n, pool_on, pool_stale, pool_age, s_old, s_new, plan)``
     with ``plan`` the tuple ``plan_paced`` returns (``(0, empty, ...)`` at stage 1)."""
     empty = np.empty(0, dtype=np.int64)
-    lim = 0
-    if track_moves and moves_now and q < rec_end:
-        lim = rec_end
+    lim = _remap_limit(track_moves, moves_now, q, rec_end)
     moved = 0
     if track_moves and q < rec_end:
-        moved, _, pool_on, pool_stale = learn_moves_pool(
+        moved, pool_on, pool_stale = learn_moves_pool(
             q, h_ptr, base, fbase, nh, nflat, f_blk, f_w, f_next, writes, remap, rend, rec_end, nu, dead, first_it,
             first_pos, it, moved_to, pool_on, pool_stale, inf)
         if moved:
@@ -1018,8 +1025,8 @@ def after_match(q, soft, blocks, writes, index, it, rec_end, moves_now, track_mo
 
 
 @nb.njit(cache=True, nogil=True)
-def exact_step(h_cum, h_key, h_name, h_sig, hn, cum, pkey, pname, psig, psoft, fn, pblocks, pwmask, p_has_w,
-               last_flat, pp, stable_sync, key, q, soft, blocks, writes, index, it, rec_end, moves_now, track_moves,
+def exact_step(h_cum, h_key, h_name, h_sig, cum, pkey, pname, psig, psoft, pblocks, pwmask, p_has_w, last_flat, pp,
+               stable_sync, key, q, soft, blocks, writes, index, it, rec_end, moves_now, track_moves,
                layer_stride, iter_start, h_ptr, base, fbase, nh, nflat, f_blk, f_w, f_next, h_soft, dead, pf_unused,
                dirty, written, w_iter, uses, last_use, thrashed, resident, in_flight, n_ids, pool_on, in_pool,
                pool_buf, pool_n, pool_stale, pool_age, pool_launches, pool_k, pool_min, remap, rend, nu, moved_to, mark,
@@ -1031,23 +1038,23 @@ def exact_step(h_cum, h_key, h_name, h_sig, hn, cum, pkey, pname, psig, psoft, f
     ``after_match``'s (``nh`` / ``nflat``: the history's lengths with the pending launch committed; ``soft`` and
     ``layer_stride`` are read as 0 and False: an exact match learns no stride).
 
-    1. ``commit_launch`` of the pending (previous) launch at history index ``hn`` (the caller reserved room and
-       updates the buffers' lengths and the tables), its pointer ``pp``, its match ``psoft``;
+    1. ``commit_launch`` of the pending (previous) launch at the last history index, ``nh - 1`` (the caller
+       reserved room, set the buffers' lengths and updates the tables), its pointer ``pp``, its match ``psoft``;
     2. ``stable_sig`` of this launch (``stable_sync``; 0 otherwise);
     3. ``advance`` to ``q`` (remap limit ``rec_end`` when a move was learned this iteration, ``moves_now``);
     4. ``after_match`` (an exact match: no layer stride to learn).
 
     Returns ``(stab, after)``: the stable signature and what ``after_match`` returns."""
+    hn = nh - 1
     commit_launch(h_cum, h_key, h_name, h_sig, h_soft, h_ptr, hn, cum, pkey, pname, psig, psoft, f_blk, f_w, f_next,
-                  fn, pblocks, pwmask, p_has_w, fbase, last_flat, base + hn, nu, pp, inf, first_it, first_pos, it)
+                  nflat - pblocks.shape[0], pblocks, pwmask, p_has_w, fbase, last_flat, base + hn, nu, pp, inf,
+                  first_it, first_pos, it)
     stab = 0
     if stable_sync:
         stab = stable_sig(blocks, writes, w_iter, it, key)
-    lim = 0
-    if track_moves and moves_now and q < rec_end:
-        lim = rec_end
-    pool_n = advance(q, h_ptr, base, fbase, nh, nflat, f_blk, f_next, remap, rend, lim, nu, first_it, first_pos, it,
-                     dead, pool_on, in_pool, pool_buf, pool_n)
+    pool_n = advance(q, h_ptr, base, fbase, nh, nflat, f_blk, f_next, remap, rend,
+                     _remap_limit(track_moves, moves_now, q, rec_end), nu, first_it, first_pos, it, dead, pool_on,
+                     in_pool, pool_buf, pool_n)
     return stab, after_match(q, 0, blocks, writes, index, it, rec_end, moves_now, track_moves, False, iter_start,
                              h_ptr, base, fbase, nh, nflat, f_blk, f_w, f_next, h_soft, dead, pf_unused, dirty, written,
                              w_iter, uses, last_use, thrashed, resident, in_flight, n_ids, pool_on, in_pool, pool_buf,

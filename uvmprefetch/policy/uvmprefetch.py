@@ -400,8 +400,8 @@ class UvmPrefetchPolicy(Policy):
         self._count_ngram(key)
         n = ids_in_use(state)
         h, after = _k.exact_step(
-            self.h_cum._a, self.h_key._a, self.h_name._a, self.h_sig._a, hn, cum, pkey, pname, psig, self.soft, fn,
-            pblocks, pwmask if has_w else _NO_W, has_w, self.last_flat, self.p, P.stable_sync, key,
+            self.h_cum._a, self.h_key._a, self.h_name._a, self.h_sig._a, cum, pkey, pname, psig, self.soft, pblocks,
+            pwmask if has_w else _NO_W, has_w, self.last_flat, self.p, P.stable_sync, key,
             *self._after_args(info, state, blocks, q, 0, n))
         self.p = q
         self.soft = 0
@@ -645,7 +645,7 @@ class UvmPrefetchPolicy(Policy):
         # victim choice reads nu by actual block; next uses changed: a moved block takes its old address's,
         # wherever that is recorded, revised ones rose: the pool is refilled; translated predictions lie before
         # the end of the followed record)
-        moved, _, self._pool_on, self._pool_stale = _k.learn_moves_pool(
+        moved, self._pool_on, self._pool_stale = _k.learn_moves_pool(
             self.p, self.h_ptr._a, self.base, self.fbase, self.h_ptr.n, self.f_blk.n, self.f_blk._a, self.f_w._a,
             self.f_next._a, writes, self.remap, self.rend, self._record_end(self.p), self.nu, self.dead, self.first_it,
             self.first_pos, self.iters_seen, self.moved_to, self._pool_on, self._pool_stale, INF)
