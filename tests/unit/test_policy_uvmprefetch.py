@@ -627,6 +627,18 @@ def test_candidates_and_scan_kernels_match_numpy():
             pol.w_iter, pol.iters_seen, pol.dead)
         assert np.array_equal(wb, rb) and np.array_equal(wp, rp) and w_hi == scan_hi and spanned == sb - sa
         assert np.array_equal(pol.nu, nu_ref) and not pol._mark.any()
+        # AND with a limit on the candidates beyond the next launch (``plan_paced``'s), the list is the prefix
+        # holding every candidate up to position p + 1 and that many more, the scan and the updates unchanged
+        pol.nu[:] = nu0
+        extra = int(rng.integers(0, 6))
+        cb, cp, c_hi, c_spanned = K.window_candidates(
+            miss, pol.f_blk.view(), pa, pb, pol.h_ptr.view(), pol.base, pol.fbase, len(pol.f_blk), end,
+            view.resident, view.in_flight, lo, hi, p, cap, 1 << 15, pol.remap, pol.rend, lim, pol.nu, pol._mark, *shift,
+            pol.w_iter, pol.iters_seen, pol.dead, extra)
+        keep = min(rb.size, int(np.count_nonzero(rp <= p + 1)) + extra)
+        assert np.array_equal(cb, rb[:keep]) and np.array_equal(cp, rp[:keep])
+        assert (c_hi, c_spanned) == (w_hi, spanned)
+        assert np.array_equal(pol.nu, nu_ref) and not pol._mark.any()
 
 
 @pytest.mark.parametrize("spec", ["uvmprefetch", "uvmprefetch:dead_reuse=false",

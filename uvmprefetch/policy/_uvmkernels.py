@@ -132,7 +132,8 @@ def candidates(miss, f_blk, pa, pb, ppos, a, b, h_ptr, base, fbase, lo, remap, r
 
 @nb.njit(cache=True, nogil=True)
 def window_candidates(miss, f_blk, pa, pb, h_ptr, base, fbase, nflat, end, resident, in_flight, lo, hi, p, cap,
-                      scan_max, remap, rend, remap_lim, nu, mark, shift_from, s_old, s_new, w_iter, it, dead):
+                      scan_max, remap, rend, remap_lim, nu, mark, shift_from, s_old, s_new, w_iter, it, dead,
+                      extra=-1):
     """``scan_window`` (without ``chase``) and ``candidates`` in one pass over the history entries: the same
     chunks, the same candidates in the same order, the same updates of ``nu``. Returns ``(blk, pos, scan_hi,
     spanned)``: ``scan_hi`` is ``p`` when nothing was scanned (``lo > hi``), ``spanned`` the number of entries
@@ -142,7 +143,11 @@ def window_candidates(miss, f_blk, pa, pb, h_ptr, base, fbase, nflat, end, resid
     ``[pa, pb)`` at ``p + 1``, the chunks from ``lo > p``): the first occurrence of a block that updates its ``nu``
     has its earliest position, and no later one can update it again, so ``candidates``' first-occurrence mark is
     not needed for the update and ``mark`` serves the de-duplication alone. The scan counts missing blocks as
-    recorded (untranslated), the candidates test them translated, as the two kernels do."""
+    recorded (untranslated), the candidates test them translated, as the two kernels do.
+
+    ``extra >= 0``: the caller reads no more than ``extra`` candidates beyond those at positions up to ``p + 1``
+    (``plan_paced``: its free room, its pacing budget, and the first left out); the list stops there, a prefix of
+    the whole one, while the scan goes on as before (its chunks, its count, the updates of ``nu``)."""
     span = 0
     if lo <= hi:
         hend = (h_ptr[hi + 1 - base] - fbase) if hi + 1 < end else nflat
@@ -160,8 +165,9 @@ def window_candidates(miss, f_blk, pa, pb, h_ptr, base, fbase, nflat, end, resid
             out_b[m] = x
             out_p[m] = -1
             m += 1
-    m, _ = _cand_entries(f_blk, pa, pb, p + 1, m, out_b, out_p, resident, in_flight, remap, rend, remap_lim, nu,
-                         mark, p, shift_from, s_old, s_new, w_iter, it, dead)
+    lim = out_b.shape[0]  # (no limit up to position p + 1)
+    m, _ = _cand_entries(f_blk, pa, pb, p + 1, m, lim, out_b, out_p, resident, in_flight, remap, rend, remap_lim,
+                         nu, mark, p, shift_from, s_old, s_new, w_iter, it, dead)
     scan_hi = p
     got = 0
     spanned = 0
@@ -170,10 +176,12 @@ def window_candidates(miss, f_blk, pa, pb, h_ptr, base, fbase, nflat, end, resid
     while start <= hi and got < cap and spanned < scan_max:
         stop = min(hi, start + chunk - 1)
         for t in range(start, stop + 1):
+            if t == max(lo, p + 2) and extra >= 0:
+                lim = m + extra
             a = h_ptr[t - base] - fbase
             b = (h_ptr[t + 1 - base] - fbase) if t + 1 < end else nflat
-            m, g = _cand_entries(f_blk, a, b, t, m, out_b, out_p, resident, in_flight, remap, rend, remap_lim, nu,
-                                 mark, p, shift_from, s_old, s_new, w_iter, it, dead)
+            m, g = _cand_entries(f_blk, a, b, t, m, lim, out_b, out_p, resident, in_flight, remap, rend, remap_lim,
+                                 nu, mark, p, shift_from, s_old, s_new, w_iter, it, dead)
             got += g
             if b > a:
                 spanned += b - a
@@ -186,10 +194,10 @@ def window_candidates(miss, f_blk, pa, pb, h_ptr, base, fbase, nflat, end, resid
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
-def _cand_entries(f_blk, a, b, t, m, out_b, out_p, resident, in_flight, remap, rend, remap_lim, nu, mark, p,
+def _cand_entries(f_blk, a, b, t, m, lim, out_b, out_p, resident, in_flight, remap, rend, remap_lim, nu, mark, p,
                   shift_from, s_old, s_new, w_iter, it, dead):
-    """``window_candidates`` for the entries ``[a, b)`` of position ``t``; returns the new count of candidates and
-    how many of the entries were missing as recorded."""
+    """``window_candidates`` for the entries ``[a, b)`` of position ``t``, listing candidates up to ``lim`` of them;
+    returns the new count of candidates and how many of the entries were missing as recorded."""
     got = 0
     nb_ = nu.shape[0]
     shifted = (s_old != 0 or s_new != 0) and t >= shift_from
@@ -212,7 +220,7 @@ def _cand_entries(f_blk, a, b, t, m, out_b, out_p, resident, in_flight, remap, r
                 old = nu[x]
                 if old <= p or old > t:
                     nu[x] = t
-            if resident[x] or in_flight[x] or mark[x] != 0:
+            if m >= lim or resident[x] or in_flight[x] or mark[x] != 0:
                 continue
             mark[x] = 1
             out_b[m] = x
@@ -866,29 +874,32 @@ def plan_paced(cur, resident, in_flight, capacity, used, margin, now, dur, lead,
         cap = free0 + max(0, int(spare)) + 8
         if free0 == 0 and cap <= 8:
             hi = min(hi, p + 1)
-    # (the scan and the candidates in one pass: ``window_candidates``; when it finds nothing, nothing changed)
+    free = max(0, capacity - used - margin)
+    q = max(q_end, now)
+    until = now + dur + lead
+    if stall_aware and cur_waits:
+        until += max(0.0, q - now)
+    # The pacing budget once the free room is filled: evictions make room for at most the candidates up to the
+    # next launch (``near``) and this many more (read only when the candidates outnumber the free room).
+    room = (until - (q + free * t_blk)) / t_blk
+    budget = max(0, int(np.ceil(room) if sure else room))
+    # (the scan and the candidates in one pass: ``window_candidates``, the list cut after the last candidate
+    # read below, the first left out: the horizon; when it finds nothing, nothing changed)
     blk, pos, scan_hi, spanned = window_candidates(miss, f_blk, pa, pb, h_ptr, base, fbase, nflat, end, resident,
                                                    in_flight, lo, hi, p, cap, scan_max, remap, rend, remap_lim, nu,
-                                                   mark, shift_from, s_old, s_new, w_iter, it, dead)
+                                                   mark, shift_from, s_old, s_new, w_iter, it, dead,
+                                                   free + budget + 1)
     if not (miss.shape[0] or pb > pa or spanned > 0):
         return 0, empty, empty, empty, horizon, q_end, 0, 0, 0, empty, pool_min, False, pool_n
     n = blk.shape[0]
-    free = max(0, capacity - used - margin)
-    q = max(q_end, now)
     evict = empty
     discard = empty
     wasted = 0
     mis = 0
     placed = min(free, n)
     rest = n - placed
-    if rest:
-        until = now + dur + lead
-        if stall_aware and cur_waits:
-            until += max(0.0, q - now)
-        near = count_le(pos, placed, p + 1)
-        room = (until - (q + placed * t_blk)) / t_blk
-        budget = max(0, int(np.ceil(room) if sure else room))
-        rest = min(rest, near + budget)
+    if rest:  # (then ``placed`` is ``free``, and a cut list still leaves more than ``near + budget``)
+        rest = min(rest, count_le(pos, placed, p + 1) + budget)
     pool_new = empty
     found = False
     if rest:
