@@ -167,7 +167,7 @@ def window_candidates(miss, f_blk, pa, pb, h_ptr, base, fbase, nflat, end, resid
             m += 1
     lim = out_b.shape[0]  # (no limit up to position p + 1)
     m, _ = _cand_entries(f_blk, pa, pb, p + 1, m, lim, out_b, out_p, resident, in_flight, remap, rend, remap_lim,
-                         nu, mark, p, shift_from, s_old, s_new, w_iter, it, dead)
+                         nu, mark, p, shift_from, s_old, s_new, w_iter, it, dead, True)
     scan_hi = p
     got = 0
     spanned = 0
@@ -180,8 +180,10 @@ def window_candidates(miss, f_blk, pa, pb, h_ptr, base, fbase, nflat, end, resid
                 lim = m + extra
             a = h_ptr[t - base] - fbase
             b = (h_ptr[t + 1 - base] - fbase) if t + 1 < end else nflat
+            # (with the list cut and the count past ``cap``, the rest of the chunk only updates ``nu``)
+            listing = m < lim or got < cap
             m, g = _cand_entries(f_blk, a, b, t, m, lim, out_b, out_p, resident, in_flight, remap, rend, remap_lim,
-                                 nu, mark, p, shift_from, s_old, s_new, w_iter, it, dead)
+                                 nu, mark, p, shift_from, s_old, s_new, w_iter, it, dead, listing)
             got += g
             if b > a:
                 spanned += b - a
@@ -195,16 +197,17 @@ def window_candidates(miss, f_blk, pa, pb, h_ptr, base, fbase, nflat, end, resid
 
 @nb.njit(cache=True, nogil=True, inline="always")
 def _cand_entries(f_blk, a, b, t, m, lim, out_b, out_p, resident, in_flight, remap, rend, remap_lim, nu, mark, p,
-                  shift_from, s_old, s_new, w_iter, it, dead):
+                  shift_from, s_old, s_new, w_iter, it, dead, listing):
     """``window_candidates`` for the entries ``[a, b)`` of position ``t``, listing candidates up to ``lim`` of them;
-    returns the new count of candidates and how many of the entries were missing as recorded."""
+    returns the new count of candidates and how many of the entries were missing as recorded (without
+    ``listing``: the updates of ``nu`` alone, neither listed nor counted)."""
     got = 0
     nb_ = nu.shape[0]
     shifted = (s_old != 0 or s_new != 0) and t >= shift_from
     tr = remap_lim > 0 and t < remap_lim
     for i in range(a, b):
         x0 = f_blk[i]
-        if not (resident[x0] or in_flight[x0]):
+        if listing and not (resident[x0] or in_flight[x0]):
             got += 1
         x = remap[x0] if tr else x0
         # (a moved block from its next birth on, while not dead, is a candidate as recorded too: ``candidates``)
@@ -220,7 +223,7 @@ def _cand_entries(f_blk, a, b, t, m, lim, out_b, out_p, resident, in_flight, rem
                 old = nu[x]
                 if old <= p or old > t:
                     nu[x] = t
-            if m >= lim or resident[x] or in_flight[x] or mark[x] != 0:
+            if not listing or m >= lim or resident[x] or in_flight[x] or mark[x] != 0:
                 continue
             mark[x] = 1
             out_b[m] = x
