@@ -549,6 +549,7 @@ def test_candidates_and_scan_kernels_match_numpy():
 
     rng = np.random.default_rng(11)
     n = 64
+    skipped = 0
     for trial in range(200):
         # GIVEN a recorded history of random launches (some touching nothing) and a random residency
         pol = UvmPrefetchPolicy(advice=False)
@@ -639,6 +640,35 @@ def test_candidates_and_scan_kernels_match_numpy():
         assert np.array_equal(cb, rb[:keep]) and np.array_equal(cp, rp[:keep])
         assert (c_hi, c_spanned) == (w_hi, spanned)
         assert np.array_equal(pol.nu, nu_ref) and not pol._mark.any()
+        if lim or shift[1] or shift[2] or lo > scan_hi:
+            continue
+        # AND a pass without translation or shift leaves its positions verified (plan_paced's span): a second
+        # pass skipping their updates past the cut lists and updates exactly what a full second pass does ...
+        again = []
+        for span in ((0, -1), (lo, scan_hi)):
+            pol.nu[:] = nu_ref
+            again.append(K.window_candidates(
+                miss, pol.f_blk.view(), pa, pb, pol.h_ptr.view(), pol.base, pol.fbase, len(pol.f_blk), end,
+                view.resident, view.in_flight, lo, hi, p, cap, 1 << 15, pol.remap, pol.rend, 0, pol.nu, pol._mark,
+                *shift, pol.w_iter, pol.iters_seen, pol.dead, extra, *span) + (pol.nu.copy(),))
+        assert all(np.array_equal(u, v) for u, v in zip(*again)), "skipping a verified span changed the pass"
+        # ... and it does skip: a next use put behind the pointer inside the span is left there past the cut
+        ent = pol._span(lo, scan_hi + 1)
+        if ent[1] == ent[0]:
+            continue
+        x = int(pol.f_blk.view()[ent[1] - 1])  # (recorded last in the span)
+        left = []
+        for span in ((0, -1), (lo, scan_hi)):
+            pol.nu[:] = nu_ref
+            pol.nu[x] = p
+            K.window_candidates(
+                miss, pol.f_blk.view(), pa, pb, pol.h_ptr.view(), pol.base, pol.fbase, len(pol.f_blk), end,
+                view.resident, view.in_flight, lo, hi, p, cap, 1 << 15, pol.remap, pol.rend, 0, pol.nu, pol._mark,
+                *shift, pol.w_iter, pol.iters_seen, pol.dead, extra, *span)
+            left.append(int(pol.nu[x]) == p)
+        assert not left[0]  # (the full pass always brings it ahead)
+        skipped += left[1]
+    assert skipped > 0
 
 
 @pytest.mark.parametrize("spec", ["uvmprefetch", "uvmprefetch:dead_reuse=false",

@@ -133,7 +133,7 @@ def candidates(miss, f_blk, pa, pb, ppos, a, b, h_ptr, base, fbase, lo, remap, r
 @nb.njit(cache=True, nogil=True)
 def window_candidates(miss, f_blk, pa, pb, h_ptr, base, fbase, nflat, end, resident, in_flight, lo, hi, p, cap,
                       scan_max, remap, rend, remap_lim, nu, mark, shift_from, s_old, s_new, w_iter, it, dead,
-                      extra=-1):
+                      extra=-1, v_lo=0, v_hi=-1):
     """``scan_window`` (without ``chase``) and ``candidates`` in one pass over the history entries: the same
     chunks, the same candidates in the same order, the same updates of ``nu``. Returns ``(blk, pos, scan_hi,
     spanned)``: ``scan_hi`` is ``p`` when nothing was scanned (``lo > hi``), ``spanned`` the number of entries
@@ -147,7 +147,10 @@ def window_candidates(miss, f_blk, pa, pb, h_ptr, base, fbase, nflat, end, resid
 
     ``extra >= 0``: the caller reads no more than ``extra`` candidates beyond those at positions up to ``p + 1``
     (``plan_paced``: its free room, its pacing budget, and the first left out); the list stops there, a prefix of
-    the whole one, while the scan goes on as before (its chunks, its count, the updates of ``nu``)."""
+    the whole one, while the scan goes on as before (its chunks, its count, the updates of ``nu``).
+
+    ``[v_lo, v_hi]``: positions whose entries need no update of ``nu`` (every block recorded at a position ``t``
+    there has ``p < nu <= t``: ``plan_paced``'s verified span); past the list's cut they are skipped."""
     span = 0
     if lo <= hi:
         hend = (h_ptr[hi + 1 - base] - fbase) if hi + 1 < end else nflat
@@ -180,11 +183,13 @@ def window_candidates(miss, f_blk, pa, pb, h_ptr, base, fbase, nflat, end, resid
                 lim = m + extra
             a = h_ptr[t - base] - fbase
             b = (h_ptr[t + 1 - base] - fbase) if t + 1 < end else nflat
-            # (with the list cut and the count past ``cap``, the rest of the chunk only updates ``nu``)
+            # (with the list cut and the count past ``cap``, the rest of the chunk only updates ``nu``; not
+            # even that in the verified span)
             listing = m < lim or got < cap
-            m, g = _cand_entries(f_blk, a, b, t, m, lim, out_b, out_p, resident, in_flight, remap, rend, remap_lim,
-                                 nu, mark, p, shift_from, s_old, s_new, w_iter, it, dead, listing)
-            got += g
+            if listing or not v_lo <= t <= v_hi:
+                m, g = _cand_entries(f_blk, a, b, t, m, lim, out_b, out_p, resident, in_flight, remap, rend,
+                                     remap_lim, nu, mark, p, shift_from, s_old, s_new, w_iter, it, dead, listing)
+                got += g
             if b > a:
                 spanned += b - a
         scan_hi = stop
@@ -540,7 +545,8 @@ def learn_moves_pool(q, h_ptr, base, fbase, nh, nflat, f_blk, f_w, f_next, write
     """``learn_moves`` (``rec_end``: the followed record's end) and what it means for the victim pool: a move or
     a revision changed next uses (``pool_on`` off); a moved block's prediction is not tied to the positions the
     pointer passes, so the pool stays unused up to the record's end and the moved blocks' next uses
-    (``pool_stale``). Returns ``(moved, pool_on, pool_stale)``."""
+    (``pool_stale``). Returns ``(moved, pool_on, pool_stale, revised)``: ``revised``, next uses were rewritten (a
+    move or a revision)."""
     moved, settled = learn_moves(q, h_ptr, base, fbase, nh, nflat, f_blk, f_w, f_next, writes, remap, rend, rec_end,
                                  nu, dead, first_it, first_pos, it, moved_to)
     if moved or settled:
@@ -552,7 +558,7 @@ def learn_moves_pool(q, h_ptr, base, fbase, nh, nflat, f_blk, f_w, f_next, write
             if v < inf and v + 1 > top:
                 top = v + 1
         pool_stale = max(pool_stale, top)
-    return moved, pool_on, pool_stale
+    return moved, pool_on, pool_stale, moved > 0 or settled > 0
 
 
 @nb.njit(cache=True, nogil=True)
@@ -840,16 +846,27 @@ def plan_paced(cur, resident, in_flight, capacity, used, margin, now, dur, lead,
                p, window, horizon, h_ptr, base, fbase, nh, nflat, f_blk, h_soft, scan_max, remap, rend,
                remap_lim, nu, mark, dead, dirty, last_use, pf_unused, thrashed, t_blk, lat, fault_late_soft, inf,
                k_dead, k_dirty, k_clean, age0, dead_reuse, shift_from, s_old, s_new, w_iter, it, pool_buf, pool_n,
-               in_pool, pool_live, pool_on, pool_min, pool_k):
+               in_pool, pool_live, pool_on, pool_min, pool_k, v_lo, v_hi):
     """``_plan`` in one call for its common case: a prediction (``p >= 0``), prefetch + pre-eviction paced to the
     link (``t_blk > 0``), no deadline chase, no soft-slot guard, no whole-launch rounding, no ``fault_late``.
     ``sure``: the running launch matched its record exactly (the pacing budget is rounded up, else down).
     The same steps as the Python code, in the same order and with the same float arithmetic (see the comments
     there). ``h_ptr`` is the filled part; ``f_blk`` / ``h_soft`` may be whole buffers. Returns ``(status, pf,
-    evict, discard, horizon, q_end, thrash, mispredicted, live, pool_new, pool_min, pooled, pool_n)``: status 0 =
-    nothing was scanned (the caller takes the margin path), 1 = planned; ``pooled``: the victims came from the
-    pool; ``pool_n``: its length after the prefetched blocks joined it (with ``pool_live``: the pool is kept up,
-    and no full scan refilled it; after a refill the caller builds it anew).
+    evict, discard, horizon, q_end, thrash, mispredicted, live, pool_new, pool_min, pooled, pool_n, v_lo, v_hi)``:
+    status 0 = nothing was scanned (the caller takes the margin path), 1 = planned; ``pooled``: the victims came
+    from the pool; ``pool_n``: its length after the prefetched blocks joined it (with ``pool_live``: the pool is
+    kept up, and no full scan refilled it; after a refill the caller builds it anew).
+
+    The verified span ``[v_lo, v_hi]`` (empty: ``v_lo > v_hi``; kept by the caller from one call to the next): the
+    positions whose recorded blocks all have ``p < nu <= t`` (``t``: the position), which the window pass then
+    need not update (``window_candidates``). A pass without translation or layer shift leaves every position it
+    scanned so, and so the span grows along the passes; it stays so as the pointer moves on, since nothing else
+    that runs between two passes can break it: ``advance`` without translation sets a block's next use to its
+    next recorded entry, ``commit_launch`` sets only next uses that are not ahead of the pointer, and the updates of
+    a window pass (this one's or ``candidates``') only bring a next use ahead of the pointer nearer. Whatever else
+    writes ``nu`` (a learned move or its revision, an advance through a translation, a jump's ``rebuild_nu``,
+    the end of an iteration that learned moves, the Python plan) empties the span: a pass with translation or
+    shift here, the callers elsewhere.
 
     The victim pool (``pool_k > 0``; ``UvmPrefetchPolicy._pool_ids``): victims come from the blocks
     ``pool_buf[:pool_n]`` lists (``pool_on``) when the ``k``-th of them ranks strictly above ``pool_min``, the
@@ -886,14 +903,23 @@ def plan_paced(cur, resident, in_flight, capacity, used, margin, now, dur, lead,
     # next launch (``near``) and this many more (read only when the candidates outnumber the free room).
     room = (until - (q + free * t_blk)) / t_blk
     budget = max(0, int(np.ceil(room) if sure else room))
+    if remap_lim > 0 or (shift_from < inf and (s_old != 0 or s_new != 0)):
+        v_lo = 0  # (a translated or shifted pass updates other blocks than those recorded)
+        v_hi = -1
     # (the scan and the candidates in one pass: ``window_candidates``, the list cut after the last candidate
     # read below, the first left out: the horizon; when it finds nothing, nothing changed)
     blk, pos, scan_hi, spanned = window_candidates(miss, f_blk, pa, pb, h_ptr, base, fbase, nflat, end, resident,
                                                    in_flight, lo, hi, p, cap, scan_max, remap, rend, remap_lim, nu,
                                                    mark, shift_from, s_old, s_new, w_iter, it, dead,
-                                                   free + budget + 1)
+                                                   free + budget + 1, v_lo, v_hi)
+    if remap_lim == 0 and not (shift_from < inf and (s_old != 0 or s_new != 0)) and lo <= scan_hi:
+        if v_lo <= lo <= v_hi + 1:
+            v_hi = max(v_hi, scan_hi)
+        else:
+            v_lo = lo
+            v_hi = scan_hi
     if not (miss.shape[0] or pb > pa or spanned > 0):
-        return 0, empty, empty, empty, horizon, q_end, 0, 0, 0, empty, pool_min, False, pool_n
+        return 0, empty, empty, empty, horizon, q_end, 0, 0, 0, empty, pool_min, False, pool_n, v_lo, v_hi
     n = blk.shape[0]
     evict = empty
     discard = empty
@@ -960,7 +986,7 @@ def plan_paced(cur, resident, in_flight, capacity, used, margin, now, dur, lead,
         q_end = q + live * t_blk
         if pool_live and not pool_new.shape[0]:
             pool_n = pool_add(pf, in_pool, pool_buf, pool_n)
-    return 1, pf, evict, discard, horizon, q_end, wasted, mis, live, pool_new, pool_min, found, pool_n
+    return 1, pf, evict, discard, horizon, q_end, wasted, mis, live, pool_new, pool_min, found, pool_n, v_lo, v_hi
 
 
 @nb.njit(cache=True, nogil=True)
@@ -978,12 +1004,13 @@ def after_match(q, soft, blocks, writes, index, it, rec_end, moves_now, track_mo
                 last_use, thrashed, resident, in_flight, n_ids, pool_on, in_pool, pool_buf, pool_n, pool_stale,
                 pool_age, pool_launches, pool_k, pool_min, remap, rend, nu, moved_to, mark, first_it, first_pos,
                 capacity, used, margin, now, dur, lead, q_end, stall_aware, window, horizon, scan_max, t_blk, lat,
-                fault_late_soft, inf, k_dead, k_dirty, k_clean, age0, dead_reuse, s_old, s_new):
+                fault_late_soft, inf, k_dead, k_dirty, k_clean, age0, dead_reuse, s_old, s_new, v_lo, v_hi):
     """``on_launch`` after the pointer moved to ``q`` (``soft``: how the launch matched, ``_match``), for a launch
     with known accesses, in one call: the same kernels in the same order as the Python hooks.
 
     1. ``learn_moves_pool`` (``track_moves`` and ``q`` before this iteration: ``rec_end``, the followed
-       record's end, is then > ``q``; 0 otherwise);
+       record's end, is then > ``q``; 0 otherwise); rewritten next uses empty ``plan_paced``'s verified span
+       ``[v_lo, v_hi]``;
     2. ``learn_shift`` (a soft match inside this iteration, ``layer_stride``): the strides ``s_old`` / ``s_new``;
        a new one empties the victim pool and makes it stale up to the history's end;
     3. ``launch_marks``; when a block came back after thrash or is late (``again`` / ``late``), the window
@@ -992,16 +1019,19 @@ def after_match(q, soft, blocks, writes, index, it, rec_end, moves_now, track_mo
        ``rec_end`` once a move was learned this iteration (``moves_now`` or step 1).
 
     Returns ``(stage, moved, wmask, again, late, pool_n, pool_on, pool_stale, pool_age, s_old, s_new, plan)``
-    with ``plan`` the tuple ``plan_paced`` returns (``(0, empty, ...)`` at stage 1)."""
+    with ``plan`` the tuple ``plan_paced`` returns (``(0, empty, ...)`` at stage 1, with the verified span)."""
     empty = np.empty(0, dtype=np.int64)
     lim = _remap_limit(track_moves, moves_now, q, rec_end)
     moved = 0
     if track_moves and q < rec_end:
-        moved, pool_on, pool_stale = learn_moves_pool(
+        moved, pool_on, pool_stale, revised = learn_moves_pool(
             q, h_ptr, base, fbase, nh, nflat, f_blk, f_w, f_next, writes, remap, rend, rec_end, nu, dead, first_it,
             first_pos, it, moved_to, pool_on, pool_stale, inf)
         if moved:
             lim = rec_end
+        if revised:
+            v_lo = 0
+            v_hi = -1
     if soft and q >= iter_start and layer_stride:
         a = h_ptr[q - base] - fbase
         b = nflat
@@ -1020,7 +1050,7 @@ def after_match(q, soft, blocks, writes, index, it, rec_end, moves_now, track_mo
     again = marks[1]
     late = marks[2]
     if again or late:
-        plan = (0, empty, empty, empty, horizon, q_end, 0, 0, 0, empty, pool_min, False, pool_n)
+        plan = (0, empty, empty, empty, horizon, q_end, 0, 0, 0, empty, pool_min, False, pool_n, v_lo, v_hi)
         return 1, moved, wmask, again, late, pool_n, pool_on, pool_stale, pool_age, s_old, s_new, plan
     pool_age += 1
     on = pool_on and pool_age <= pool_launches
@@ -1034,7 +1064,7 @@ def after_match(q, soft, blocks, writes, index, it, rec_end, moves_now, track_mo
                       False, stall_aware, soft == 0, q, window, horizon, h_ptr[:nh], base, fbase, nh, nflat, f_blk,
                       h_soft, scan_max, remap, rend, lim, nu, mark, dead, dirty, last_use, pf_unused, thrashed, t_blk,
                       lat, fault_late_soft, inf, k_dead, k_dirty, k_clean, age0, dead_reuse, shift_from, s_old, s_new,
-                      w_iter, it, pool_buf, pool_n, in_pool, pool_on, on, pool_min, pk)
+                      w_iter, it, pool_buf, pool_n, in_pool, pool_on, on, pool_min, pk, v_lo, v_hi)
     return 0, moved, wmask, again, late, plan[12], pool_on, pool_stale, pool_age, s_old, s_new, plan
 
 
@@ -1045,7 +1075,8 @@ def exact_step(h_cum, h_key, h_name, h_sig, cum, pkey, pname, psig, psoft, pbloc
                dirty, written, w_iter, uses, last_use, thrashed, resident, in_flight, n_ids, pool_on, in_pool,
                pool_buf, pool_n, pool_stale, pool_age, pool_launches, pool_k, pool_min, remap, rend, nu, moved_to, mark,
                first_it, first_pos, capacity, used, margin, now, dur, lead, q_end, stall_aware, window, horizon,
-               scan_max, t_blk, lat, fault_late_soft, inf, k_dead, k_dirty, k_clean, age0, dead_reuse, s_old, s_new):
+               scan_max, t_blk, lat, fault_late_soft, inf, k_dead, k_dirty, k_clean, age0, dead_reuse, s_old, s_new,
+               v_lo, v_hi):
     """``on_launch`` in one call for a launch with known accesses that matches the next recorded launch
     exactly (``h_sig`` at ``q``, the pointer's next position, is its signature; the caller checked): the
     same kernels in the same order as the Python hooks, with the same arguments. The arguments from ``q`` on are
@@ -1055,7 +1086,8 @@ def exact_step(h_cum, h_key, h_name, h_sig, cum, pkey, pname, psig, psoft, pbloc
     1. ``commit_launch`` of the pending (previous) launch at the last history index, ``nh - 1`` (the caller
        reserved room, set the buffers' lengths and updates the tables), its pointer ``pp``, its match ``psoft``;
     2. ``stable_sig`` of this launch (``stable_sync``; 0 otherwise);
-    3. ``advance`` to ``q`` (remap limit ``rec_end`` when a move was learned this iteration, ``moves_now``);
+    3. ``advance`` to ``q`` (remap limit ``rec_end`` when a move was learned this iteration, ``moves_now``; then
+       the verified span ``[v_lo, v_hi]`` is emptied);
     4. ``after_match`` (an exact match: no layer stride to learn).
 
     Returns ``(stab, after)``: the stable signature and what ``after_match`` returns."""
@@ -1066,13 +1098,16 @@ def exact_step(h_cum, h_key, h_name, h_sig, cum, pkey, pname, psig, psoft, pbloc
     stab = 0
     if stable_sync:
         stab = stable_sig(blocks, writes, w_iter, it, key)
-    pool_n = advance(q, h_ptr, base, fbase, nh, nflat, f_blk, f_next, remap, rend,
-                     _remap_limit(track_moves, moves_now, q, rec_end), nu, first_it, first_pos, it, dead, pool_on,
-                     in_pool, pool_buf, pool_n)
+    lim = _remap_limit(track_moves, moves_now, q, rec_end)
+    pool_n = advance(q, h_ptr, base, fbase, nh, nflat, f_blk, f_next, remap, rend, lim, nu, first_it, first_pos, it,
+                     dead, pool_on, in_pool, pool_buf, pool_n)
+    if lim > 0:  # (an advance through the translation: ``plan_paced``'s verified span is gone)
+        v_lo = 0
+        v_hi = -1
     return stab, after_match(q, 0, blocks, writes, index, it, rec_end, moves_now, track_moves, False, iter_start,
                              h_ptr, base, fbase, nh, nflat, f_blk, f_w, f_next, h_soft, dead, pf_unused, dirty, written,
                              w_iter, uses, last_use, thrashed, resident, in_flight, n_ids, pool_on, in_pool, pool_buf,
                              pool_n, pool_stale, pool_age, pool_launches, pool_k, pool_min, remap, rend, nu, moved_to,
                              mark, first_it, first_pos, capacity, used, margin, now, dur, lead, q_end, stall_aware,
                              window, horizon, scan_max, t_blk, lat, fault_late_soft, inf, k_dead, k_dirty, k_clean,
-                             age0, dead_reuse, s_old, s_new)
+                             age0, dead_reuse, s_old, s_new, v_lo, v_hi)

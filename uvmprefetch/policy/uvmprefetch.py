@@ -221,6 +221,10 @@ class UvmPrefetchPolicy(Policy):
         self._pool_age = 0
         # Below 2 MiB blocks the driver's density prefetch makes blocks resident that no hook reports: no pool.
         self._pool_k = P.victim_pool if ctx.block_size >= 2 << 20 else 0
+        # The window pass's verified span (``_uvmkernels.plan_paced``): positions whose recorded blocks' next uses
+        # need no update; emptied (v_lo > v_hi) by whatever else rewrites next uses (a learned move, an advance
+        # through the translation, a jump, the moves settled at an iteration's end, a trim of the history).
+        self._v_lo, self._v_hi = 0, -1
         self.monitor = WindowMonitor(P.window, P.window_min, P.window_max, P.patience, P.adaptive_window)
         self.pending_advice: list = []
         self.cur_waits = False  # the running launch waits for blocks still in flight
@@ -430,7 +434,7 @@ class UvmPrefetchPolicy(Policy):
                 self._mark, self.first_it, self.first_pos, state.capacity_blocks, state.used_blocks,
                 self.margin_blocks, state.now, float(info.duration), P.lead_s, self.q_end, P.stall_aware,
                 self.monitor.window, self.horizon, P.scan_max, self.t_blk, self._lat, P.fault_late_soft, INF, _K_DEAD,
-                _K_DIRTY, _K_CLEAN, _AGE, P.dead_reuse, self.s_old, self.s_new)
+                _K_DIRTY, _K_CLEAN, _AGE, P.dead_reuse, self.s_old, self.s_new, self._v_lo, self._v_hi)
 
     def _finish(self, info: LaunchInfo, state: ResidencyView, blocks: np.ndarray, key: int, name: int, sig: int,
                 stab: tuple | None, n: int, after: tuple) -> Decision | None:
@@ -439,6 +443,7 @@ class UvmPrefetchPolicy(Policy):
         st = self.stats
         (stage, moved, wmask, again, late, self._pool_n, self._pool_on, self._pool_stale, self._pool_age, self.s_old,
          self.s_new, plan) = after
+        self._v_lo, self._v_hi = plan[13], plan[14]
         st["moved_blocks"] += moved
         self.pending = (key, name, sig, blocks, wmask)
         self.pending_stab = stab
@@ -555,6 +560,7 @@ class UvmPrefetchPolicy(Policy):
         self.f_w.drop_front(fk)
         self.base += k
         self.fbase = cut
+        self._v_lo, self._v_hi = 0, -1
         if self.p is not None and self.p < self.base:
             self.p = None
         self.horizon = max(self.horizon, self.base)
@@ -645,11 +651,13 @@ class UvmPrefetchPolicy(Policy):
         # victim choice reads nu by actual block; next uses changed: a moved block takes its old address's,
         # wherever that is recorded, revised ones rose: the pool is refilled; translated predictions lie before
         # the end of the followed record)
-        moved, self._pool_on, self._pool_stale = _k.learn_moves_pool(
+        moved, self._pool_on, self._pool_stale, revised = _k.learn_moves_pool(
             self.p, self.h_ptr._a, self.base, self.fbase, self.h_ptr.n, self.f_blk.n, self.f_blk._a, self.f_w._a,
             self.f_next._a, writes, self.remap, self.rend, self._record_end(self.p), self.nu, self.dead, self.first_it,
             self.first_pos, self.iters_seen, self.moved_to, self._pool_on, self._pool_stale, INF)
         self.stats["moved_blocks"] += moved
+        if revised:
+            self._v_lo, self._v_hi = 0, -1
 
     def _settle_moves(self) -> None:
         """At the end of an iteration that learned moves: the remap is dropped, and with it what kept the moved
@@ -674,6 +682,7 @@ class UvmPrefetchPolicy(Policy):
             self.horizon = min(self.horizon, int(self.first_pos[fix].min()))
         self.moved_to[:] = False
         self._pool_on = False  # (refilled at the next decision)
+        self._v_lo, self._v_hi = 0, -1
 
     def _learn_shift(self, blocks: np.ndarray, writes: np.ndarray) -> None:
         """The pointer follows an earlier launch of this iteration with other blocks: a repeated layer (the
@@ -737,15 +746,19 @@ class UvmPrefetchPolicy(Policy):
 
     def _advance(self, q: int) -> None:
         self.p = q
+        lim = self._remap_lim()
+        if lim:  # (next uses set through the translation: the window pass's verified span is gone)
+            self._v_lo, self._v_hi = 0, -1
         # (with the pool on, ``pool_due`` first)
         self._pool_n = _k.advance(q, self.h_ptr._a, self.base, self.fbase, self.h_ptr.n, self.f_blk.n, self.f_blk._a,
-                                  self.f_next._a, self.remap, self.rend, self._remap_lim(), self.nu, self.first_it,
+                                  self.f_next._a, self.remap, self.rend, lim, self.nu, self.first_it,
                                   self.first_pos, self.iters_seen, self.dead, self._pool_on, self._in_pool,
                                   self._pool_ids, self._pool_n)
 
     def _rebuild_nu(self, q: int) -> None:
         """Predicted next use of every block after a jump of the pointer to ``q`` (O(history))."""
         self._pool_on = False
+        self._v_lo, self._v_hi = 0, -1
         self._pool_stale = self.end + 1 if (self.s_old or self.s_new) else 0
         a, b = self._span(q + 1, self.end) if q + 1 < self.end else (len(self.f_blk), len(self.f_blk))
         # nu = INF, then each block's first entry in [a, b) (positions from q + 1); bounded cost: beyond
@@ -964,7 +977,7 @@ class UvmPrefetchPolicy(Policy):
             self.pf_unused, self.thrashed, self.t_blk, self._lat, P.fault_late_soft, INF, _K_DEAD, _K_DIRTY,
             _K_CLEAN, _AGE, P.dead_reuse, self._shift_from(), self.s_old, self.s_new, self.w_iter, self.iters_seen,
             self._pool_ids, self._pool_n, self._in_pool, self._pool_on, on, self._pool_min,
-            self._pool_k if p >= self._pool_stale else 0)
+            self._pool_k if p >= self._pool_stale else 0, self._v_lo, self._v_hi)
         return self._after_plan(res, state, cur, n)
 
     def _after_plan(self, res: tuple, state: ResidencyView, cur: np.ndarray, n: int) -> Decision | None:
@@ -972,7 +985,7 @@ class UvmPrefetchPolicy(Policy):
         decision."""
         st = self.stats
         (status, pf, evict, discard, self.horizon, self.q_end, wasted, mis, live, pool_new,
-         self._pool_min, pooled, self._pool_n) = res
+         self._pool_min, pooled, self._pool_n, self._v_lo, self._v_hi) = res
         if pooled:
             st["pooled_victim_scans"] += 1
         if pool_new.shape[0]:  # a full scan refilled the pool; it skipped the running launch's blocks and those
