@@ -33,7 +33,10 @@ How it decides (each launch, in ``on_launch``):
 
 The hot path runs in Numba kernels (``_uvmkernels``): a launch that matches its record exactly takes one call
 for the whole hook (``exact_step``), any other with known accesses one call after the match (``after_match``);
-the Python methods they mirror stay as the reference (``_fast_step`` / ``_fast_plan`` off).
+the Python methods they mirror stay as the reference (``_fast_step`` / ``_fast_plan`` off). The plan's window pass
+(``window_candidates``) lists only the candidates the plan reads and skips the next-use updates of a *verified
+span* of positions, kept from one plan to the next while nothing rewrites next uses (``plan_paced``, ``_v_lo`` /
+``_v_hi``).
 
 State is bounded: ``history_launches`` launches of history and ``table_entries`` entries per correlation
 table (``report()['state_bytes']``).
