@@ -228,6 +228,7 @@ class UvmPrefetchPolicy(Policy):
         # need no update; emptied (v_lo > v_hi) by whatever else rewrites next uses (a learned move, an advance
         # through the translation, a jump, the moves settled at an iteration's end, a trim of the history).
         self._v_lo, self._v_hi = 0, -1
+        self._shift_it = False  # a layer stride was in use this iteration (``_settle_moves``)
         self.monitor = WindowMonitor(P.window, P.window_min, P.window_max, P.patience, P.adaptive_window)
         self.pending_advice: list = []
         self.cur_waits = False  # the running launch waits for blocks still in flight
@@ -242,7 +243,7 @@ class UvmPrefetchPolicy(Policy):
                           evicted_blocks=0, discarded_blocks=0, late_blocks=0, predicted_faults=0, thrash_blocks=0,
                           mispredicted_blocks=0, refetched_blocks=0, moved_blocks=0, read_mostly_blocks=0,
                           prefer_host_blocks=0, soft_moves=0, stable_resync=0, pooled_victim_scans=0, pool_refills=0,
-                          one_kernel_steps=0, fused_after_match=0)
+                          pool_waits_lifted=0, one_kernel_steps=0, fused_after_match=0)
 
     # ------------------------------------------------------------------------------------------ hooks
     def on_free(self, blocks: np.ndarray) -> None:
@@ -287,6 +288,7 @@ class UvmPrefetchPolicy(Policy):
         if self.stats["moved_blocks"] != self._moved_at_start and self.p is not None:
             self._settle_moves()
         self._moved_at_start = self.stats["moved_blocks"]
+        self._shift_it = False
         self.iters_seen += 1
         self.iter_start = self.end + (self.pending is not None)
         self._prev_start = self.iter_starts[-1] if self.iter_starts else 0
@@ -447,6 +449,8 @@ class UvmPrefetchPolicy(Policy):
         (stage, moved, wmask, again, late, self._pool_n, self._pool_on, self._pool_stale, self._pool_age, self.s_old,
          self.s_new, plan) = after
         self._v_lo, self._v_hi = plan[13], plan[14]
+        if self.s_old or self.s_new:
+            self._shift_it = True
         st["moved_blocks"] += moved
         self.pending = (key, name, sig, blocks, wmask)
         self.pending_stab = stab
@@ -683,6 +687,17 @@ class UvmPrefetchPolicy(Policy):
             # arrive late behind the queue: the plan goes back over them (GPT-2-large at 1.5x, iteration 3:
             # 80-block launches late at the start of the forward pass, 1.07x the oracle -> 1.00x).
             self.horizon = min(self.horizon, int(self.first_pos[fix].min()))
+        if not self._shift_it:
+            # The victim pool waited (``_pool_stale``) for the predictions made through this iteration's moves;
+            # with the remap dropped and the moved blocks now predicted where they are recorded, only those of
+            # the moved blocks not settled (first used by the running launch, not yet committed) are left.
+            # (Predictions made through a layer stride this iteration keep the wait as it is.)
+            left = self.nu[self.moved_to & (self.first_it != self.iters_seen)]
+            left = left[left < INF]
+            wait = int(left.max()) + 1 if left.size else 0
+            if wait < self._pool_stale:
+                self.stats["pool_waits_lifted"] += 1
+            self._pool_stale = wait
         self.moved_to[:] = False
         self._pool_on = False  # (refilled at the next decision)
         self._v_lo, self._v_hi = 0, -1
@@ -703,6 +718,8 @@ class UvmPrefetchPolicy(Policy):
         if ok_o or ok_n:  # shifted predictions lie within this iteration's record so far
             self._pool_on = False
             self._pool_stale = max(self._pool_stale, self.end + 1)
+        if self.s_old or self.s_new:
+            self._shift_it = True
 
     def _shift_from(self) -> int:
         """First history position whose blocks ``candidates`` shifts by the layer stride (INF: none)."""
