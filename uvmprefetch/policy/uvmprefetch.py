@@ -214,7 +214,8 @@ class UvmPrefetchPolicy(Policy):
         # passed), listed in ``_pool_ids[:_pool_n]`` (``_in_pool`` marks them). Refilled by a full scan when it
         # cannot decide, every pool_launches, and after each jump of the pointer (``_rebuild_nu``). Unused while a
         # prediction made through a learned move or layer stride may still be passed by the pointer (until it
-        # reaches ``_pool_stale``, or the next jump resets every prediction): ``pool_due`` would miss it.
+        # reaches ``_pool_stale``, the next jump resets every prediction, or ``_settle_moves`` ties the moved
+        # blocks' predictions to where they are recorded): ``pool_due`` would miss it.
         self._in_pool = np.zeros(n, dtype=bool)
         self._pool_ids = np.zeros(n, dtype=np.int64)
         self._pool_n = 0
