@@ -865,8 +865,8 @@ def plan_paced(cur, resident, in_flight, capacity, used, margin, now, dur, lead,
     next recorded entry, ``commit_launch`` sets only next uses that are not ahead of the pointer, and the updates of
     a window pass (this one's or ``candidates``') only bring a next use ahead of the pointer nearer. Whatever else
     writes ``nu`` (a learned move or its revision, an advance through a translation, a jump's ``rebuild_nu``,
-    the end of an iteration that learned moves, the Python plan) empties the span: a pass with translation or
-    shift here, the callers elsewhere.
+    the end of an iteration that learned moves) empties the span: a pass with translation or shift here, the
+    callers elsewhere. (The Python plan, ``_fast_plan`` off, never calls this kernel.)
 
     The victim pool (``pool_k > 0``; ``UvmPrefetchPolicy._pool_ids``): victims come from the blocks
     ``pool_buf[:pool_n]`` lists (``pool_on``) when the ``k``-th of them ranks strictly above ``pool_min``, the
@@ -903,7 +903,8 @@ def plan_paced(cur, resident, in_flight, capacity, used, margin, now, dur, lead,
     # next launch (``near``) and this many more (read only when the candidates outnumber the free room).
     room = (until - (q + free * t_blk)) / t_blk
     budget = max(0, int(np.ceil(room) if sure else room))
-    if remap_lim > 0 or (shift_from < inf and (s_old != 0 or s_new != 0)):
+    plain = remap_lim == 0 and not (shift_from < inf and (s_old != 0 or s_new != 0))
+    if not plain:
         v_lo = 0  # (a translated or shifted pass updates other blocks than those recorded)
         v_hi = -1
     # (the scan and the candidates in one pass: ``window_candidates``, the list cut after the last candidate
@@ -912,7 +913,7 @@ def plan_paced(cur, resident, in_flight, capacity, used, margin, now, dur, lead,
                                                    in_flight, lo, hi, p, cap, scan_max, remap, rend, remap_lim, nu,
                                                    mark, shift_from, s_old, s_new, w_iter, it, dead,
                                                    free + budget + 1, v_lo, v_hi)
-    if remap_lim == 0 and not (shift_from < inf and (s_old != 0 or s_new != 0)) and lo <= scan_hi:
+    if plain and lo <= scan_hi:
         if v_lo <= lo <= v_hi + 1:
             v_hi = max(v_hi, scan_hi)
         else:
