@@ -623,21 +623,21 @@ def test_candidates_and_scan_kernels_match_numpy():
         if chase:
             continue
         # AND the one-pass kernel of the fast plan (scan and candidates together) gives the same
+        def window(remap_lim, *cut_and_span):  # (the one-pass kernel over this trial's history and state)
+            return K.window_candidates(
+                miss, pol.f_blk.view(), pa, pb, pol.h_ptr.view(), pol.base, pol.fbase, len(pol.f_blk), end,
+                view.resident, view.in_flight, lo, hi, p, cap, 1 << 15, pol.remap, pol.rend, remap_lim, pol.nu,
+                pol._mark, *shift, pol.w_iter, pol.iters_seen, pol.dead, *cut_and_span)
+
         pol.nu[:] = nu0
-        wb, wp, w_hi, spanned = K.window_candidates(
-            miss, pol.f_blk.view(), pa, pb, pol.h_ptr.view(), pol.base, pol.fbase, len(pol.f_blk), end,
-            view.resident, view.in_flight, lo, hi, p, cap, 1 << 15, pol.remap, pol.rend, lim, pol.nu, pol._mark, *shift,
-            pol.w_iter, pol.iters_seen, pol.dead)
+        wb, wp, w_hi, spanned = window(lim)
         assert np.array_equal(wb, rb) and np.array_equal(wp, rp) and w_hi == scan_hi and spanned == sb - sa
         assert np.array_equal(pol.nu, nu_ref) and not pol._mark.any()
         # AND with a limit on the candidates beyond the next launch (``plan_paced``'s), the list is the prefix
         # holding every candidate up to position p + 1 and that many more, the scan and the updates unchanged
         pol.nu[:] = nu0
         extra = int(rng.integers(0, 6))
-        cb, cp, c_hi, c_spanned = K.window_candidates(
-            miss, pol.f_blk.view(), pa, pb, pol.h_ptr.view(), pol.base, pol.fbase, len(pol.f_blk), end,
-            view.resident, view.in_flight, lo, hi, p, cap, 1 << 15, pol.remap, pol.rend, lim, pol.nu, pol._mark, *shift,
-            pol.w_iter, pol.iters_seen, pol.dead, extra)
+        cb, cp, c_hi, c_spanned = window(lim, extra)
         keep = min(rb.size, int(np.count_nonzero(rp <= p + 1)) + extra)
         assert np.array_equal(cb, rb[:keep]) and np.array_equal(cp, rp[:keep])
         assert (c_hi, c_spanned) == (w_hi, spanned)
@@ -649,10 +649,7 @@ def test_candidates_and_scan_kernels_match_numpy():
         again = []
         for span in ((0, -1), (lo, scan_hi)):
             pol.nu[:] = nu_ref
-            again.append(K.window_candidates(
-                miss, pol.f_blk.view(), pa, pb, pol.h_ptr.view(), pol.base, pol.fbase, len(pol.f_blk), end,
-                view.resident, view.in_flight, lo, hi, p, cap, 1 << 15, pol.remap, pol.rend, 0, pol.nu, pol._mark,
-                *shift, pol.w_iter, pol.iters_seen, pol.dead, extra, *span) + (pol.nu.copy(),))
+            again.append(window(0, extra, *span) + (pol.nu.copy(),))
         assert all(np.array_equal(u, v) for u, v in zip(*again)), "skipping a verified span changed the pass"
         # ... and it does skip: a next use put behind the pointer inside the span is left there past the cut
         ent = pol._span(lo, scan_hi + 1)
@@ -663,10 +660,7 @@ def test_candidates_and_scan_kernels_match_numpy():
         for span in ((0, -1), (lo, scan_hi)):
             pol.nu[:] = nu_ref
             pol.nu[x] = p
-            K.window_candidates(
-                miss, pol.f_blk.view(), pa, pb, pol.h_ptr.view(), pol.base, pol.fbase, len(pol.f_blk), end,
-                view.resident, view.in_flight, lo, hi, p, cap, 1 << 15, pol.remap, pol.rend, 0, pol.nu, pol._mark,
-                *shift, pol.w_iter, pol.iters_seen, pol.dead, extra, *span)
+            window(0, extra, *span)
             left.append(int(pol.nu[x]) == p)
         assert not left[0]  # (the full pass always brings it ahead)
         skipped += left[1]
