@@ -11,6 +11,22 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+# The policy's per-block state, packed by type (``UvmPrefetchPolicy._bi`` / ``_bb``; its attributes are views of
+# the rows): int64 rows ``I_*``, bool rows ``B_*``.
+I_NU, I_W_ITER, I_LAST_FLAT, I_LAST_USE, I_REMAP, I_REND, I_FIRST_IT, I_FIRST_POS, I_POOL_IDS = range(9)
+N_I = 9
+B_DIRTY, B_DEAD, B_PF_UNUSED, B_THRASHED, B_WRITTEN, B_IN_POOL, B_MOVED_TO = range(7)
+N_B = 7
+# Its settings (``_kp``, int64; ``_kf``, float64) and the scalars it carries from one launch to the next
+# (``_reg``, int64; the H2D queue's end is ``_regf[0]``), which ``after_match`` / ``exact_step`` update in place.
+(P_POOL_LAUNCHES, P_POOL_K, P_TRACK_MOVES, P_LAYER_STRIDE, P_STALL_AWARE, P_SCAN_MAX, P_FAULT_LATE_SOFT, P_DEAD_REUSE,
+ P_STABLE_SYNC, P_MARGIN, P_INF, P_K_DEAD, P_K_DIRTY, P_K_CLEAN, P_AGE) = range(15)
+N_P = 15
+F_LEAD, F_T_BLK, F_LAT = range(3)
+N_F = 3
+G_POOL_N, G_POOL_ON, G_POOL_STALE, G_POOL_AGE, G_POOL_MIN, G_S_OLD, G_S_NEW, G_V_LO, G_V_HI, G_HORIZON = range(10)
+N_G = 10
+
 
 @nb.njit(cache=True, nogil=True)
 def scan_window(h_ptr, base, fbase, nflat, end, f_blk, resident, in_flight, h_cum, lo, hi, p, cap, chase, q0, t0,
@@ -1000,28 +1016,55 @@ def _remap_limit(track_moves, moves_now, q, rec_end):
 
 
 @nb.njit(cache=True, nogil=True)
-def after_match(q, soft, blocks, writes, index, it, rec_end, moves_now, track_moves, layer_stride, iter_start, h_ptr,
-                base, fbase, nh, nflat, f_blk, f_w, f_next, h_soft, dead, pf_unused, dirty, written, w_iter, uses,
-                last_use, thrashed, resident, in_flight, n_ids, pool_on, in_pool, pool_buf, pool_n, pool_stale,
-                pool_age, pool_launches, pool_k, pool_min, remap, rend, nu, moved_to, mark, first_it, first_pos,
-                capacity, used, margin, now, dur, lead, q_end, stall_aware, window, horizon, scan_max, t_blk, lat,
-                fault_late_soft, inf, k_dead, k_dirty, k_clean, age0, dead_reuse, s_old, s_new, v_lo, v_hi):
+def after_match(q, soft, blocks, writes, index, it, rec_end, moves_now, iter_start, h_ptr, h_soft, f_blk, f_w, f_next,
+                base, fbase, nh, nflat, resident, in_flight, n_ids, capacity, used, now, dur, window, bi, bb, uses,
+                mark, kp, kf, reg, regf):
     """``on_launch`` after the pointer moved to ``q`` (``soft``: how the launch matched, ``_match``), for a launch
-    with known accesses, in one call: the same kernels in the same order as the Python hooks.
+    with known accesses, in one call: the same kernels in the same order as the Python hooks. The policy's
+    per-block state comes packed (``bi`` / ``bb``: rows ``I_*`` / ``B_*``), its settings in ``kp`` / ``kf``
+    (``P_*`` / ``F_*``), and the scalars it carries from one launch to the next in ``reg`` / ``regf`` (``G_*``,
+    ``regf[0]``: the H2D queue's end), which this call updates in place.
 
     1. ``learn_moves_pool`` (``track_moves`` and ``q`` before this iteration: ``rec_end``, the followed
-       record's end, is then > ``q``; 0 otherwise); rewritten next uses empty ``plan_paced``'s verified span
-       ``[v_lo, v_hi]``;
-    2. ``learn_shift`` (a soft match inside this iteration, ``layer_stride``): the strides ``s_old`` / ``s_new``;
-       a new one empties the victim pool and makes it stale up to the history's end;
+       record's end, is then > ``q``; 0 otherwise); rewritten next uses empty ``plan_paced``'s verified span;
+    2. ``learn_shift`` (a soft match inside this iteration, ``layer_stride``): the strides; a new one empties the
+       victim pool and makes it stale up to the history's end;
     3. ``launch_marks``; when a block came back after thrash or is late (``again`` / ``late``), the window
        monitor must see it before the plan: stop here (``stage`` 1, the caller plans);
     4. ``plan_paced`` (``sure`` on an exact match, not waiting), the pool age counted; the remap limit is
-       ``rec_end`` once a move was learned this iteration (``moves_now`` or step 1).
+       ``rec_end`` once a move was learned this iteration (``moves_now`` or step 1); a full victim scan refills
+       the pool (``pool_refill``).
 
-    Returns ``(stage, moved, wmask, again, late, pool_n, pool_on, pool_stale, pool_age, s_old, s_new, plan)``
-    with ``plan`` the tuple ``plan_paced`` returns (``(0, empty, ...)`` at stage 1, with the verified span)."""
+    Returns ``(stage, moved, wmask, again, late, status, pf, evict, discard, wasted, mis, live, pooled, refilled,
+    shifted)``: ``status`` .. ``pooled`` as ``plan_paced`` returns them (``status`` 0 at stage 1), ``refilled``
+    whether a full scan refilled the pool, ``shifted`` whether a layer stride is in use."""
     empty = np.empty(0, dtype=np.int64)
+    nu = bi[I_NU]
+    w_iter = bi[I_W_ITER]
+    last_use = bi[I_LAST_USE]
+    remap = bi[I_REMAP]
+    rend = bi[I_REND]
+    first_it = bi[I_FIRST_IT]
+    first_pos = bi[I_FIRST_POS]
+    pool_buf = bi[I_POOL_IDS]
+    dirty = bb[B_DIRTY]
+    dead = bb[B_DEAD]
+    pf_unused = bb[B_PF_UNUSED]
+    thrashed = bb[B_THRASHED]
+    written = bb[B_WRITTEN]
+    in_pool = bb[B_IN_POOL]
+    moved_to = bb[B_MOVED_TO]
+    inf = kp[P_INF]
+    track_moves = kp[P_TRACK_MOVES] != 0
+    pool_n = reg[G_POOL_N]
+    pool_on = reg[G_POOL_ON] != 0
+    pool_stale = reg[G_POOL_STALE]
+    pool_age = reg[G_POOL_AGE]
+    pool_min = reg[G_POOL_MIN]
+    s_old = reg[G_S_OLD]
+    s_new = reg[G_S_NEW]
+    v_lo = reg[G_V_LO]
+    v_hi = reg[G_V_HI]
     lim = _remap_limit(track_moves, moves_now, q, rec_end)
     moved = 0
     if track_moves and q < rec_end:
@@ -1033,7 +1076,7 @@ def after_match(q, soft, blocks, writes, index, it, rec_end, moves_now, track_mo
         if revised:
             v_lo = 0
             v_hi = -1
-    if soft and q >= iter_start and layer_stride:
+    if soft and q >= iter_start and kp[P_LAYER_STRIDE]:
         a = h_ptr[q - base] - fbase
         b = nflat
         if q + 1 < base + nh:
@@ -1050,65 +1093,106 @@ def after_match(q, soft, blocks, writes, index, it, rec_end, moves_now, track_mo
                                         last_use, thrashed, resident, in_flight, pool_on, in_pool, pool_buf, pool_n)
     again = marks[1]
     late = marks[2]
-    if again or late:
-        plan = (0, empty, empty, empty, horizon, q_end, 0, 0, 0, empty, pool_min, False, pool_n, v_lo, v_hi)
-        return 1, moved, wmask, again, late, pool_n, pool_on, pool_stale, pool_age, s_old, s_new, plan
-    pool_age += 1
-    on = pool_on and pool_age <= pool_launches
-    pk = 0
-    if q >= pool_stale:
-        pk = pool_k
-    shift_from = inf
-    if q >= iter_start and (s_old != 0 or s_new != 0):
-        shift_from = iter_start
-    plan = plan_paced(blocks, resident[:n_ids], in_flight[:n_ids], capacity, used, margin, now, dur, lead, q_end,
-                      False, stall_aware, soft == 0, q, window, horizon, h_ptr[:nh], base, fbase, nh, nflat, f_blk,
-                      h_soft, scan_max, remap, rend, lim, nu, mark, dead, dirty, last_use, pf_unused, thrashed, t_blk,
-                      lat, fault_late_soft, inf, k_dead, k_dirty, k_clean, age0, dead_reuse, shift_from, s_old, s_new,
-                      w_iter, it, pool_buf, pool_n, in_pool, pool_on, on, pool_min, pk, v_lo, v_hi)
-    return 0, moved, wmask, again, late, plan[12], pool_on, pool_stale, pool_age, s_old, s_new, plan
+    stage = 1
+    status = 0
+    pf = empty
+    evict = empty
+    discard = empty
+    wasted = 0
+    mis = 0
+    live = 0
+    pooled = False
+    refilled = False
+    if not (again or late):
+        stage = 0
+        pool_age += 1
+        on = pool_on and pool_age <= kp[P_POOL_LAUNCHES]
+        pk = 0
+        if q >= pool_stale:
+            pk = kp[P_POOL_K]
+        shift_from = inf
+        if q >= iter_start and (s_old != 0 or s_new != 0):
+            shift_from = iter_start
+        (status, pf, evict, discard, horizon, q_end, wasted, mis, live, pool_new, pool_min, pooled, pool_n, v_lo,
+         v_hi) = plan_paced(blocks, resident[:n_ids], in_flight[:n_ids], capacity, used, kp[P_MARGIN], now, dur,
+                            kf[F_LEAD], regf[0], False, kp[P_STALL_AWARE] != 0, soft == 0, q, window,
+                            reg[G_HORIZON], h_ptr[:nh], base, fbase, nh, nflat, f_blk, h_soft, kp[P_SCAN_MAX], remap,
+                            rend, lim, nu, mark, dead, dirty, last_use, pf_unused, thrashed, kf[F_T_BLK], kf[F_LAT],
+                            kp[P_FAULT_LATE_SOFT] != 0, inf, kp[P_K_DEAD], kp[P_K_DIRTY], kp[P_K_CLEAN], kp[P_AGE],
+                            kp[P_DEAD_REUSE] != 0, shift_from, s_old, s_new, w_iter, it, pool_buf, pool_n, in_pool,
+                            pool_on, on, pool_min, pk, v_lo, v_hi)
+        reg[G_HORIZON] = horizon
+        regf[0] = q_end
+        if pool_new.shape[0]:
+            refilled = True
+            pool_n = pool_refill(pool_new, blocks, in_flight[:n_ids], pf, in_pool, pool_buf, pool_n)
+            pool_on = True
+            pool_age = 0
+    reg[G_POOL_N] = pool_n
+    reg[G_POOL_ON] = pool_on
+    reg[G_POOL_STALE] = pool_stale
+    reg[G_POOL_AGE] = pool_age
+    reg[G_POOL_MIN] = pool_min
+    reg[G_S_OLD] = s_old
+    reg[G_S_NEW] = s_new
+    reg[G_V_LO] = v_lo
+    reg[G_V_HI] = v_hi
+    return (stage, moved, wmask, again, late, status, pf, evict, discard, wasted, mis, live, pooled, refilled,
+            s_old != 0 or s_new != 0)
 
 
 @nb.njit(cache=True, nogil=True)
-def exact_step(h_cum, h_key, h_name, h_sig, cum, pkey, pname, psig, psoft, pblocks, pwmask, p_has_w, last_flat, pp,
-               stable_sync, key, q, soft, blocks, writes, index, it, rec_end, moves_now, track_moves,
-               layer_stride, iter_start, h_ptr, base, fbase, nh, nflat, f_blk, f_w, f_next, h_soft, dead, pf_unused,
-               dirty, written, w_iter, uses, last_use, thrashed, resident, in_flight, n_ids, pool_on, in_pool,
-               pool_buf, pool_n, pool_stale, pool_age, pool_launches, pool_k, pool_min, remap, rend, nu, moved_to, mark,
-               first_it, first_pos, capacity, used, margin, now, dur, lead, q_end, stall_aware, window, horizon,
-               scan_max, t_blk, lat, fault_late_soft, inf, k_dead, k_dirty, k_clean, age0, dead_reuse, s_old, s_new,
-               v_lo, v_hi):
+def pool_refill(pool_new, cur, in_flight, pf, in_pool, buf, n):
+    """The victim pool after a full scan (``plan_paced``'s ``pool_new``): the old ``buf[:n]`` unmarked, then the
+    scan's blocks, the running launch's (``cur``, which the scan skipped), those in flight (whose keys it did not
+    read) and the prefetched ``pf``. Returns the new length."""
+    for i in range(n):
+        in_pool[buf[i]] = False
+    n = pool_add(pool_new, in_pool, buf, 0)
+    n = pool_add(cur, in_pool, buf, n)
+    for x in range(in_flight.shape[0]):
+        if in_flight[x]:
+            n = _pool_put(x, in_pool, buf, n)
+    return pool_add(pf, in_pool, buf, n)
+
+
+@nb.njit(cache=True, nogil=True)
+def exact_step(h_cum, h_key, h_name, h_sig, cum, pkey, pname, psig, psoft, pblocks, pwmask, p_has_w, pp, key, q, soft,
+               blocks, writes, index, it, rec_end, moves_now, iter_start, h_ptr, h_soft, f_blk, f_w, f_next, base,
+               fbase, nh, nflat, resident, in_flight, n_ids, capacity, used, now, dur, window, bi, bb, uses, mark, kp,
+               kf, reg, regf):
     """``on_launch`` in one call for a launch with known accesses that matches the next recorded launch
     exactly (``h_sig`` at ``q``, the pointer's next position, is its signature; the caller checked): the
     same kernels in the same order as the Python hooks, with the same arguments. The arguments from ``q`` on are
-    ``after_match``'s (``nh`` / ``nflat``: the history's lengths with the pending launch committed; ``soft`` and
-    ``layer_stride`` are read as 0 and False: an exact match learns no stride).
+    ``after_match``'s (``nh`` / ``nflat``: the history's lengths with the pending launch committed; ``soft`` is
+    0: an exact match learns no stride).
 
     1. ``commit_launch`` of the pending (previous) launch at the last history index, ``nh - 1`` (the caller
        reserved room, set the buffers' lengths and updates the tables), its pointer ``pp``, its match ``psoft``;
-    2. ``stable_sig`` of this launch (``stable_sync``; 0 otherwise);
+    2. ``stable_sig`` of this launch (``kp[P_STABLE_SYNC]``; 0 otherwise);
     3. ``advance`` to ``q`` (remap limit ``rec_end`` when a move was learned this iteration, ``moves_now``; then
-       the verified span ``[v_lo, v_hi]`` is emptied);
-    4. ``after_match`` (an exact match: no layer stride to learn).
+       the verified span is emptied);
+    4. ``after_match``.
 
     Returns ``(stab, after)``: the stable signature and what ``after_match`` returns."""
     hn = nh - 1
+    nu = bi[I_NU]
+    first_it = bi[I_FIRST_IT]
+    first_pos = bi[I_FIRST_POS]
+    inf = kp[P_INF]
     commit_launch(h_cum, h_key, h_name, h_sig, h_soft, h_ptr, hn, cum, pkey, pname, psig, psoft, f_blk, f_w, f_next,
-                  nflat - pblocks.shape[0], pblocks, pwmask, p_has_w, fbase, last_flat, base + hn, nu, pp, inf,
+                  nflat - pblocks.shape[0], pblocks, pwmask, p_has_w, fbase, bi[I_LAST_FLAT], base + hn, nu, pp, inf,
                   first_it, first_pos, it)
     stab = 0
-    if stable_sync:
-        stab = stable_sig(blocks, writes, w_iter, it, key)
-    lim = _remap_limit(track_moves, moves_now, q, rec_end)
-    pool_n = advance(q, h_ptr, base, fbase, nh, nflat, f_blk, f_next, remap, rend, lim, nu, first_it, first_pos, it,
-                     dead, pool_on, in_pool, pool_buf, pool_n)
+    if kp[P_STABLE_SYNC]:
+        stab = stable_sig(blocks, writes, bi[I_W_ITER], it, key)
+    lim = _remap_limit(kp[P_TRACK_MOVES] != 0, moves_now, q, rec_end)
+    reg[G_POOL_N] = advance(q, h_ptr, base, fbase, nh, nflat, f_blk, f_next, bi[I_REMAP], bi[I_REND], lim, nu,
+                            first_it, first_pos, it, bb[B_DEAD], reg[G_POOL_ON] != 0, bb[B_IN_POOL], bi[I_POOL_IDS],
+                            reg[G_POOL_N])
     if lim > 0:  # (an advance through the translation: ``plan_paced``'s verified span is gone)
-        v_lo = 0
-        v_hi = -1
-    return stab, after_match(q, 0, blocks, writes, index, it, rec_end, moves_now, track_moves, False, iter_start,
-                             h_ptr, base, fbase, nh, nflat, f_blk, f_w, f_next, h_soft, dead, pf_unused, dirty, written,
-                             w_iter, uses, last_use, thrashed, resident, in_flight, n_ids, pool_on, in_pool, pool_buf,
-                             pool_n, pool_stale, pool_age, pool_launches, pool_k, pool_min, remap, rend, nu, moved_to,
-                             mark, first_it, first_pos, capacity, used, margin, now, dur, lead, q_end, stall_aware,
-                             window, horizon, scan_max, t_blk, lat, fault_late_soft, inf, k_dead, k_dirty, k_clean,
-                             age0, dead_reuse, s_old, s_new, v_lo, v_hi)
+        reg[G_V_LO] = 0
+        reg[G_V_HI] = -1
+    return stab, after_match(q, soft, blocks, writes, index, it, rec_end, moves_now, iter_start, h_ptr, h_soft, f_blk,
+                             f_w, f_next, base, fbase, nh, nflat, resident, in_flight, n_ids, capacity, used, now,
+                             dur, window, bi, bb, uses, mark, kp, kf, reg, regf)

@@ -119,12 +119,43 @@ class UvmPrefetchParams(Params):
             raise ConfigError(f"uvmprefetch: history_launches must be >= 16, got {self.history_launches}")
 
 
+def _carried(i: int, kind: type = int) -> property:
+    """A scalar the one-kernel steps carry from one launch to the next: ``_reg[i]`` as ``kind``."""
+    def get(self):
+        return kind(self._reg[i])
+
+    def put(self, v) -> None:
+        self._reg[i] = v
+    return property(get, put)
+
+
 class UvmPrefetchPolicy(Policy):
     """Learned launch-stream prefetcher with adaptive window, paced pre-eviction, invalidation and advice."""
 
     name: ClassVar[str] = "uvmprefetch"
     Params: ClassVar[type] = UvmPrefetchParams
     description: ClassVar[str] = "ours: launch-history prediction, adaptive window, paced pre-eviction, advice"
+
+    # (in ``_reg``, which ``_uvmkernels.after_match`` / ``exact_step`` update in place; see ``on_start``)
+    _pool_n = _carried(_k.G_POOL_N)
+    _pool_on = _carried(_k.G_POOL_ON, bool)
+    _pool_stale = _carried(_k.G_POOL_STALE)
+    _pool_age = _carried(_k.G_POOL_AGE)
+    _pool_min = _carried(_k.G_POOL_MIN)
+    s_old = _carried(_k.G_S_OLD)
+    s_new = _carried(_k.G_S_NEW)
+    _v_lo = _carried(_k.G_V_LO)
+    _v_hi = _carried(_k.G_V_HI)
+    horizon = _carried(_k.G_HORIZON)
+
+    @property
+    def q_end(self) -> float:
+        """Predicted end of the H2D queue (``_regf[0]``)."""
+        return float(self._regf[0])
+
+    @q_end.setter
+    def q_end(self, v: float) -> None:
+        self._regf[0] = v
 
     def __init__(self, params: UvmPrefetchParams | None = None, **overrides) -> None:
         super().__init__(params, **overrides)
@@ -136,18 +167,26 @@ class UvmPrefetchPolicy(Policy):
         super().on_start(ctx)
         P = self.params
         n = ctx.max_blocks
-        self.nu = np.full(n, INF, dtype=np.int64)  # predicted next use (history position)
-        self.dirty = np.zeros(n, dtype=bool)
-        self.dead = np.zeros(n, dtype=bool)
-        self.pf_unused = np.zeros(n, dtype=bool)
-        self.thrashed = np.zeros(n, dtype=bool)  # prefetched, evicted unused while still predicted
-        self.written = np.zeros(n, dtype=bool)  # ever written (advice)
-        self.w_iter = np.full(n, -1, dtype=np.int64)  # last iteration (count of on_iteration) writing the block
+        # Per-block state, packed by type so that the one-kernel steps take two arrays, not sixteen
+        # (``_uvmkernels.I_*`` / ``B_*`` name the rows; the attributes below are views of them)
+        self._bi = np.zeros((_k.N_I, n), dtype=np.int64)
+        self._bb = np.zeros((_k.N_B, n), dtype=bool)
+        bi, bb = self._bi, self._bb
+        self.nu = bi[_k.I_NU]  # predicted next use (history position)
+        self.nu[:] = INF
+        self.dirty = bb[_k.B_DIRTY]
+        self.dead = bb[_k.B_DEAD]
+        self.pf_unused = bb[_k.B_PF_UNUSED]
+        self.thrashed = bb[_k.B_THRASHED]  # prefetched, evicted unused while still predicted
+        self.written = bb[_k.B_WRITTEN]  # ever written (advice)
+        self.w_iter = bi[_k.I_W_ITER]  # last iteration (count of on_iteration) writing the block
+        self.w_iter[:] = -1
         self.uses = np.zeros(n, dtype=np.int32)  # launches touching it this iteration (advice)
         self.prev_uses = np.zeros(n, dtype=np.int32)
         self.advice = np.zeros(n, dtype=np.int8)
-        self.last_flat = np.full(n, -1, dtype=np.int64)
-        self.last_use = np.zeros(n, dtype=np.int64)  # launch index of the last use (LRU tie-break)
+        self.last_flat = bi[_k.I_LAST_FLAT]
+        self.last_flat[:] = -1
+        self.last_use = bi[_k.I_LAST_USE]  # launch index of the last use (LRU tie-break)
         self._mark = np.zeros(n, dtype=np.uint8)  # zeroed scratch of the kernels (left zeroed)
         # History (absolute positions; entries before `base` / flat entries before `fbase` are forgotten).
         self.h_key = GrowArray(np.int64)
@@ -172,10 +211,12 @@ class UvmPrefetchPolicy(Policy):
         self._h_room = min(g.reserve(0).shape[0] for g in self._hist)
         self._f_room = min(g.reserve(0).shape[0] for g in self._flat)
         # recorded block -> where the tensor written there lives in this iteration (see _learn_moves)
-        self.remap = np.arange(n, dtype=np.int64)
-        self.rend = np.zeros(n, dtype=np.int64)  # ... for its recorded entries before this position
-        self.first_it = np.full(n, -1, dtype=np.int64)  # iteration of first_pos
-        self.first_pos = np.zeros(n, dtype=np.int64)  # a block's first position in this iteration's record
+        self.remap = bi[_k.I_REMAP]
+        self.remap[:] = np.arange(n)
+        self.rend = bi[_k.I_REND]  # ... for its recorded entries before this position
+        self.first_it = bi[_k.I_FIRST_IT]  # iteration of first_pos
+        self.first_it[:] = -1
+        self.first_pos = bi[_k.I_FIRST_POS]  # a block's first position in this iteration's record
         self.iter_start = 0  # history position of this iteration's first launch
         self.iter_starts: list[int] = []  # the first positions of the later iterations (ascending)
         self._prev_start = 0  # first position of the last iteration's record
@@ -198,6 +239,9 @@ class UvmPrefetchPolicy(Policy):
         self.soft = 0  # how the running launch matched its prediction (committed with it)
         self.pending: tuple | None = None  # the running launch, committed to history at the next launch
         self.p: int | None = None  # history position matched to the running launch
+        # The scalars the one-kernel steps carry from one launch to the next (properties over ``_reg`` / ``_regf``)
+        self._reg = np.zeros(_k.N_G, dtype=np.int64)
+        self._regf = np.zeros(1, dtype=np.float64)
         self.horizon = 0
         self.q_end = 0.0
         self.t_blk = ctx.gpu.transfer_time(ctx.block_size)
@@ -216,8 +260,8 @@ class UvmPrefetchPolicy(Policy):
         # prediction made through a learned move or layer stride may still be passed by the pointer (until it
         # reaches ``_pool_stale``, the next jump resets every prediction, or ``_settle_moves`` ties the moved
         # blocks' predictions to where they are recorded): ``pool_due`` would miss it.
-        self._in_pool = np.zeros(n, dtype=bool)
-        self._pool_ids = np.zeros(n, dtype=np.int64)
+        self._in_pool = bb[_k.B_IN_POOL]
+        self._pool_ids = bi[_k.I_POOL_IDS]
         self._pool_n = 0
         self._pool_on = False  # filled by a full scan and kept up since
         self._pool_stale = 0  # history position from which no such prediction lies ahead
@@ -235,7 +279,7 @@ class UvmPrefetchPolicy(Policy):
         self.cur_waits = False  # the running launch waits for blocks still in flight
         self.iters_seen = 0
         self._moved_at_start = 0  # moved_blocks when this iteration began
-        self.moved_to = np.zeros(n, dtype=bool)  # blocks that took a recorded block's next use this iteration
+        self.moved_to = bb[_k.B_MOVED_TO]  # blocks that took a recorded block's next use this iteration
         self.s_old = 0  # layer stride (blocks) of older data / of this iteration's data (see _learn_shift)
         self.s_new = 0
         self.it_link_blocks = 0
@@ -245,6 +289,14 @@ class UvmPrefetchPolicy(Policy):
                           mispredicted_blocks=0, refetched_blocks=0, moved_blocks=0, read_mostly_blocks=0,
                           prefer_host_blocks=0, soft_moves=0, stable_resync=0, pooled_victim_scans=0, pool_refills=0,
                           pool_waits_lifted=0, one_kernel_steps=0, fused_after_match=0)
+        # The settings the one-kernel steps read (``_uvmkernels.P_*`` / ``F_*``)
+        kp = {_k.P_POOL_LAUNCHES: P.pool_launches, _k.P_POOL_K: self._pool_k, _k.P_TRACK_MOVES: P.track_moves,
+              _k.P_LAYER_STRIDE: P.layer_stride, _k.P_STALL_AWARE: P.stall_aware, _k.P_SCAN_MAX: P.scan_max,
+              _k.P_FAULT_LATE_SOFT: P.fault_late_soft, _k.P_DEAD_REUSE: P.dead_reuse,
+              _k.P_STABLE_SYNC: P.stable_sync, _k.P_MARGIN: self.margin_blocks, _k.P_INF: INF, _k.P_K_DEAD: _K_DEAD,
+              _k.P_K_DIRTY: _K_DIRTY, _k.P_K_CLEAN: _K_CLEAN, _k.P_AGE: _AGE}
+        self._kp = np.array([int(kp[i]) for i in range(_k.N_P)], dtype=np.int64)
+        self._kf = np.array([P.lead_s, self.t_blk, self._lat], dtype=np.float64)
 
     # ------------------------------------------------------------------------------------------ hooks
     def on_free(self, blocks: np.ndarray) -> None:
@@ -400,7 +452,6 @@ class UvmPrefetchPolicy(Policy):
         exactly, in one kernel (``_uvmkernels.exact_step``): the commit of the previous launch, the stable
         signature, the pointer's advance, then ``after_match`` (moves, marks, plan): the same steps in the same
         order as the general path (``_fast_step`` off: tests compare the two in lock step)."""
-        P = self.params
         st = self.stats
         pkey, pname, psig, pblocks, pwmask = self.pending
         hn, fn, has_w = self._commit_room(pblocks, pwmask)
@@ -411,8 +462,7 @@ class UvmPrefetchPolicy(Policy):
         n = ids_in_use(state)
         h, after = _k.exact_step(
             self.h_cum._a, self.h_key._a, self.h_name._a, self.h_sig._a, cum, pkey, pname, psig, self.soft, pblocks,
-            pwmask if has_w else _NO_W, has_w, self.last_flat, self.p, P.stable_sync, key,
-            *self._after_args(info, state, blocks, q, 0, n))
+            pwmask if has_w else _NO_W, has_w, self.p, key, *self._after_args(info, state, blocks, q, 0, n))
         self.p = q
         self.soft = 0
         st["matched"] += 1
@@ -428,29 +478,22 @@ class UvmPrefetchPolicy(Policy):
                     n: int) -> tuple:
         """The arguments of ``_uvmkernels.after_match`` (and the tail of ``exact_step``'s) for the running launch,
         the pointer at ``q`` matched as ``soft``."""
-        P = self.params
         it0 = self.iter_start
         return (q, soft, blocks, info.write_blocks, info.index, self.iters_seen,
-                self._record_end(q) if q < it0 else 0, self.stats["moved_blocks"] != self._moved_at_start,
-                P.track_moves, P.layer_stride, it0, self.h_ptr._a, self.base, self.fbase, self.h_ptr.n, self.f_blk.n,
-                self.f_blk._a, self.f_w._a, self.f_next._a, self.h_soft._a, self.dead, self.pf_unused, self.dirty,
-                self.written, self.w_iter, self.uses, self.last_use, self.thrashed, state.resident, state.in_flight, n,
-                self._pool_on, self._in_pool, self._pool_ids, self._pool_n, self._pool_stale, self._pool_age,
-                P.pool_launches, self._pool_k, self._pool_min, self.remap, self.rend, self.nu, self.moved_to,
-                self._mark, self.first_it, self.first_pos, state.capacity_blocks, state.used_blocks,
-                self.margin_blocks, state.now, float(info.duration), P.lead_s, self.q_end, P.stall_aware,
-                self.monitor.window, self.horizon, P.scan_max, self.t_blk, self._lat, P.fault_late_soft, INF, _K_DEAD,
-                _K_DIRTY, _K_CLEAN, _AGE, P.dead_reuse, self.s_old, self.s_new, self._v_lo, self._v_hi)
+                self._record_end(q) if q < it0 else 0, self.stats["moved_blocks"] != self._moved_at_start, it0,
+                self.h_ptr._a, self.h_soft._a, self.f_blk._a, self.f_w._a, self.f_next._a, self.base, self.fbase,
+                self.h_ptr.n, self.f_blk.n, state.resident, state.in_flight, n, state.capacity_blocks,
+                state.used_blocks, state.now, float(info.duration), self.monitor.window, self._bi, self._bb, self.uses,
+                self._mark, self._kp, self._kf, self._reg, self._regf)
 
     def _finish(self, info: LaunchInfo, state: ResidencyView, blocks: np.ndarray, key: int, name: int, sig: int,
                 stab: tuple | None, n: int, after: tuple) -> Decision | None:
         """``on_launch`` after ``after_match`` (``after``: what it returns): the running launch pending its
         commit, the window monitor, the plan's decision, the advice."""
         st = self.stats
-        (stage, moved, wmask, again, late, self._pool_n, self._pool_on, self._pool_stale, self._pool_age, self.s_old,
-         self.s_new, plan) = after
-        self._v_lo, self._v_hi = plan[13], plan[14]
-        if self.s_old or self.s_new:
+        (stage, moved, wmask, again, late, status, pf, evict, discard, wasted, mis, live, pooled, refilled,
+         shifted) = after
+        if shifted:
             self._shift_it = True
         st["moved_blocks"] += moved
         self.pending = (key, name, sig, blocks, wmask)
@@ -468,7 +511,7 @@ class UvmPrefetchPolicy(Policy):
                 self.monitor.late(info.index, late)
             dec = self._plan(info, state, blocks)
         else:
-            dec = self._after_plan(plan, state, blocks, n)
+            dec = self._decide(status, pf, evict, discard, wasted, mis, live, pooled, refilled, state, blocks)
         if self.pending_advice:
             dec = dec or Decision()
             dec.advise = tuple(self.pending_advice)
@@ -1002,21 +1045,26 @@ class UvmPrefetchPolicy(Policy):
         return self._after_plan(res, state, cur, n)
 
     def _after_plan(self, res: tuple, state: ResidencyView, cur: np.ndarray, n: int) -> Decision | None:
-        """``_plan_paced`` after its kernel (``res``: what ``plan_paced`` returns): the pool, the counts, the
-        decision."""
-        st = self.stats
+        """``_plan_paced`` after its kernel (``res``: what ``plan_paced`` returns): the pool, the decision."""
         (status, pf, evict, discard, self.horizon, self.q_end, wasted, mis, live, pool_new,
-         self._pool_min, pooled, self._pool_n, self._v_lo, self._v_hi) = res
-        if pooled:
-            st["pooled_victim_scans"] += 1
-        if pool_new.shape[0]:  # a full scan refilled the pool; it skipped the running launch's blocks and those
-            st["pool_refills"] += 1
-            self._in_pool[self._pool_ids[:self._pool_n]] = False  # in flight, whose keys it did not read
-            self._pool_n = 0
+         self._pool_min, pooled, pool_n, self._v_lo, self._v_hi) = res
+        if pool_new.shape[0]:  # a full scan refilled the pool (as ``after_match``)
+            self._pool_n = _k.pool_refill(pool_new, cur, state.in_flight[:n], pf, self._in_pool, self._pool_ids, pool_n)
             self._pool_on = True
             self._pool_age = 0
-            for b in (pool_new, cur, np.flatnonzero(state.in_flight[:n]), pf):
-                self._pool_add(b)
+        else:
+            self._pool_n = pool_n
+        return self._decide(status, pf, evict, discard, wasted, mis, live, pooled, pool_new.shape[0] > 0, state, cur)
+
+    def _decide(self, status: int, pf: np.ndarray, evict: np.ndarray, discard: np.ndarray, wasted: int, mis: int,
+                live: int, pooled: bool, refilled: bool, state: ResidencyView, cur: np.ndarray) -> Decision | None:
+        """The decision of a plan made in one kernel (``plan_paced``, directly or in ``after_match``), and its
+        counts: ``status`` 0 means no prediction to follow (then only the free margin)."""
+        st = self.stats
+        if pooled:
+            st["pooled_victim_scans"] += 1
+        if refilled:
+            st["pool_refills"] += 1
         if not status:
             return self._margin(state, cur) if self.margin_blocks else None
         if wasted or mis:
