@@ -88,3 +88,74 @@ def test_bad_sizes_raise_config_error(bad):
         LruMap(bad)
     with pytest.raises(ConfigError):
         SetAssocTable(bad, 2)
+
+
+def _compiled(rows):
+    from uvmprefetch.policy import _uvmkernels as k
+
+    return k, np.zeros((k.N_T, rows * k.TAB_WAYS, 3), dtype=np.int64), np.zeros(k.N_G, dtype=np.int64)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 3), st.lists(st.tuples(st.booleans(), st.integers(-40, 40)), max_size=120))
+def test_compiled_correlation_table_is_an_lru_per_set(rows, ops):
+    # GIVEN uvmprefetch's compiled position table (``_uvmkernels.tab_put`` / ``tab_get``: TAB_WAYS ways a set)
+    # WHEN keys (negative ones too: they are hashes) are put and got THEN it holds what a reference does: per
+    # set an LRU list of TAB_WAYS keys, where a get (a hit) counts as a use, and a put of a new key into a full
+    # set drops the least recently used
+    k, tabs, reg = _compiled(rows)
+    ref: dict = {}  # set -> [(key, value)], most recent last
+    for i, (is_put, key) in enumerate(ops):
+        s = k._set_of(tabs, key)
+        lst = ref.setdefault(s, [])
+        hit = [e for e in lst if e[0] == key]
+        if is_put:
+            k.tab_put(tabs, k.T_SIG, key, i, reg)
+            if hit:
+                lst.remove(hit[0])
+            lst.append((key, i))
+            del lst[:-k.TAB_WAYS]
+        else:
+            got = k.tab_get(tabs, k.T_SIG, key, reg)
+            assert got == (hit[0][1] if hit else -1)
+            if hit:
+                lst.remove(hit[0])
+                lst.append(hit[0])
+    held = {(int(a), int(b)) for a, b, c in tabs[k.T_SIG] if c}
+    assert held == {e for lst in ref.values() for e in lst}
+    assert not tabs[k.T_STAB].any()  # (the other tables untouched)
+
+
+def test_compiled_counts_start_over_each_generation():
+    # GIVEN the occurrence counts (``tab_count``) WHEN a key is counted three times in one generation (an
+    # iteration) and once in the next THEN it gets 0, 1, 2, then 0 again, and other keys count apart
+    k, tabs, _ = _compiled(4)
+    assert [k.tab_count(tabs, k.C_NGRAM, 7, 1) for _ in range(3)] == [0, 1, 2]
+    assert k.tab_count(tabs, k.C_NGRAM, -7, 1) == 0
+    assert k.tab_count(tabs, k.C_NGRAM, 7, 2) == 0 and k.tab_count(tabs, k.C_NGRAM, 7, 2) == 1
+
+
+def test_compiled_ngram_keys_follow_the_committed_launches():
+    # GIVEN the exec-id / name n-grams of uvmprefetch (n = 2) WHEN launches (exec id, name) are committed THEN the
+    # running launch's n-gram key depends on the last two committed and its own exec id, and on how often that
+    # n-gram occurred in the iteration; the name n-gram committed at a position is the one a launch with that
+    # name finds there; nothing before two launches are committed
+    k, tabs, reg = _compiled(16)
+    recent = np.zeros((2, 3), dtype=np.int64)
+    assert k.count_ngram(tabs, recent, reg, 5, 2, 1) == 0
+    for r, (e, nm) in enumerate([(1, 10), (2, 20), (3, 30), (1, 10), (2, 20)]):
+        k.commit_tables(tabs, recent, reg, e, nm, 1000 + r, r, 0, 0, 2)
+    a = k.count_ngram(tabs, recent, reg, 3, 2, 1)  # context (1, 2) then 3: as at position 2
+    b = k.count_ngram(tabs, recent, reg, 3, 2, 1)  # its second occurrence: another key
+    c = k.count_ngram(tabs, recent, reg, 4, 2, 1)
+    assert len({a, b, c}) == 3 and 0 not in (a, b, c)
+    # the name n-gram (20, 30, 10) was committed at position 3 ((10, 20, 30) at 2, then again (10, 20) + 30 ...)
+    k2, tabs2, reg2 = _compiled(16)
+    rec2 = np.zeros((2, 3), dtype=np.int64)
+    for r, nm in enumerate([10, 20, 30, 10]):
+        k2.commit_tables(tabs2, rec2, reg2, nm, nm, 1000 + r, r, 0, 0, 2)
+    rec3 = np.array([[0, 0, 0], [20, 30, 0]], dtype=np.int64)  # the last two committed names: 20, 30
+    reg3 = reg2.copy()
+    reg3[k2.G_RECENT] = 2
+    assert k2.tab_get(tabs2, k2.T_NAME, k2.name_key(rec3, reg3, 10, 2), reg2) == 3
+    assert k2.tab_get(tabs2, k2.T_NAME, k2.name_key(rec3, reg3, 40, 2), reg2) == -1

@@ -20,12 +20,19 @@ N_B = 7
 # Its settings (``_kp``, int64; ``_kf``, float64) and the scalars it carries from one launch to the next
 # (``_reg``, int64; the H2D queue's end is ``_regf[0]``), which ``after_match`` / ``exact_step`` update in place.
 (P_POOL_LAUNCHES, P_POOL_K, P_TRACK_MOVES, P_LAYER_STRIDE, P_STALL_AWARE, P_SCAN_MAX, P_FAULT_LATE_SOFT, P_DEAD_REUSE,
- P_STABLE_SYNC, P_MARGIN, P_INF, P_K_DEAD, P_K_DIRTY, P_K_CLEAN, P_AGE) = range(15)
-N_P = 15
+ P_STABLE_SYNC, P_MARGIN, P_INF, P_K_DEAD, P_K_DIRTY, P_K_CLEAN, P_AGE, P_NGRAM) = range(16)
+N_P = 16
 F_LEAD, F_T_BLK, F_LAT = range(3)
 N_F = 3
 G_POOL_N, G_POOL_ON, G_POOL_STALE, G_POOL_AGE, G_POOL_MIN, G_S_OLD, G_S_NEW, G_V_LO, G_V_HI, G_HORIZON = range(10)
-N_G = 10
+G_CLOCK, G_RECENT = 10, 11  # the tables' LRU clock; how many launches ``recent`` holds
+N_G = 12
+# The correlation tables (``UvmPrefetchPolicy._tabs``: ``T_*`` map a key to the last history position that had it,
+# least recently used out first; ``C_*`` count a key's occurrences in this iteration), set-associative like a
+# hardware table: ``_tabs[t]`` is ``rows * TAB_WAYS`` entries of ``(key, value, stamp)``, stamp 0 empty.
+T_SIG, T_STAB, T_EXEC, T_NAME, C_NGRAM, C_STAB = range(6)
+N_T = 6
+TAB_WAYS = 8
 
 
 @nb.njit(cache=True, nogil=True)
@@ -1015,6 +1022,139 @@ def _remap_limit(track_moves, moves_now, q, rec_end):
     return 0
 
 
+_U30, _U27, _U31 = np.uint64(30), np.uint64(27), np.uint64(31)
+_GOLD, _M1, _M2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_SEED = np.int64(0x5EED)
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def _mix(h, v):
+    """A 64-bit hash of ``h`` combined with ``v`` (splitmix64's finaliser), never 0 (the tables' "none")."""
+    x = np.uint64(h) ^ (np.uint64(v) + _GOLD)
+    x = (x ^ (x >> _U30)) * _M1
+    x = (x ^ (x >> _U27)) * _M2
+    k = np.int64(x ^ (x >> _U31))
+    return k if k != 0 else np.int64(1)
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def _set_of(tabs, key):
+    """First entry of ``key``'s set in a table of ``_tabs``."""
+    return np.int64(np.uint64(_mix(key, 0)) % np.uint64(tabs.shape[1] // TAB_WAYS)) * TAB_WAYS
+
+
+@nb.njit(cache=True, nogil=True)
+def tab_get(tabs, t, key, reg):
+    """The value of ``key`` in table ``t`` of ``tabs``, -1 if it is not there; a use (the entry's LRU stamp is
+    the clock ``reg[G_CLOCK]``, advanced)."""
+    s = _set_of(tabs, key)
+    for i in range(s, s + TAB_WAYS):
+        if tabs[t, i, 2] != 0 and tabs[t, i, 0] == key:
+            reg[G_CLOCK] += 1
+            tabs[t, i, 2] = reg[G_CLOCK]
+            return tabs[t, i, 1]
+    return -1
+
+
+@nb.njit(cache=True, nogil=True)
+def tab_put(tabs, t, key, val, reg):
+    """``key`` -> ``val`` in table ``t`` of ``tabs`` (a use); a new key takes an empty way of its set, else the
+    least recently used one."""
+    s = _set_of(tabs, key)
+    j = s
+    for i in range(s, s + TAB_WAYS):
+        st = tabs[t, i, 2]
+        if st != 0 and tabs[t, i, 0] == key:
+            j = i
+            break
+        if st < tabs[t, j, 2]:
+            j = i
+    reg[G_CLOCK] += 1
+    tabs[t, j, 0] = key
+    tabs[t, j, 1] = val
+    tabs[t, j, 2] = reg[G_CLOCK]
+
+
+@nb.njit(cache=True, nogil=True)
+def tab_count(tabs, t, key, gen):
+    """How many times ``key`` was counted before in generation ``gen`` (> 0: an iteration; older entries are
+    free) in table ``t``, this time counted. A set full of this generation's keys starts its first way over."""
+    s = _set_of(tabs, key)
+    j = -1
+    for i in range(s, s + TAB_WAYS):
+        if tabs[t, i, 2] == gen:
+            if tabs[t, i, 0] == key:
+                c = tabs[t, i, 1]
+                tabs[t, i, 1] = c + 1
+                return c
+        elif j < 0:
+            j = i
+    if j < 0:
+        j = s
+    tabs[t, j, 0] = key
+    tabs[t, j, 1] = 1
+    tabs[t, j, 2] = gen
+    return np.int64(0)
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def _seq_key(row, a, b, last):
+    """The key of the sequence ``row[a:b]`` followed by ``last``."""
+    h = _SEED
+    for i in range(a, b):
+        h = _mix(h, row[i])
+    return _mix(h, last)
+
+
+@nb.njit(cache=True, nogil=True)
+def name_key(recent, reg, name, n):
+    """The name n-gram of a launch named ``name``: the last ``n`` committed names (``recent[1]``) and it."""
+    m = reg[G_RECENT]
+    return _seq_key(recent[1], m - n, m, name)
+
+
+@nb.njit(cache=True, nogil=True)
+def count_ngram(tabs, recent, reg, key, n, gen):
+    """The running launch's exec-id n-gram (the last ``n`` committed exec ids, ``recent[0]``, and ``key``) with
+    how many times it occurred before in this iteration (``gen``), as one key; 0 while fewer than ``n``
+    launches were committed."""
+    m = reg[G_RECENT]
+    if m < n:
+        return np.int64(0)
+    g = _seq_key(recent[0], m - n, m, key)
+    return _mix(g, tab_count(tabs, C_NGRAM, g, gen))
+
+
+@nb.njit(cache=True, nogil=True)
+def stab_key(tabs, h, gen):
+    """A stable signature ``h`` with how many times it occurred before in this iteration (``gen``), as one key."""
+    return _mix(h, tab_count(tabs, C_STAB, h, gen))
+
+
+@nb.njit(cache=True, nogil=True)
+def commit_tables(tabs, recent, reg, key, name, sig, r, stab, ngram, n):
+    """``_commit``'s table part for the launch committed at position ``r``: its signature, its stable key
+    ``stab`` and exec n-gram key ``ngram`` (0: none), and once ``n`` launches precede it, its name n-gram, all
+    map to ``r``; its exec id and name join ``recent`` (the last ``n + 1``; ``reg[G_RECENT]`` of them)."""
+    tab_put(tabs, T_SIG, sig, r, reg)
+    if stab != 0:
+        tab_put(tabs, T_STAB, stab, r, reg)
+    m = reg[G_RECENT]
+    if m == n + 1:
+        for i in range(n):
+            recent[0, i] = recent[0, i + 1]
+            recent[1, i] = recent[1, i + 1]
+        m = n
+    recent[0, m] = key
+    recent[1, m] = name
+    m += 1
+    reg[G_RECENT] = m
+    if m == n + 1:
+        if ngram != 0:
+            tab_put(tabs, T_EXEC, ngram, r, reg)
+        tab_put(tabs, T_NAME, _seq_key(recent[1], 0, n, name), r, reg)
+
+
 @nb.njit(cache=True, nogil=True)
 def after_match(q, soft, blocks, writes, index, it, rec_end, moves_now, iter_start, h_ptr, h_soft, f_blk, f_w, f_next,
                 base, fbase, nh, nflat, resident, in_flight, n_ids, capacity, used, now, dur, window, bi, bb, uses,
@@ -1157,7 +1297,8 @@ def pool_refill(pool_new, cur, in_flight, pf, in_pool, buf, n):
 
 
 @nb.njit(cache=True, nogil=True)
-def exact_step(h_cum, h_key, h_name, h_sig, cum, pkey, pname, psig, psoft, pblocks, pwmask, p_has_w, pp, key, q, soft,
+def exact_step(h_cum, h_key, h_name, h_sig, cum, pkey, pname, psig, psoft, pblocks, pwmask, p_has_w, pp, key, tabs,
+               recent, pstab, pngram, q, soft,
                blocks, writes, index, it, rec_end, moves_now, iter_start, h_ptr, h_soft, f_blk, f_w, f_next, base,
                fbase, nh, nflat, resident, in_flight, n_ids, capacity, used, now, dur, window, bi, bb, uses, mark, kp,
                kf, reg, regf):
@@ -1167,15 +1308,19 @@ def exact_step(h_cum, h_key, h_name, h_sig, cum, pkey, pname, psig, psoft, pbloc
     ``after_match``'s (``nh`` / ``nflat``: the history's lengths with the pending launch committed; ``soft`` is
     0: an exact match learns no stride).
 
-    1. ``commit_launch`` of the pending (previous) launch at the last history index, ``nh - 1`` (the caller
-       reserved room, set the buffers' lengths and updates the tables), its pointer ``pp``, its match ``psoft``;
-    2. ``stable_sig`` of this launch (``kp[P_STABLE_SYNC]``; 0 otherwise);
+    1. ``commit_tables`` of the pending (previous) launch (its stable key ``pstab``, its n-gram key ``pngram``) and
+       ``count_ngram`` of this one; ``commit_launch`` of the pending launch at the last history index, ``nh - 1``
+       (the caller reserved room and set the buffers' lengths), its pointer ``pp``, its match ``psoft``;
+    2. ``stable_sig`` of this launch (``kp[P_STABLE_SYNC]``; 0 otherwise) and its ``stab_key``;
     3. ``advance`` to ``q`` (remap limit ``rec_end`` when a move was learned this iteration, ``moves_now``; then
        the verified span is emptied);
     4. ``after_match``.
 
-    Returns ``(stab, after)``: the stable signature and what ``after_match`` returns."""
+    Returns ``(stab, ngram, after)``: this launch's stable key and n-gram key (0: none) and what ``after_match``
+    returns."""
     hn = nh - 1
+    commit_tables(tabs, recent, reg, pkey, pname, psig, base + hn, pstab, pngram, kp[P_NGRAM])
+    ngram = count_ngram(tabs, recent, reg, key, kp[P_NGRAM], it + 1)
     nu = bi[I_NU]
     first_it = bi[I_FIRST_IT]
     first_pos = bi[I_FIRST_POS]
@@ -1183,9 +1328,11 @@ def exact_step(h_cum, h_key, h_name, h_sig, cum, pkey, pname, psig, psoft, pbloc
     commit_launch(h_cum, h_key, h_name, h_sig, h_soft, h_ptr, hn, cum, pkey, pname, psig, psoft, f_blk, f_w, f_next,
                   nflat - pblocks.shape[0], pblocks, pwmask, p_has_w, fbase, bi[I_LAST_FLAT], base + hn, nu, pp, inf,
                   first_it, first_pos, it)
-    stab = 0
+    stab = np.int64(0)
     if kp[P_STABLE_SYNC]:
-        stab = stable_sig(blocks, writes, bi[I_W_ITER], it, key)
+        h = stable_sig(blocks, writes, bi[I_W_ITER], it, key)
+        if h != 0:
+            stab = stab_key(tabs, h, it + 1)
     lim = _remap_limit(kp[P_TRACK_MOVES] != 0, moves_now, q, rec_end)
     reg[G_POOL_N] = advance(q, h_ptr, base, fbase, nh, nflat, f_blk, f_next, bi[I_REMAP], bi[I_REND], lim, nu,
                             first_it, first_pos, it, bb[B_DEAD], reg[G_POOL_ON] != 0, bb[B_IN_POOL], bi[I_POOL_IDS],
@@ -1193,6 +1340,7 @@ def exact_step(h_cum, h_key, h_name, h_sig, cum, pkey, pname, psig, psoft, pbloc
     if lim > 0:  # (an advance through the translation: ``plan_paced``'s verified span is gone)
         reg[G_V_LO] = 0
         reg[G_V_HI] = -1
-    return stab, after_match(q, soft, blocks, writes, index, it, rec_end, moves_now, iter_start, h_ptr, h_soft, f_blk,
-                             f_w, f_next, base, fbase, nh, nflat, resident, in_flight, n_ids, capacity, used, now,
-                             dur, window, bi, bb, uses, mark, kp, kf, reg, regf)
+    after = after_match(q, soft, blocks, writes, index, it, rec_end, moves_now, iter_start, h_ptr, h_soft, f_blk, f_w,
+                        f_next, base, fbase, nh, nflat, resident, in_flight, n_ids, capacity, used, now, dur, window,
+                        bi, bb, uses, mark, kp, kf, reg, regf)
+    return stab, ngram, after

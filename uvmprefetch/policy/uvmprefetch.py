@@ -53,7 +53,7 @@ import numpy as np
 from ..errors import ConfigError
 from . import _uvmkernels as _k
 from .base import EMPTY, Advice, Decision, LaunchInfo, Params, Policy, PolicyContext, ResidencyView, ids_in_use
-from .tables import GrowArray, LruMap
+from .tables import GrowArray
 from .window import WindowMonitor
 
 INF = np.iinfo(np.int64).max // 4
@@ -222,20 +222,18 @@ class UvmPrefetchPolicy(Policy):
         self._prev_start = 0  # first position of the last iteration's record
         self.base = 0
         self.fbase = 0
-        self.sig_tab = LruMap(P.table_entries)
-        # (stable signature, its occurrence in the iteration) -> last position (see _match)
-        self.stab_tab = LruMap(P.table_entries)
-        self.stab_seen: dict = {}  # stable signature -> occurrences so far in this iteration
-        self.pending_stab = None
-        # (exec-id n-gram, its occurrence in the iteration) -> last position: the k-th time a context occurs
-        # in this iteration matches the k-th time in the last iteration that had it, not the previous layer
-        self.exec_tab = LruMap(P.table_entries)
-        self.ngram_seen: dict = {}
-        self.cur_ngram: tuple | None = None  # the running launch's counted n-gram (committed with it)
-        self.pending_ngram: tuple | None = None
-        self.name_tab = LruMap(P.table_entries)
-        self.recent_exec: list[int] = []
-        self.recent_name: list[int] = []
+        # The correlation tables (``_uvmkernels.T_*`` / ``C_*``; compiled, set-associative, ``table_entries`` each):
+        # signature -> last position; (stable signature, its occurrence in the iteration) -> last position (see
+        # _match); (exec-id n-gram, its occurrence in the iteration) -> last position: the k-th time a context
+        # occurs in this iteration matches the k-th time in the last iteration that had it, not the previous
+        # layer; name n-gram -> last position; and the occurrence counts of this iteration's n-grams and stable
+        # signatures. Keys are 64-bit hashes (0: none).
+        rows = max(1, P.table_entries // _k.TAB_WAYS)
+        self._tabs = np.zeros((_k.N_T, rows * _k.TAB_WAYS, 3), dtype=np.int64)
+        self._recent = np.zeros((2, P.ngram + 1), dtype=np.int64)  # the last exec ids / names committed
+        self.pending_stab = 0
+        self.cur_ngram = 0  # the running launch's counted n-gram (committed with it)
+        self.pending_ngram = 0
         self.soft = 0  # how the running launch matched its prediction (committed with it)
         self.pending: tuple | None = None  # the running launch, committed to history at the next launch
         self.p: int | None = None  # history position matched to the running launch
@@ -294,7 +292,7 @@ class UvmPrefetchPolicy(Policy):
               _k.P_LAYER_STRIDE: P.layer_stride, _k.P_STALL_AWARE: P.stall_aware, _k.P_SCAN_MAX: P.scan_max,
               _k.P_FAULT_LATE_SOFT: P.fault_late_soft, _k.P_DEAD_REUSE: P.dead_reuse,
               _k.P_STABLE_SYNC: P.stable_sync, _k.P_MARGIN: self.margin_blocks, _k.P_INF: INF, _k.P_K_DEAD: _K_DEAD,
-              _k.P_K_DIRTY: _K_DIRTY, _k.P_K_CLEAN: _K_CLEAN, _k.P_AGE: _AGE}
+              _k.P_K_DIRTY: _K_DIRTY, _k.P_K_CLEAN: _K_CLEAN, _k.P_AGE: _AGE, _k.P_NGRAM: P.ngram}
         self._kp = np.array([int(kp[i]) for i in range(_k.N_P)], dtype=np.int64)
         self._kf = np.array([P.lead_s, self.t_blk, self._lat], dtype=np.float64)
 
@@ -354,9 +352,7 @@ class UvmPrefetchPolicy(Policy):
         if self.params.advice and self.ctx is not None:
             self._plan_advice()
         self.prev_uses, self.uses = self.uses, self.prev_uses
-        self.stab_seen.clear()
         self.s_old = self.s_new = 0
-        self.ngram_seen.clear()
         self.uses[:] = 0
         self.it_link_blocks = 0
         self.it_compute = 0.0
@@ -377,14 +373,13 @@ class UvmPrefetchPolicy(Policy):
                 return self._exact_step(info, state, blocks, key, name, sig, p + 1)
         if self.pending is not None:
             self._commit(*self.pending, dur=self.pending_dur)
-        self._count_ngram(key)
-        stab = None
+        self.cur_ngram = _k.count_ngram(self._tabs, self._recent, self._reg, key, self.params.ngram,
+                                        self.iters_seen + 1)
+        stab = 0
         if known and self.params.stable_sync:
             h = _k.stable_sig(blocks, info.write_blocks, self.w_iter, self.iters_seen, key)
             if h:
-                c = self.stab_seen.get(h, 0)
-                self.stab_seen[h] = c + 1
-                stab = (h, c)
+                stab = _k.stab_key(self._tabs, h, self.iters_seen + 1)
         self._match(key, name, sig, stab)
         if known and self._fast_step and self.p is not None and not self.params.soft_moves:
             # the rest in one kernel (as ``_exact_step``): moves, layer stride, marks, plan
@@ -435,17 +430,6 @@ class UvmPrefetchPolicy(Policy):
             self.pending_advice = []
         return dec
 
-    def _count_ngram(self, key: int) -> None:
-        """The running launch's counted exec-id n-gram (``cur_ngram``, committed with it)."""
-        n = self.params.ngram
-        if len(self.recent_exec) >= n:
-            g = tuple(self.recent_exec[-n:]) + (key,)
-            c = self.ngram_seen.get(g, 0)
-            self.ngram_seen[g] = c + 1
-            self.cur_ngram = (g, c)
-        else:
-            self.cur_ngram = None
-
     def _exact_step(self, info: LaunchInfo, state: ResidencyView, blocks: np.ndarray, key: int, name: int, sig: int,
                     q: int) -> Decision | None:
         """``on_launch`` for its common case, a launch that matches the next recorded one (position ``q``)
@@ -456,22 +440,16 @@ class UvmPrefetchPolicy(Policy):
         pkey, pname, psig, pblocks, pwmask = self.pending
         hn, fn, has_w = self._commit_room(pblocks, pwmask)
         cum = self.cum_total
-        # (the kernel reads neither the tables nor the n-grams: their part of the commit goes first)
-        self._commit_tables(pkey, pname, psig, hn, fn + pblocks.shape[0], self.pending_dur)
-        self._count_ngram(key)
+        self._commit_lengths(hn, fn + pblocks.shape[0], self.pending_dur)
         n = ids_in_use(state)
-        h, after = _k.exact_step(
+        stab, self.cur_ngram, after = _k.exact_step(
             self.h_cum._a, self.h_key._a, self.h_name._a, self.h_sig._a, cum, pkey, pname, psig, self.soft, pblocks,
-            pwmask if has_w else _NO_W, has_w, self.p, key, *self._after_args(info, state, blocks, q, 0, n))
+            pwmask if has_w else _NO_W, has_w, self.p, key, self._tabs, self._recent, self.pending_stab,
+            self.pending_ngram, *self._after_args(info, state, blocks, q, 0, n))
         self.p = q
         self.soft = 0
         st["matched"] += 1
         st["one_kernel_steps"] += 1
-        stab = None
-        if h:
-            c = self.stab_seen.get(h, 0)
-            self.stab_seen[h] = c + 1
-            stab = (h, c)
         return self._finish(info, state, blocks, key, name, sig, stab, n, after)
 
     def _after_args(self, info: LaunchInfo, state: ResidencyView, blocks: np.ndarray, q: int, soft: int,
@@ -487,7 +465,7 @@ class UvmPrefetchPolicy(Policy):
                 self._mark, self._kp, self._kf, self._reg, self._regf)
 
     def _finish(self, info: LaunchInfo, state: ResidencyView, blocks: np.ndarray, key: int, name: int, sig: int,
-                stab: tuple | None, n: int, after: tuple) -> Decision | None:
+                stab: int, n: int, after: tuple) -> Decision | None:
         """``on_launch`` after ``after_match`` (``after``: what it returns): the running launch pending its
         commit, the window monitor, the plan's decision, the advice."""
         st = self.stats
@@ -523,14 +501,15 @@ class UvmPrefetchPolicy(Policy):
         out.update(self.monitor.report())
         out["history_launches"] = len(self.h_key)
         out["history_entries"] = len(self.f_blk)
-        out["table_entries"] = {"signature": len(self.sig_tab), "stable_signature": len(self.stab_tab),
-                                "exec_ngram": len(self.exec_tab), "name_ngram": len(self.name_tab)}
+        used = np.count_nonzero(self._tabs[:, :, 2], axis=1)
+        out["table_entries"] = {"signature": int(used[_k.T_SIG]), "stable_signature": int(used[_k.T_STAB]),
+                                "exec_ngram": int(used[_k.T_EXEC]), "name_ngram": int(used[_k.T_NAME])}
         arrays = (self.nu, self.dirty, self.dead, self.pf_unused, self.thrashed, self.written, self.uses,
                   self.prev_uses,
                   self.advice, self.last_flat, self.last_use, self.remap, self.rend, self.moved_to)
         out["state_bytes"] = int(sum(a.nbytes for a in arrays) + sum(
             g.nbytes for g in (self.h_key, self.h_name, self.h_sig, self.h_ptr, self.f_blk, self.f_next, self.f_w)) +
-            self.sig_tab.nbytes + self.stab_tab.nbytes + self.exec_tab.nbytes + self.name_tab.nbytes)
+            self._tabs.nbytes + self._recent.nbytes)
         n = self.stats["launches"]
         out["prediction_rate"] = (self.stats["matched"] + self.stats["soft"] + self.stats["resync"]) / n if n else None
         return out
@@ -562,7 +541,9 @@ class UvmPrefetchPolicy(Policy):
                          hn, self.cum_total, key, name, sig, self.soft, self.f_blk._a, self.f_w._a, self.f_next._a, fn,
                          blocks, wmask if has_w else blocks, has_w, self.fbase, self.last_flat, self.base + hn, self.nu,
                          self.p if self.p is not None else -1, INF, self.first_it, self.first_pos, self.iters_seen)
-        self._commit_tables(key, name, sig, hn, fn + blocks.shape[0], dur)
+        self._commit_lengths(hn, fn + blocks.shape[0], dur)
+        _k.commit_tables(self._tabs, self._recent, self._reg, key, name, sig, self.base + hn, self.pending_stab,
+                         self.pending_ngram, self.params.ngram)
         if len(self.h_key) > self.params.history_launches:
             self._trim(len(self.h_key) // 2)
 
@@ -578,27 +559,14 @@ class UvmPrefetchPolicy(Policy):
             self._f_room = min(g.reserve(fn + k).shape[0] for g in self._flat)
         return hn, fn, wmask is not None and wmask.shape[0] == k
 
-    def _commit_tables(self, key: int, name: int, sig: int, hn: int, nflat: int, dur: float) -> None:
-        """``_commit`` after its kernel wrote position ``base + hn``: the buffers' lengths, the predicted time,
-        and the tables that find the position again."""
-        r = self.base + hn
+    def _commit_lengths(self, hn: int, nflat: int, dur: float) -> None:
+        """``_commit`` after its kernel wrote position ``base + hn``: the buffers' lengths, the predicted time (the
+        tables that find the position again are ``_uvmkernels.commit_tables``'s)."""
         self.cum_total += dur
         for g in self._hist:
             g.n = hn + 1
         for g in self._flat:
             g.n = nflat
-        self.sig_tab.put(sig, r)
-        if self.pending_stab is not None:
-            self.stab_tab.put(self.pending_stab, r)
-        n = self.params.ngram
-        self.recent_exec.append(key)
-        self.recent_name.append(name)
-        if len(self.recent_exec) > n + 1:
-            del self.recent_exec[0], self.recent_name[0]
-        if len(self.recent_exec) == n + 1:
-            if self.pending_ngram is not None:
-                self.exec_tab.put(self.pending_ngram, r)
-            self.name_tab.put(tuple(self.recent_name), r)
 
     def _trim(self, k: int) -> None:
         """Forget the oldest ``k`` launches of history (bounded state)."""
@@ -616,7 +584,7 @@ class UvmPrefetchPolicy(Policy):
             self.p = None
         self.horizon = max(self.horizon, self.base)
 
-    def _match(self, key: int, name: int, sig: int, stab: tuple | None = None) -> None:
+    def _match(self, key: int, name: int, sig: int, stab: int = 0) -> None:
         """Move the pointer to the history position matching the launch about to run.
 
         Most specific first: the next recorded launch with the same exact signature, the last position with
@@ -640,7 +608,7 @@ class UvmPrefetchPolicy(Policy):
             self._advance(nxt)
             st["matched"] += 1
             return
-        q = self.sig_tab.get(sig)
+        q = self._tab_get(_k.T_SIG, sig)
         if (q is not None and q >= self.iter_start and nxt is not None and self.iter_starts
                 and self.iter_starts[0] <= nxt < self.iter_start and int(self.h_name._a[nxt - base]) == name):
             # The same blocks earlier in this iteration (a buffer every layer touches alike) while the pointer
@@ -651,8 +619,8 @@ class UvmPrefetchPolicy(Policy):
             # activations sat elsewhere (the allocator was still mapping segments), and the previous layer of
             # this iteration, shifted by the layer stride, predicts them better (iteration 1: 1.31x vs 1.43x).
             q = None
-        if (q is None or not base <= q < end) and stab is not None:
-            q2 = self.stab_tab.get(stab)
+        if (q is None or not base <= q < end) and stab:
+            q2 = self._tab_get(_k.T_STAB, stab)
             if q2 is not None and self._prev_start <= q2 < end and int(self.h_key._a[q2 - base]) == key and q2 != nxt:
                 st["stable_resync"] += 1
                 self.soft = 1
@@ -668,10 +636,10 @@ class UvmPrefetchPolicy(Policy):
                 return
             n = self.params.ngram
             q = None
-            if len(self.recent_exec) >= n:
-                q = self.exec_tab.get(self.cur_ngram) if self.cur_ngram is not None else None
+            if self._reg[_k.G_RECENT] >= n:
+                q = self._tab_get(_k.T_EXEC, self.cur_ngram) if self.cur_ngram else None
                 if q is None or not base <= q < end:
-                    q = self.name_tab.get(tuple(self.recent_name[-n:]) + (name,))
+                    q = self._tab_get(_k.T_NAME, _k.name_key(self._recent, self._reg, name, n))
             if q is None or not base <= q < end:
                 self.p = None
                 st["unpredicted"] += 1
@@ -684,6 +652,11 @@ class UvmPrefetchPolicy(Policy):
         self.p = q
         self.horizon = q + 1
         self._rebuild_nu(q)
+
+    def _tab_get(self, t: int, key: int) -> int | None:
+        """The position table ``t`` (``_uvmkernels.T_*``) holds for ``key`` (a use), None if none."""
+        q = _k.tab_get(self._tabs, t, key, self._reg)
+        return int(q) if q >= 0 else None
 
     def _learn_moves(self, writes: np.ndarray) -> None:
         """The caching allocator may place a step's activations elsewhere than last step. When the launch
