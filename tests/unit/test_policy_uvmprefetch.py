@@ -739,15 +739,13 @@ def test_one_kernel_plan_makes_the_python_plans_decisions(spec):
 
 def _same(x, y) -> bool:
     """Deep equality of two policies' state values (arrays, history buffers, tables, the monitor)."""
-    from uvmprefetch.policy.tables import GrowArray, LruMap
+    from uvmprefetch.policy.tables import GrowArray
     from uvmprefetch.policy.window import WindowMonitor
 
     if isinstance(x, np.ndarray):
         return isinstance(y, np.ndarray) and x.shape == y.shape and np.array_equal(x, y)
     if isinstance(x, GrowArray):
         return x.n == y.n and np.array_equal(x.view(), y.view())
-    if isinstance(x, LruMap):
-        return list(x.items()) == list(y.items())
     if isinstance(x, WindowMonitor):
         return x.report() == y.report()
     if isinstance(x, (tuple, list)):
@@ -781,7 +779,7 @@ def _lockstep(tr, spec, oversub):
                                                   d.advise) for d in (r1, r2))
                 assert _same(d1, d2), f"launch {a[0].index}: decisions differ"
                 count[0] += 1
-            skip = set(hooks) | {"_fast_step", "stats"}
+            skip = set(hooks) | {"_fast_step", "stats", "_wbuf", "_out"}  # (the kernels' output scratch)
             bad = [k for k in one.__dict__ if k not in skip and not _same(one.__dict__[k], gen.__dict__[k])]
             fused = ("one_kernel_steps", "fused_after_match")
             st = {k: v for k, v in one.stats.items() if k not in fused}

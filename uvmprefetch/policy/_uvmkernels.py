@@ -1158,12 +1158,15 @@ def commit_tables(tabs, recent, reg, key, name, sig, r, stab, ngram, n):
 @nb.njit(cache=True, nogil=True)
 def after_match(q, soft, blocks, writes, index, it, rec_end, moves_now, iter_start, h_ptr, h_soft, f_blk, f_w, f_next,
                 base, fbase, nh, nflat, resident, in_flight, n_ids, capacity, used, now, dur, window, bi, bb, uses,
-                mark, kp, kf, reg, regf):
+                mark, kp, kf, reg, regf, wbuf, out):
     """``on_launch`` after the pointer moved to ``q`` (``soft``: how the launch matched, ``_match``), for a launch
     with known accesses, in one call: the same kernels in the same order as the Python hooks. The policy's
     per-block state comes packed (``bi`` / ``bb``: rows ``I_*`` / ``B_*``), its settings in ``kp`` / ``kf``
     (``P_*`` / ``F_*``), and the scalars it carries from one launch to the next in ``reg`` / ``regf`` (``G_*``,
-    ``regf[0]``: the H2D queue's end), which this call updates in place.
+    ``regf[0]``: the H2D queue's end), which this call updates in place. What it decides comes back in place too
+    (a NumPy array made here costs ~0.8 us to hand back): the write flags over ``blocks`` in ``wbuf[:k]`` (int8:
+    0 read, 1 written, 2 written while dead, as ``launch_marks``), the blocks to prefetch, evict and discard, in
+    that order, in ``out`` (disjoint: blocks not resident, then resident ones; as long as ``nu``).
 
     1. ``learn_moves_pool`` (``track_moves`` and ``q`` before this iteration: ``rec_end``, the followed
        record's end, is then > ``q``; 0 otherwise); rewritten next uses empty ``plan_paced``'s verified span;
@@ -1175,9 +1178,10 @@ def after_match(q, soft, blocks, writes, index, it, rec_end, moves_now, iter_sta
        ``rec_end`` once a move was learned this iteration (``moves_now`` or step 1); a full victim scan refills
        the pool (``pool_refill``).
 
-    Returns ``(stage, moved, wmask, again, late, status, pf, evict, discard, wasted, mis, live, pooled, refilled,
-    shifted)``: ``status`` .. ``pooled`` as ``plan_paced`` returns them (``status`` 0 at stage 1), ``refilled``
-    whether a full scan refilled the pool, ``shifted`` whether a layer stride is in use."""
+    Returns ``(stage, moved, again, late, status, n_pf, n_evict, n_discard, wasted, mis, live, pooled, refilled,
+    shifted)``: ``status`` and ``wasted`` .. ``pooled`` as ``plan_paced`` returns them (``status`` 0 at stage 1), the
+    three lengths of its decision in ``out``, ``refilled`` whether a full scan refilled the pool,
+    ``shifted`` whether a layer stride is in use."""
     empty = np.empty(0, dtype=np.int64)
     nu = bi[I_NU]
     w_iter = bi[I_W_ITER]
@@ -1231,6 +1235,7 @@ def after_match(q, soft, blocks, writes, index, it, rec_end, moves_now, iter_sta
             pool_stale = max(pool_stale, base + nh + 1)
     wmask, marks, pool_n = launch_marks(blocks, writes, it, index, dead, pf_unused, dirty, written, w_iter, uses,
                                         last_use, thrashed, resident, in_flight, pool_on, in_pool, pool_buf, pool_n)
+    wbuf[:wmask.shape[0]] = wmask
     again = marks[1]
     late = marks[2]
     stage = 1
@@ -1268,6 +1273,11 @@ def after_match(q, soft, blocks, writes, index, it, rec_end, moves_now, iter_sta
             pool_n = pool_refill(pool_new, blocks, in_flight[:n_ids], pf, in_pool, pool_buf, pool_n)
             pool_on = True
             pool_age = 0
+        a = pf.shape[0]
+        b = a + evict.shape[0]
+        out[:a] = pf
+        out[a:b] = evict
+        out[b:b + discard.shape[0]] = discard
     reg[G_POOL_N] = pool_n
     reg[G_POOL_ON] = pool_on
     reg[G_POOL_STALE] = pool_stale
@@ -1277,8 +1287,8 @@ def after_match(q, soft, blocks, writes, index, it, rec_end, moves_now, iter_sta
     reg[G_S_NEW] = s_new
     reg[G_V_LO] = v_lo
     reg[G_V_HI] = v_hi
-    return (stage, moved, wmask, again, late, status, pf, evict, discard, wasted, mis, live, pooled, refilled,
-            s_old != 0 or s_new != 0)
+    return (stage, moved, again, late, status, pf.shape[0], evict.shape[0], discard.shape[0], wasted, mis, live,
+            pooled, refilled, s_old != 0 or s_new != 0)
 
 
 @nb.njit(cache=True, nogil=True)
@@ -1301,7 +1311,7 @@ def exact_step(h_cum, h_key, h_name, h_sig, cum, pkey, pname, psig, psoft, pbloc
                recent, pstab, pngram, q, soft,
                blocks, writes, index, it, rec_end, moves_now, iter_start, h_ptr, h_soft, f_blk, f_w, f_next, base,
                fbase, nh, nflat, resident, in_flight, n_ids, capacity, used, now, dur, window, bi, bb, uses, mark, kp,
-               kf, reg, regf):
+               kf, reg, regf, wbuf, out):
     """``on_launch`` in one call for a launch with known accesses that matches the next recorded launch
     exactly (``h_sig`` at ``q``, the pointer's next position, is its signature; the caller checked): the
     same kernels in the same order as the Python hooks, with the same arguments. The arguments from ``q`` on are
@@ -1342,5 +1352,5 @@ def exact_step(h_cum, h_key, h_name, h_sig, cum, pkey, pname, psig, psoft, pbloc
         reg[G_V_HI] = -1
     after = after_match(q, soft, blocks, writes, index, it, rec_end, moves_now, iter_start, h_ptr, h_soft, f_blk, f_w,
                         f_next, base, fbase, nh, nflat, resident, in_flight, n_ids, capacity, used, now, dur, window,
-                        bi, bb, uses, mark, kp, kf, reg, regf)
+                        bi, bb, uses, mark, kp, kf, reg, regf, wbuf, out)
     return stab, ngram, after

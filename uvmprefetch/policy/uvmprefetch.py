@@ -260,6 +260,10 @@ class UvmPrefetchPolicy(Policy):
         # blocks' predictions to where they are recorded): ``pool_due`` would miss it.
         self._in_pool = bb[_k.B_IN_POOL]
         self._pool_ids = bi[_k.I_POOL_IDS]
+        # Scratch where the one-kernel steps write the running launch's write flags and their decision
+        # (``after_match``: handing back arrays made in a kernel costs more)
+        self._wbuf = np.zeros(n, dtype=np.int8)
+        self._out = np.zeros(n, dtype=np.int64)
         self._pool_n = 0
         self._pool_on = False  # filled by a full scan and kept up since
         self._pool_stale = 0  # history position from which no such prediction lies ahead
@@ -462,19 +466,19 @@ class UvmPrefetchPolicy(Policy):
                 self.h_ptr._a, self.h_soft._a, self.f_blk._a, self.f_w._a, self.f_next._a, self.base, self.fbase,
                 self.h_ptr.n, self.f_blk.n, state.resident, state.in_flight, n, state.capacity_blocks,
                 state.used_blocks, state.now, float(info.duration), self.monitor.window, self._bi, self._bb, self.uses,
-                self._mark, self._kp, self._kf, self._reg, self._regf)
+                self._mark, self._kp, self._kf, self._reg, self._regf, self._wbuf, self._out)
 
     def _finish(self, info: LaunchInfo, state: ResidencyView, blocks: np.ndarray, key: int, name: int, sig: int,
                 stab: int, n: int, after: tuple) -> Decision | None:
         """``on_launch`` after ``after_match`` (``after``: what it returns): the running launch pending its
         commit, the window monitor, the plan's decision, the advice."""
         st = self.stats
-        (stage, moved, wmask, again, late, status, pf, evict, discard, wasted, mis, live, pooled, refilled,
-         shifted) = after
+        (stage, moved, again, late, status, n_pf, n_ev, n_dc, wasted, mis, live, pooled, refilled, shifted) = after
         if shifted:
             self._shift_it = True
         st["moved_blocks"] += moved
-        self.pending = (key, name, sig, blocks, wmask)
+        # (the write flags: read by the next commit, before the next one-kernel step writes ``_wbuf`` again)
+        self.pending = (key, name, sig, blocks, self._wbuf[:blocks.shape[0]])
         self.pending_stab = stab
         self.pending_ngram = self.cur_ngram
         self.pending_dur = float(info.duration)
@@ -489,6 +493,10 @@ class UvmPrefetchPolicy(Policy):
                 self.monitor.late(info.index, late)
             dec = self._plan(info, state, blocks)
         else:
+            pf = evict = discard = EMPTY
+            if n_pf or n_ev or n_dc:
+                out = self._out[:n_pf + n_ev + n_dc].copy()
+                pf, evict, discard = out[:n_pf], out[n_pf:n_pf + n_ev], out[n_pf + n_ev:]
             dec = self._decide(status, pf, evict, discard, wasted, mis, live, pooled, refilled, state, blocks)
         if self.pending_advice:
             dec = dec or Decision()
