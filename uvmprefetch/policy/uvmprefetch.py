@@ -494,9 +494,12 @@ class UvmPrefetchPolicy(Policy):
             dec = self._plan(info, state, blocks)
         else:
             pf = evict = discard = EMPTY
-            if n_pf or n_ev or n_dc:
-                out = self._out[:n_pf + n_ev + n_dc].copy()
-                pf, evict, discard = out[:n_pf], out[n_pf:n_pf + n_ev], out[n_pf + n_ev:]
+            m = n_pf + n_ev + n_dc
+            if m:  # (one copy; a part that is all of it or nothing needs no slice)
+                out = self._out[:m].copy()
+                pf = out if n_pf == m else out[:n_pf] if n_pf else EMPTY
+                evict = out if n_ev == m else out[n_pf:n_pf + n_ev] if n_ev else EMPTY
+                discard = out if n_dc == m else out[m - n_dc:] if n_dc else EMPTY
             dec = self._decide(status, pf, evict, discard, wasted, mis, live, pooled, refilled, state, blocks)
         if self.pending_advice:
             dec = dec or Decision()
