@@ -8,10 +8,11 @@ How it decides (each launch, in ``on_launch``):
    running. It advances when the next recorded launch has the same *signature* (name + exact blocks);
    when it does not, it re-synchronises through correlation tables, most specific first: signature -> last
    position, stable signature -> last position, exec-id n-gram (3 predecessors + current) -> last position,
-   name n-gram -> last position (compiled and set-associative, ``_uvmkernels.tab_get`` / ``tab_put``). This is DeepUM's execution-id correlation generalised to a pointer into recorded
-   history, which also tells *which* blocks each coming launch needs (a changed pattern, e.g. a different
-   sequence length, jumps the pointer to the last time that pattern was seen). A name match with
-   different blocks (data-dependent accesses, MoE) keeps the pointer moving.
+   name n-gram -> last position (compiled and set-associative, ``_uvmkernels.tab_get`` / ``tab_put``). This is
+   DeepUM's execution-id correlation generalised to a pointer into recorded history, which also tells *which*
+   blocks each coming launch needs (a changed pattern, e.g. a different sequence length, jumps the pointer to
+   the last time that pattern was seen). A name match with different blocks (data-dependent accesses, MoE)
+   keeps the pointer moving.
 2. **Predicted next use.** ``nu[b]`` is the history position where block ``b`` is next predicted to be
    used (maintained incrementally from per-entry next-occurrence links, rebuilt on a jump). A block with no
    use ahead of the pointer is predicted at its first use in this iteration's record: the same offset of
@@ -96,7 +97,7 @@ class UvmPrefetchParams(Params):
     dead_reuse: bool = True  # a dead block whose address is predicted to be used again ranks by that use (docs)
     ngram: int = 3  # predecessors in the exec-id / name correlation context
     history_launches: int = 1 << 17  # launches of history kept (bounded state)
-    table_entries: int = 1 << 17  # entries per correlation table
+    table_entries: int = 1 << 17  # entries per correlation table (a multiple of its 8 ways, at least 8)
     scan_max: int = 1 << 15  # most history entries scanned per decision (bounds the cost per launch)
     victim_pool: int = 256  # victims come from a pool refilled by a full scan of this many (0: always scan all)
     pool_launches: int = 64  # ... refilled at least this often (a bound on what its bookkeeping could miss)
@@ -519,12 +520,10 @@ class UvmPrefetchPolicy(Policy):
         used = np.count_nonzero(self._tabs[:, :, 2], axis=1)
         out["table_entries"] = {"signature": int(used[_k.T_SIG]), "stable_signature": int(used[_k.T_STAB]),
                                 "exec_ngram": int(used[_k.T_EXEC]), "name_ngram": int(used[_k.T_NAME])}
-        arrays = (self.nu, self.dirty, self.dead, self.pf_unused, self.thrashed, self.written, self.uses,
-                  self.prev_uses,
-                  self.advice, self.last_flat, self.last_use, self.remap, self.rend, self.moved_to)
+        arrays = (self._bi, self._bb, self.uses, self.prev_uses, self.advice, self._mark, self._wbuf, self._out,
+                  self._tabs, self._recent)
         out["state_bytes"] = int(sum(a.nbytes for a in arrays) + sum(
-            g.nbytes for g in (self.h_key, self.h_name, self.h_sig, self.h_ptr, self.f_blk, self.f_next, self.f_w)) +
-            self._tabs.nbytes + self._recent.nbytes)
+            g.nbytes for g in (self.h_key, self.h_name, self.h_sig, self.h_ptr, self.f_blk, self.f_next, self.f_w)))
         n = self.stats["launches"]
         out["prediction_rate"] = (self.stats["matched"] + self.stats["soft"] + self.stats["resync"]) / n if n else None
         return out
