@@ -1156,6 +1156,32 @@ def commit_tables(tabs, recent, reg, key, name, sig, r, stab, ngram, n):
 
 
 @nb.njit(cache=True, nogil=True)
+def commit_step(h_cum, h_key, h_name, h_sig, h_soft, h_ptr, f_blk, f_w, f_next, hn, fn, cum, pkey, pname, psig, psoft,
+                pblocks, pwmask, p_has_w, pp, base, fbase, committing, counting, key, blocks, writes, stable, it, bi, kp,
+                tabs, recent, reg, pstab, pngram):
+    """A launch's steps before its pointer moves, in one call. With ``committing``, the pending (previous) launch
+    is committed: ``commit_launch`` at history index ``hn`` and flat index ``fn`` (the caller reserved room; its
+    pointer ``pp``, its match ``psoft``, its write flags ``pwmask`` when ``p_has_w``, its predicted start ``cum``)
+    and ``commit_tables`` (its stable key ``pstab`` and n-gram key ``pngram``). With ``counting``, the running launch
+    (exec id ``key``) is counted: ``count_ngram``, and with ``stable`` (known accesses and ``stable_sync``) its
+    ``stable_sig`` and ``stab_key``. Returns ``(stab, ngram)``: the running launch's keys (0: none)."""
+    if committing:
+        commit_launch(h_cum, h_key, h_name, h_sig, h_soft, h_ptr, hn, cum, pkey, pname, psig, psoft, f_blk, f_w,
+                      f_next, fn, pblocks, pwmask, p_has_w, fbase, bi[I_LAST_FLAT], base + hn, bi[I_NU], pp, kp[P_INF],
+                      bi[I_FIRST_IT], bi[I_FIRST_POS], it)
+        commit_tables(tabs, recent, reg, pkey, pname, psig, base + hn, pstab, pngram, kp[P_NGRAM])
+    stab = np.int64(0)
+    ngram = np.int64(0)
+    if counting:
+        ngram = count_ngram(tabs, recent, reg, key, kp[P_NGRAM], it + 1)
+        if stable:
+            h = stable_sig(blocks, writes, bi[I_W_ITER], it, key)
+            if h != 0:
+                stab = stab_key(tabs, h, it + 1)
+    return stab, ngram
+
+
+@nb.njit(cache=True, nogil=True)
 def after_match(q, soft, blocks, writes, index, it, rec_end, moves_now, iter_start, h_ptr, h_soft, f_blk, f_w, f_next,
                 base, fbase, nh, nflat, resident, in_flight, n_ids, capacity, used, now, dur, window, bi, bb, uses,
                 mark, kp, kf, reg, regf, wbuf, out):
@@ -1318,31 +1344,22 @@ def exact_step(h_cum, h_key, h_name, h_sig, cum, pkey, pname, psig, psoft, pbloc
     ``after_match``'s (``nh`` / ``nflat``: the history's lengths with the pending launch committed; ``soft`` is
     0: an exact match learns no stride).
 
-    1. ``commit_tables`` of the pending (previous) launch (its stable key ``pstab``, its n-gram key ``pngram``) and
-       ``count_ngram`` of this one; ``commit_launch`` of the pending launch at the last history index, ``nh - 1``
-       (the caller reserved room and set the buffers' lengths), its pointer ``pp``, its match ``psoft``;
-    2. ``stable_sig`` of this launch (``kp[P_STABLE_SYNC]``; 0 otherwise) and its ``stab_key``;
+    1-2. ``commit_step``: the pending (previous) launch committed at the last history index, ``nh - 1`` (the
+       caller reserved room and set the buffers' lengths), its pointer ``pp``, its match ``psoft``, its stable key
+       ``pstab``, its n-gram key ``pngram``; this launch's n-gram and (``kp[P_STABLE_SYNC]``) stable keys;
     3. ``advance`` to ``q`` (remap limit ``rec_end`` when a move was learned this iteration, ``moves_now``; then
        the verified span is emptied);
     4. ``after_match``.
 
     Returns ``(stab, ngram, after)``: this launch's stable key and n-gram key (0: none) and what ``after_match``
     returns."""
-    hn = nh - 1
-    commit_tables(tabs, recent, reg, pkey, pname, psig, base + hn, pstab, pngram, kp[P_NGRAM])
-    ngram = count_ngram(tabs, recent, reg, key, kp[P_NGRAM], it + 1)
+    stab, ngram = commit_step(h_cum, h_key, h_name, h_sig, h_soft, h_ptr, f_blk, f_w, f_next, nh - 1,
+                              nflat - pblocks.shape[0], cum, pkey, pname, psig, psoft, pblocks, pwmask, p_has_w, pp,
+                              base, fbase, True, True, key, blocks, writes, kp[P_STABLE_SYNC] != 0, it, bi, kp, tabs,
+                              recent, reg, pstab, pngram)
     nu = bi[I_NU]
     first_it = bi[I_FIRST_IT]
     first_pos = bi[I_FIRST_POS]
-    inf = kp[P_INF]
-    commit_launch(h_cum, h_key, h_name, h_sig, h_soft, h_ptr, hn, cum, pkey, pname, psig, psoft, f_blk, f_w, f_next,
-                  nflat - pblocks.shape[0], pblocks, pwmask, p_has_w, fbase, bi[I_LAST_FLAT], base + hn, nu, pp, inf,
-                  first_it, first_pos, it)
-    stab = np.int64(0)
-    if kp[P_STABLE_SYNC]:
-        h = stable_sig(blocks, writes, bi[I_W_ITER], it, key)
-        if h != 0:
-            stab = stab_key(tabs, h, it + 1)
     lim = _remap_limit(kp[P_TRACK_MOVES] != 0, moves_now, q, rec_end)
     reg[G_POOL_N] = advance(q, h_ptr, base, fbase, nh, nflat, f_blk, f_next, bi[I_REMAP], bi[I_REND], lim, nu,
                             first_it, first_pos, it, bb[B_DEAD], reg[G_POOL_ON] != 0, bb[B_IN_POOL], bi[I_POOL_IDS],

@@ -380,15 +380,9 @@ class UvmPrefetchPolicy(Policy):
             if (p + 1 < self.base + hn and int(self.h_sig._a[p + 1 - self.base]) == sig
                     and hn < self.params.history_launches):
                 return self._exact_step(info, state, blocks, key, name, sig, p + 1)
-        if self.pending is not None:
-            self._commit(*self.pending, dur=self.pending_dur)
-        self.cur_ngram = _k.count_ngram(self._tabs, self._recent, self._reg, key, self.params.ngram,
-                                        self.iters_seen + 1)
-        stab = 0
-        if known and self.params.stable_sync:
-            h = _k.stable_sig(blocks, info.write_blocks, self.w_iter, self.iters_seen, key)
-            if h:
-                stab = _k.stab_key(self._tabs, h, self.iters_seen + 1)
+        # the pending launch committed, this one's n-gram and stable signature counted: one kernel
+        stab, self.cur_ngram = self._commit_step(self.pending, self.pending_dur, key, blocks, info.write_blocks,
+                                                 known and self.params.stable_sync)
         self._match(key, name, sig, stab)
         if known and self._fast_step and self.p is not None and not self.params.soft_moves:
             # the rest in one kernel (as ``_exact_step``): moves, layer stride, marks, plan
@@ -547,19 +541,33 @@ class UvmPrefetchPolicy(Policy):
 
     def _commit(self, key: int, name: int, sig: int, blocks: np.ndarray, wmask: np.ndarray | None = None,
                 dur: float = 0.0) -> None:
-        hn, fn, has_w = self._commit_room(blocks, wmask)
-        # One kernel: the position's entry, its blocks (f_next of new entries is INF, f_w 0: the buffers'
-        # fill), and ``commit_blocks``: link the blocks' previous entries to r, make these their last; blocks
-        # with no predicted use ahead of the pointer recur (in predicted time) at this position.
-        _k.commit_launch(self.h_cum._a, self.h_key._a, self.h_name._a, self.h_sig._a, self.h_soft._a, self.h_ptr._a,
-                         hn, self.cum_total, key, name, sig, self.soft, self.f_blk._a, self.f_w._a, self.f_next._a, fn,
-                         blocks, wmask if has_w else blocks, has_w, self.fbase, self.last_flat, self.base + hn, self.nu,
-                         self.p if self.p is not None else -1, INF, self.first_it, self.first_pos, self.iters_seen)
-        self._commit_lengths(hn, fn + blocks.shape[0], dur)
-        _k.commit_tables(self._tabs, self._recent, self._reg, key, name, sig, self.base + hn, self.pending_stab,
-                         self.pending_ngram, self.params.ngram)
-        if len(self.h_key) > self.params.history_launches:
+        """Commit a launch to the history (``_commit_step`` without counting a running launch)."""
+        self._commit_step((key, name, sig, blocks, wmask), dur, 0, EMPTY, EMPTY, False, counting=False)
+
+    def _commit_step(self, pending: tuple | None, dur: float, key: int, blocks: np.ndarray, writes: np.ndarray,
+                     stable: bool, counting: bool = True) -> tuple[int, int]:
+        """``_uvmkernels.commit_step``: the ``pending`` launch (if any) committed to the history (its entry, its
+        blocks, ``f_next`` links of their previous entries, the tables); then the running launch (exec id ``key``)
+        counted: its n-gram key and, with ``stable``, its stable key, returned ``(stab, ngram)``."""
+        if pending is not None:
+            pkey, pname, psig, pblocks, pwmask = pending
+            hn, fn, has_w = self._commit_room(pblocks, pwmask)
+            cum = self.cum_total
+            self._commit_lengths(hn, fn + pblocks.shape[0], dur)
+        else:
+            pkey = pname = psig = hn = fn = 0
+            pblocks = pwmask = EMPTY
+            has_w = False
+            cum = 0.0
+        out = _k.commit_step(self.h_cum._a, self.h_key._a, self.h_name._a, self.h_sig._a, self.h_soft._a,
+                             self.h_ptr._a, self.f_blk._a, self.f_w._a, self.f_next._a, hn, fn, cum, pkey, pname, psig,
+                             self.soft, pblocks, pwmask if has_w else _NO_W, has_w, -1 if self.p is None else self.p,
+                             self.base, self.fbase, pending is not None, counting, key, blocks, writes, stable,
+                             self.iters_seen, self._bi, self._kp, self._tabs, self._recent, self._reg,
+                             self.pending_stab, self.pending_ngram)
+        if pending is not None and len(self.h_key) > self.params.history_launches:
             self._trim(len(self.h_key) // 2)
+        return out
 
     def _commit_room(self, blocks: np.ndarray, wmask: np.ndarray | None) -> tuple[int, int, bool]:
         """Room in the history buffers for one more position and its blocks; returns ``(hn, fn, has_w)``: the
