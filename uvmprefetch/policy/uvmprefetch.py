@@ -582,8 +582,9 @@ class UvmPrefetchPolicy(Policy):
         return hn, fn, wmask is not None and wmask.shape[0] == k
 
     def _commit_lengths(self, hn: int, nflat: int, dur: float) -> None:
-        """``_commit`` after its kernel wrote position ``base + hn``: the buffers' lengths, the predicted time (the
-        tables that find the position again are ``_uvmkernels.commit_tables``'s)."""
+        """The history's lengths with position ``base + hn`` counted (``nflat`` flat entries in all) and the
+        predicted time moved past it: set before the commit kernel fills the reserved room (``_commit_step``,
+        ``_exact_step``), which reads the time from before (``cum``)."""
         self.cum_total += dur
         for g in self._hist:
             g.n = hn + 1
