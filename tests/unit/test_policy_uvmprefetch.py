@@ -779,9 +779,9 @@ def _lockstep(tr, spec, oversub):
                                                   d.advise) for d in (r1, r2))
                 assert _same(d1, d2), f"launch {a[0].index}: decisions differ"
                 count[0] += 1
-            skip = set(hooks) | {"_fast_step", "stats", "_wbuf", "_out"}  # (the kernels' output scratch)
+            skip = set(hooks) | {"_fast_step", "stats", "_wbuf", "_out", "_res"}  # (the kernels' output scratch)
             bad = [k for k in one.__dict__ if k not in skip and not _same(one.__dict__[k], gen.__dict__[k])]
-            fused = ("one_kernel_steps", "fused_after_match")
+            fused = ("one_kernel_steps", "one_kernel_inexact", "fused_after_match")
             st = {k: v for k, v in one.stats.items() if k not in fused}
             assert not bad and st == {k: v for k, v in gen.stats.items() if k not in fused}, (
                 f"after {h} ({count[0]} launches): state differs in {bad or 'stats'}")
@@ -811,12 +811,12 @@ def test_one_kernel_step_leaves_the_general_paths_state(name, spec):
     tr = {"moe": moe, "alternating": alternating_seq, "synthetic": lambda: training_trace(layers=12, iterations=4),
           "gpt2-small": lambda: load(Path(__file__).resolve().parents[2] / "traces" / "gpt2-small-b2s128.uvmt")}[name]()
     for oversub in ((1.5, 1.7) if name == "gpt2-small" else (2.0, 3.0)):
-        # WHEN two policies run in lock step, one taking exact matches in one kernel (``exact_step``), the other
-        # through the general path
+        # WHEN two policies run in lock step, one taking launches in one kernel (``_uvmkernels.step``: the commit,
+        # the compiled match, the rest), the other through the general path (the Python match)
         one, n = _lockstep(tr, spec, oversub)
         # THEN (checked after every hook) the same decisions and the same state, bit for bit; the step served
-        # exact matches, the fused rest the others
-        assert n == len(tr.launch_iter) and one.stats["one_kernel_steps"] > 0 and one.stats["fused_after_match"] > 0
+        # exact matches and others (soft matches, resyncs)
+        assert n == len(tr.launch_iter) and one.stats["one_kernel_steps"] > one.stats["one_kernel_inexact"] > 0
 
 
 def test_learn_moves_kernel_matches_numpy():

@@ -18,7 +18,7 @@ N_I = 9
 B_DIRTY, B_DEAD, B_PF_UNUSED, B_THRASHED, B_WRITTEN, B_IN_POOL, B_MOVED_TO = range(7)
 N_B = 7
 # Its settings (``_kp``, int64; ``_kf``, float64) and the scalars it carries from one launch to the next
-# (``_reg``, int64; the H2D queue's end is ``_regf[0]``), which ``after_match`` / ``exact_step`` update in place.
+# (``_reg``, int64; the H2D queue's end is ``_regf[0]``), which ``after_match`` / ``step`` update in place.
 (P_POOL_LAUNCHES, P_POOL_K, P_TRACK_MOVES, P_LAYER_STRIDE, P_STALL_AWARE, P_SCAN_MAX, P_FAULT_LATE_SOFT, P_DEAD_REUSE,
  P_STABLE_SYNC, P_MARGIN, P_INF, P_K_DEAD, P_K_DIRTY, P_K_CLEAN, P_AGE, P_NGRAM) = range(16)
 N_P = 16
@@ -1332,42 +1332,140 @@ def pool_refill(pool_new, cur, in_flight, pf, in_pool, buf, n):
     return pool_add(pf, in_pool, buf, n)
 
 
+# How ``match`` placed the pointer (``UvmPrefetchPolicy._match``'s branches; the policy counts them)
+M_MATCHED, M_STABLE, M_SOFT, M_NONE, M_RESYNC = range(5)
+# ``step``'s results in its ``res`` argument: the running launch's keys, the match, then ``after_match``'s
+R_STAB, R_NGRAM, R_MATCH, R_P, R_SOFT, R_AFTER = range(6)
+N_R = R_AFTER + 14
+
+
 @nb.njit(cache=True, nogil=True)
-def exact_step(h_cum, h_key, h_name, h_sig, cum, pkey, pname, psig, psoft, pblocks, pwmask, p_has_w, pp, key, tabs,
-               recent, pstab, pngram, q, soft,
-               blocks, writes, index, it, rec_end, moves_now, iter_start, h_ptr, h_soft, f_blk, f_w, f_next, base,
-               fbase, nh, nflat, resident, in_flight, n_ids, capacity, used, now, dur, window, bi, bb, uses, mark, kp,
-               kf, reg, regf, wbuf, out):
-    """``on_launch`` in one call for a launch with known accesses that matches the next recorded launch
-    exactly (``h_sig`` at ``q``, the pointer's next position, is its signature; the caller checked): the
-    same kernels in the same order as the Python hooks, with the same arguments. The arguments from ``q`` on are
-    ``after_match``'s (``nh`` / ``nflat``: the history's lengths with the pending launch committed; ``soft`` is
-    0: an exact match learns no stride).
+def record_end(q, starts, n_starts, iter_start):
+    """``UvmPrefetchPolicy._record_end``: one past the last position of the recorded iteration holding ``q``
+    (``starts[:n_starts]``: the later iterations' first positions, ascending; ``iter_start`` past them)."""
+    for i in range(n_starts):
+        if starts[i] > q:
+            return starts[i]
+    return iter_start
+
+
+@nb.njit(cache=True, nogil=True)
+def _go(q, moves_now, starts, n_starts, iter_start, h_ptr, base, fbase, nh, nflat, f_blk, f_next, it, bi, bb, kp,
+        reg):
+    """``UvmPrefetchPolicy._advance`` to ``q``: the remap limit (``_remap_limit``; a translation empties the
+    verified span), then ``advance``."""
+    lim = 0
+    if q < iter_start:
+        lim = _remap_limit(kp[P_TRACK_MOVES] != 0, moves_now, q, record_end(q, starts, n_starts, iter_start))
+    if lim > 0:
+        reg[G_V_LO] = 0
+        reg[G_V_HI] = -1
+    reg[G_POOL_N] = advance(q, h_ptr, base, fbase, nh, nflat, f_blk, f_next, bi[I_REMAP], bi[I_REND], lim, bi[I_NU],
+                            bi[I_FIRST_IT], bi[I_FIRST_POS], it, bb[B_DEAD], reg[G_POOL_ON] != 0, bb[B_IN_POOL],
+                            bi[I_POOL_IDS], reg[G_POOL_N])
+
+
+@nb.njit(cache=True, nogil=True)
+def _jump(q, h_ptr, base, fbase, nh, nflat, f_blk, bi, kp, reg):
+    """A jump of the pointer to ``q``: the horizon after it, then ``UvmPrefetchPolicy._rebuild_nu``."""
+    reg[G_HORIZON] = q + 1
+    reg[G_POOL_ON] = 0
+    reg[G_V_LO] = 0
+    reg[G_V_HI] = -1
+    reg[G_POOL_STALE] = base + nh + 1 if (reg[G_S_OLD] != 0 or reg[G_S_NEW] != 0) else 0
+    a = nflat
+    if q + 1 < base + nh:
+        a = h_ptr[q + 1 - base] - fbase
+    rebuild_nu(bi[I_NU], f_blk, a, nflat, h_ptr[:nh], base, fbase, q + 1, kp[P_SCAN_MAX], kp[P_INF])
+
+
+@nb.njit(cache=True, nogil=True)
+def match(p, key, name, sig, stab, ngram, moves_now, iter_start, prev_start, starts, n_starts, h_key, h_name, h_sig,
+          h_soft, h_ptr, base, fbase, nh, nflat, f_blk, f_next, it, tabs, recent, bi, bb, kp, reg):
+    """``UvmPrefetchPolicy._match`` compiled (its docstring says why each branch is there), with the pointer at
+    ``p`` (-1: none) and the history committed through ``base + nh - 1``; the same table uses in the same order.
+    Returns ``(how, p, soft)``: ``how`` one of ``M_*``, the new pointer (-1: none), how the launch matched."""
+    end = base + nh
+    nxt = p + 1 if p >= 0 else np.int64(-1)
+    if 0 <= nxt < end and h_sig[nxt - base] == sig:
+        _go(nxt, moves_now, starts, n_starts, iter_start, h_ptr, base, fbase, nh, nflat, f_blk, f_next, it, bi, bb,
+            kp, reg)
+        return M_MATCHED, nxt, 0
+    q = tab_get(tabs, T_SIG, sig, reg)
+    if (q >= iter_start and nxt >= 0 and n_starts > 0 and starts[0] <= nxt < iter_start
+            and h_name[nxt - base] == name):
+        q = -1  # (a repeat inside the step: see ``_match``)
+    if not base <= q < end and stab != 0:
+        q2 = tab_get(tabs, T_STAB, stab, reg)
+        if q2 >= 0 and prev_start <= q2 < end and h_key[q2 - base] == key and q2 != nxt:
+            _jump(q2, h_ptr, base, fbase, nh, nflat, f_blk, bi, kp, reg)
+            return M_STABLE, q2, 1
+    if not base <= q < end:
+        if 0 <= nxt < end and h_name[nxt - base] == name:
+            _go(nxt, moves_now, starts, n_starts, iter_start, h_ptr, base, fbase, nh, nflat, f_blk, f_next, it, bi,
+                bb, kp, reg)
+            return M_SOFT, nxt, 2 if h_soft[nxt - base] else 1
+        n = kp[P_NGRAM]
+        q = -1
+        if reg[G_RECENT] >= n:
+            if ngram != 0:
+                q = tab_get(tabs, T_EXEC, ngram, reg)
+            if not base <= q < end:
+                q = tab_get(tabs, T_NAME, name_key(recent, reg, name, n), reg)
+        if not base <= q < end:
+            return M_NONE, np.int64(-1), 0
+    if q == nxt:
+        _go(q, moves_now, starts, n_starts, iter_start, h_ptr, base, fbase, nh, nflat, f_blk, f_next, it, bi, bb, kp,
+            reg)
+        return M_MATCHED, q, 0
+    _jump(q, h_ptr, base, fbase, nh, nflat, f_blk, bi, kp, reg)
+    return M_RESYNC, q, 0
+
+
+@nb.njit(cache=True, nogil=True)
+def step(h_cum, h_key, h_name, h_sig, cum, pkey, pname, psig, psoft, pblocks, pwmask, p_has_w, pp, key, name, sig,
+         tabs, recent, pstab, pngram, prev_start, starts, fuse,
+         blocks, writes, index, it, moves_now, iter_start, h_ptr, h_soft, f_blk, f_w, f_next, base,
+         fbase, nh, nflat, resident, in_flight, n_ids, capacity, used, now, dur, window, bi, bb, uses, mark, kp,
+         kf, reg, regf, wbuf, out, res):
+    """``on_launch`` in one call for a launch with known accesses (the previous one pending its commit, room for
+    it in the history): the same kernels in the same order as the Python hooks, with the same arguments. The
+    arguments from ``blocks`` on are ``after_match``'s but for the pointer, its match and the followed record's
+    end, which come from the match (``starts``: ``UvmPrefetchPolicy._istarts``; ``nh`` / ``nflat``: the history's lengths with the pending launch committed).
 
     1-2. ``commit_step``: the pending (previous) launch committed at the last history index, ``nh - 1`` (the
-       caller reserved room and set the buffers' lengths), its pointer ``pp``, its match ``psoft``, its stable key
-       ``pstab``, its n-gram key ``pngram``; this launch's n-gram and (``kp[P_STABLE_SYNC]``) stable keys;
-    3. ``advance`` to ``q`` (remap limit ``rec_end`` when a move was learned this iteration, ``moves_now``; then
-       the verified span is emptied);
-    4. ``after_match``.
+       caller reserved room and set the buffers' lengths), its pointer ``pp`` (-1: none), its match ``psoft``, its
+       stable key ``pstab``, its n-gram key ``pngram``; this launch's n-gram and (``kp[P_STABLE_SYNC]``) stable keys;
+    3. ``match`` (the advance, or the jump's rebuilt next uses);
+    4. with a pointer and ``fuse`` (no ``soft_moves`` classification to run in between), ``after_match``.
 
-    Returns ``(stab, ngram, after)``: this launch's stable key and n-gram key (0: none) and what ``after_match``
-    returns."""
+    Writes ``res`` (``R_*``): this launch's stable and n-gram keys (0: none), how it matched (``M_*``), the new
+    pointer (-1: none), its match, then from ``R_AFTER`` what ``after_match`` returns (all 0 when it did not
+    run: ``res[R_AFTER] == -1``)."""
     stab, ngram = commit_step(h_cum, h_key, h_name, h_sig, h_soft, h_ptr, f_blk, f_w, f_next, nh - 1,
                               nflat - pblocks.shape[0], cum, pkey, pname, psig, psoft, pblocks, pwmask, p_has_w, pp,
                               base, fbase, True, True, key, blocks, writes, kp[P_STABLE_SYNC] != 0, it, bi, kp, tabs,
                               recent, reg, pstab, pngram)
-    nu = bi[I_NU]
-    first_it = bi[I_FIRST_IT]
-    first_pos = bi[I_FIRST_POS]
-    lim = _remap_limit(kp[P_TRACK_MOVES] != 0, moves_now, q, rec_end)
-    reg[G_POOL_N] = advance(q, h_ptr, base, fbase, nh, nflat, f_blk, f_next, bi[I_REMAP], bi[I_REND], lim, nu,
-                            first_it, first_pos, it, bb[B_DEAD], reg[G_POOL_ON] != 0, bb[B_IN_POOL], bi[I_POOL_IDS],
-                            reg[G_POOL_N])
-    if lim > 0:  # (an advance through the translation: ``plan_paced``'s verified span is gone)
-        reg[G_V_LO] = 0
-        reg[G_V_HI] = -1
-    after = after_match(q, soft, blocks, writes, index, it, rec_end, moves_now, iter_start, h_ptr, h_soft, f_blk, f_w,
-                        f_next, base, fbase, nh, nflat, resident, in_flight, n_ids, capacity, used, now, dur, window,
-                        bi, bb, uses, mark, kp, kf, reg, regf, wbuf, out)
-    return stab, ngram, after
+    how, q, soft = match(pp, key, name, sig, stab, ngram, moves_now, iter_start, prev_start, starts, starts.shape[0], h_key,
+                         h_name, h_sig, h_soft, h_ptr, base, fbase, nh, nflat, f_blk, f_next, it, tabs, recent, bi, bb,
+                         kp, reg)
+    res[R_STAB] = stab
+    res[R_NGRAM] = ngram
+    res[R_MATCH] = how
+    res[R_P] = q
+    res[R_SOFT] = soft
+    res[R_AFTER:] = 0
+    res[R_AFTER] = -1
+    if q < 0 or not fuse:
+        return
+    rec_end = 0
+    if q < iter_start:
+        rec_end = record_end(q, starts, starts.shape[0], iter_start)
+    (stage, moved, again, late, status, n_pf, n_ev, n_dc, wasted, mis, live, pooled, refilled, shifted) = after_match(
+        q, soft, blocks, writes, index, it, rec_end, moves_now, iter_start, h_ptr, h_soft, f_blk, f_w, f_next, base,
+        fbase, nh, nflat, resident, in_flight, n_ids, capacity, used, now, dur, window, bi, bb, uses, mark, kp, kf, reg,
+        regf, wbuf, out)
+    r = R_AFTER
+    res[r], res[r + 1], res[r + 2], res[r + 3], res[r + 4] = stage, moved, again, late, status
+    res[r + 5], res[r + 6], res[r + 7], res[r + 8], res[r + 9] = n_pf, n_ev, n_dc, wasted, mis
+    res[r + 10], res[r + 11], res[r + 12], res[r + 13] = live, pooled, refilled, shifted

@@ -32,8 +32,9 @@ How it decides (each launch, in ``on_launch``):
    iteration needed more link time than compute time, and only as many as balance the two (remote reads
    move work from the saturated link onto the compute stream).
 
-The hot path runs in Numba kernels (``_uvmkernels``): a launch that matches its record exactly takes one call
-for the whole hook (``exact_step``), any other with known accesses one call after the match (``after_match``);
+The hot path runs in Numba kernels (``_uvmkernels``): a launch with known accesses takes one call for the whole
+hook (``step``: the commit of the previous launch, the match compiled, then ``after_match``), save the first
+launch and one that makes the history trim itself (one call after the Python match, ``after_match``);
 the Python methods they mirror stay as the reference (``_fast_step`` / ``_fast_plan`` off). The plan's window pass
 (``window_candidates``) lists only the candidates the plan reads and skips the next-use updates of a *verified
 span* of positions, kept from one plan to the next while nothing rewrites next uses (``plan_paced``, ``_v_lo`` /
@@ -65,6 +66,7 @@ INF = np.iinfo(np.int64).max // 4
 _NO_W = np.zeros(0, dtype=np.int8)  # (no write flags: the history's f_w keeps its fill)
 # Victim classes above every history position: dead, then clean unpredicted, then dirty unpredicted.
 _K_DEAD, _K_CLEAN, _K_DIRTY = 3 * INF, 2 * INF, INF + 1
+_MATCH_STATS = ("matched", "stable_resync", "soft", "unpredicted", "resync")  # (by ``_uvmkernels.M_*``)
 _MASK63 = (1 << 63) - 1
 _AGE = 1 << 40  # launch-index span of the LRU tie-break (added inside a victim class)
 
@@ -141,7 +143,7 @@ class UvmPrefetchPolicy(Policy):
     Params: ClassVar[type] = UvmPrefetchParams
     description: ClassVar[str] = "ours: launch-history prediction, adaptive window, paced pre-eviction, advice"
 
-    # (in ``_reg``, which ``_uvmkernels.after_match`` / ``exact_step`` update in place; see ``on_start``)
+    # (in ``_reg``, which ``_uvmkernels.after_match`` / ``step`` update in place; see ``on_start``)
     _pool_n = _carried(_k.G_POOL_N)
     _pool_on = _carried(_k.G_POOL_ON, bool)
     _pool_stale = _carried(_k.G_POOL_STALE)
@@ -225,6 +227,7 @@ class UvmPrefetchPolicy(Policy):
         self.iter_start = 0  # history position of this iteration's first launch
         self.iter_starts: list[int] = []  # the first positions of the later iterations (ascending)
         self._prev_start = 0  # first position of the last iteration's record
+        self._istarts = np.zeros(0, dtype=np.int64)  # ``iter_starts`` for the kernels
         self.base = 0
         self.fbase = 0
         # The correlation tables (``_uvmkernels.T_*`` / ``C_*``; compiled, set-associative, ``table_entries`` each):
@@ -269,6 +272,7 @@ class UvmPrefetchPolicy(Policy):
         # (``after_match``: handing back arrays made in a kernel costs more)
         self._wbuf = np.zeros(n, dtype=np.int8)
         self._out = np.zeros(n, dtype=np.int64)
+        self._res = np.zeros(_k.N_R, dtype=np.int64)  # (``_uvmkernels.step``'s scalar results, ``R_*``)
         self._pool_n = 0
         self._pool_on = False  # filled by a full scan and kept up since
         self._pool_stale = 0  # history position from which no such prediction lies ahead
@@ -295,7 +299,8 @@ class UvmPrefetchPolicy(Policy):
                           evicted_blocks=0, discarded_blocks=0, late_blocks=0, predicted_faults=0, thrash_blocks=0,
                           mispredicted_blocks=0, refetched_blocks=0, moved_blocks=0, read_mostly_blocks=0,
                           prefer_host_blocks=0, soft_moves=0, stable_resync=0, pooled_victim_scans=0, pool_refills=0,
-                          pool_waits_lifted=0, one_kernel_steps=0, fused_after_match=0)
+                          pool_waits_lifted=0, one_kernel_steps=0, one_kernel_inexact=0,
+                          fused_after_match=0)
         # The settings the one-kernel steps read (``_uvmkernels.P_*`` / ``F_*``)
         kp = {_k.P_POOL_LAUNCHES: P.pool_launches, _k.P_POOL_K: self._pool_k, _k.P_TRACK_MOVES: P.track_moves,
               _k.P_LAYER_STRIDE: P.layer_stride, _k.P_STALL_AWARE: P.stall_aware, _k.P_SCAN_MAX: P.scan_max,
@@ -355,6 +360,7 @@ class UvmPrefetchPolicy(Policy):
         self.iter_starts.append(self.iter_start)
         if len(self.iter_starts) > 64:  # (bounded: older starts fall out of the trimmed history anyway)
             del self.iter_starts[0]
+        self._istarts = np.array(self.iter_starts, dtype=np.int64)
         if self.stats["moved_blocks"]:
             self.remap[:] = np.arange(self.remap.shape[0])  # predictions now come from this iteration's ids
             self.rend[:] = 0
@@ -374,22 +380,26 @@ class UvmPrefetchPolicy(Policy):
         key = int(info.exec_id) & _MASK63
         name = int(info.name)
         sig = hash((name, blocks.tobytes())) if known else hash((key,))
-        p = self.p
-        if known and self._fast_step and p is not None and self.pending is not None:
-            hn = self.h_key.n
-            if (p + 1 < self.base + hn and int(self.h_sig._a[p + 1 - self.base]) == sig
-                    and hn < self.params.history_launches):
-                return self._exact_step(info, state, blocks, key, name, sig, p + 1)
+        if known and self._fast_step and self.pending is not None and self.h_key.n < self.params.history_launches:
+            return self._step(info, state, blocks, key, name, sig)
         # the pending launch committed, this one's n-gram and stable signature counted: one kernel
         stab, self.cur_ngram = self._commit_step(self.pending, self.pending_dur, key, blocks, info.write_blocks,
                                                  known and self.params.stable_sync)
         self._match(key, name, sig, stab)
         if known and self._fast_step and self.p is not None and not self.params.soft_moves:
-            # the rest in one kernel (as ``_exact_step``): moves, layer stride, marks, plan
+            # the rest in one kernel (as ``_step``): moves, layer stride, marks, plan
             st["fused_after_match"] += 1
             n = ids_in_use(state)
             return self._finish(info, state, blocks, key, name, sig, stab, n,
                                 _k.after_match(*self._after_args(info, state, blocks, self.p, self.soft, n)))
+        return self._rest(info, state, blocks, key, name, sig, stab)
+
+    def _rest(self, info: LaunchInfo, state: ResidencyView, blocks: np.ndarray, key: int, name: int, sig: int,
+              stab: int) -> Decision | None:
+        """``on_launch`` after the match, step by step (the reference of ``after_match``, and the path of launches
+        without known accesses or with ``soft_moves``)."""
+        st = self.stats
+        known = info.known_accesses
         if known and self.p is not None and self.params.track_moves:
             self._learn_moves(info.write_blocks)
         if known and self.soft and self.p is not None and self.p >= self.iter_start and self.params.layer_stride:
@@ -433,32 +443,47 @@ class UvmPrefetchPolicy(Policy):
             self.pending_advice = []
         return dec
 
-    def _exact_step(self, info: LaunchInfo, state: ResidencyView, blocks: np.ndarray, key: int, name: int, sig: int,
-                    q: int) -> Decision | None:
-        """``on_launch`` for its common case, a launch that matches the next recorded one (position ``q``)
-        exactly, in one kernel (``_uvmkernels.exact_step``): the commit of the previous launch, the stable
-        signature, the pointer's advance, then ``after_match`` (moves, marks, plan): the same steps in the same
-        order as the general path (``_fast_step`` off: tests compare the two in lock step)."""
+    def _step(self, info: LaunchInfo, state: ResidencyView, blocks: np.ndarray, key: int, name: int,
+              sig: int) -> Decision | None:
+        """``on_launch`` in one kernel (``_uvmkernels.step``) for a launch with known accesses, the previous one
+        pending and room in the history: the commit of the previous launch, the n-gram and stable keys, the match
+        (``_uvmkernels.match``, compiled ``_match``), then ``after_match`` (moves, marks, plan): the same steps in
+        the same order as the general path (``_fast_step`` off: tests compare the two in lock step). Without a
+        pointer after the match, or with ``soft_moves``, the rest is ``_rest``."""
         st = self.stats
         pkey, pname, psig, pblocks, pwmask = self.pending
         hn, fn, has_w = self._commit_room(pblocks, pwmask)
         cum = self.cum_total
         self._commit_lengths(hn, fn + pblocks.shape[0], self.pending_dur)
         n = ids_in_use(state)
-        stab, self.cur_ngram, after = _k.exact_step(
-            self.h_cum._a, self.h_key._a, self.h_name._a, self.h_sig._a, cum, pkey, pname, psig, self.soft, pblocks,
-            pwmask if has_w else _NO_W, has_w, self.p, key, self._tabs, self._recent, self.pending_stab,
-            self.pending_ngram, *self._after_args(info, state, blocks, q, 0, n))
-        self.p = q
-        self.soft = 0
-        st["matched"] += 1
+        p = self.p
+        res = self._res
+        _k.step(self.h_cum._a, self.h_key._a, self.h_name._a, self.h_sig._a, cum, pkey, pname, psig, self.soft, pblocks,
+                pwmask if has_w else _NO_W, has_w, -1 if p is None else p, key, name, sig, self._tabs, self._recent,
+                self.pending_stab, self.pending_ngram, self._prev_start, self._istarts, not self.params.soft_moves,
+                blocks, info.write_blocks, info.index, self.iters_seen, st["moved_blocks"] != self._moved_at_start,
+                self.iter_start, self.h_ptr._a, self.h_soft._a, self.f_blk._a, self.f_w._a, self.f_next._a, self.base,
+                self.fbase, hn + 1, fn + pblocks.shape[0], state.resident, state.in_flight, n, state.capacity_blocks,
+                state.used_blocks, state.now, float(info.duration), self.monitor.window, self._bi, self._bb, self.uses,
+                self._mark, self._kp, self._kf, self._reg, self._regf, self._wbuf, self._out, res)
+        r = res.tolist()
+        stab = r[_k.R_STAB]
+        self.cur_ngram = r[_k.R_NGRAM]
+        q = r[_k.R_P]
+        self.p = q if q >= 0 else None
+        self.soft = r[_k.R_SOFT]
+        st[_MATCH_STATS[r[_k.R_MATCH]]] += 1
+        if r[_k.R_AFTER] < 0:
+            return self._rest(info, state, blocks, key, name, sig, stab)
         st["one_kernel_steps"] += 1
-        return self._finish(info, state, blocks, key, name, sig, stab, n, after)
+        if r[_k.R_MATCH] != _k.M_MATCHED or p is None or q != p + 1:
+            st["one_kernel_inexact"] += 1
+        return self._finish(info, state, blocks, key, name, sig, stab, n, r[_k.R_AFTER:])
 
     def _after_args(self, info: LaunchInfo, state: ResidencyView, blocks: np.ndarray, q: int, soft: int,
                     n: int) -> tuple:
-        """The arguments of ``_uvmkernels.after_match`` (and the tail of ``exact_step``'s) for the running launch,
-        the pointer at ``q`` matched as ``soft``."""
+        """The arguments of ``_uvmkernels.after_match`` for the running launch, the pointer at ``q`` matched as
+        ``soft`` (``step`` takes the same from ``blocks`` on, less those the match gives)."""
         it0 = self.iter_start
         return (q, soft, blocks, info.write_blocks, info.index, self.iters_seen,
                 self._record_end(q) if q < it0 else 0, self.stats["moved_blocks"] != self._moved_at_start, it0,
@@ -584,7 +609,7 @@ class UvmPrefetchPolicy(Policy):
     def _commit_lengths(self, hn: int, nflat: int, dur: float) -> None:
         """The history's lengths with position ``base + hn`` counted (``nflat`` flat entries in all) and the
         predicted time moved past it: set before the commit kernel fills the reserved room (``_commit_step``,
-        ``_exact_step``), which reads the time from before (``cum``)."""
+        ``_step``), which reads the time from before (``cum``)."""
         self.cum_total += dur
         for g in self._hist:
             g.n = hn + 1
@@ -619,7 +644,9 @@ class UvmPrefetchPolicy(Policy):
         records of this iteration and the last: further back is another pattern (alternating sequence
         lengths), whose exact signatures and n-grams find it when it returns, and a jump there re-plans the
         end of the step for a pattern that may not come next (measured: the second occurrence of a pattern
-        14 % above its steady time instead of 3 %). Then the next launch by name, then the n-gram tables."""
+        14 % above its steady time instead of 3 %). Then the next launch by name, then the n-gram tables.
+
+        The reference of ``_uvmkernels.match`` (the same branches, table uses and counts), which ``_step`` runs."""
         st = self.stats
         self.soft = 0
         base = self.base
