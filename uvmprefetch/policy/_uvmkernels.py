@@ -1380,13 +1380,14 @@ def _jump(q, h_ptr, base, fbase, nh, nflat, f_blk, bi, kp, reg):
 
 
 @nb.njit(cache=True, nogil=True)
-def match(p, key, name, sig, stab, ngram, moves_now, iter_start, prev_start, starts, n_starts, h_key, h_name, h_sig,
-          h_soft, h_ptr, base, fbase, nh, nflat, f_blk, f_next, it, tabs, recent, bi, bb, kp, reg):
+def match(p, has_p, key, name, sig, stab, ngram, moves_now, iter_start, prev_start, starts, n_starts, h_key, h_name,
+          h_sig, h_soft, h_ptr, base, fbase, nh, nflat, f_blk, f_next, it, tabs, recent, bi, bb, kp, reg):
     """``UvmPrefetchPolicy._match`` compiled (its docstring says why each branch is there), with the pointer at
-    ``p`` (-1: none) and the history committed through ``base + nh - 1``; the same table uses in the same order.
-    Returns ``(how, p, soft)``: ``how`` one of ``M_*``, the new pointer (-1: none), how the launch matched."""
+    ``p`` (``has_p``: else none) and the history committed through ``base + nh - 1``; the same table uses in the
+    same order. Returns ``(how, p, soft)``: ``how`` one of ``M_*``, the new pointer (-1 with ``M_NONE``: none), how
+    the launch matched."""
     end = base + nh
-    nxt = p + 1 if p >= 0 else np.int64(-1)
+    nxt = p + 1 if has_p else np.int64(-1)
     if 0 <= nxt < end and h_sig[nxt - base] == sig:
         _go(nxt, moves_now, starts, n_starts, iter_start, h_ptr, base, fbase, nh, nflat, f_blk, f_next, it, bi, bb,
             kp, reg)
@@ -1423,32 +1424,34 @@ def match(p, key, name, sig, stab, ngram, moves_now, iter_start, prev_start, sta
 
 
 @nb.njit(cache=True, nogil=True)
-def step(h_cum, h_key, h_name, h_sig, cum, pkey, pname, psig, psoft, pblocks, pwmask, p_has_w, pp, key, name, sig,
-         tabs, recent, pstab, pngram, prev_start, starts, fuse,
+def step(h_cum, h_key, h_name, h_sig, cum, pkey, pname, psig, psoft, pblocks, pwmask, p_has_w, pp, has_p, key, name,
+         sig, tabs, recent, pstab, pngram, prev_start, starts, fuse,
          blocks, writes, index, it, moves_now, iter_start, h_ptr, h_soft, f_blk, f_w, f_next, base,
          fbase, nh, nflat, resident, in_flight, n_ids, capacity, used, now, dur, window, bi, bb, uses, mark, kp,
          kf, reg, regf, wbuf, out, res):
     """``on_launch`` in one call for a launch with known accesses (the previous one pending its commit, room for
     it in the history): the same kernels in the same order as the Python hooks, with the same arguments. The
     arguments from ``blocks`` on are ``after_match``'s but for the pointer, its match and the followed record's
-    end, which come from the match (``starts``: ``UvmPrefetchPolicy._istarts``; ``nh`` / ``nflat``: the history's lengths with the pending launch committed).
+    end, which come from the match (``starts``: ``UvmPrefetchPolicy._istarts``; ``nh`` / ``nflat``: the history's
+    lengths with the pending launch committed).
 
     1-2. ``commit_step``: the pending (previous) launch committed at the last history index, ``nh - 1`` (the
-       caller reserved room and set the buffers' lengths), its pointer ``pp`` (-1: none), its match ``psoft``, its
-       stable key ``pstab``, its n-gram key ``pngram``; this launch's n-gram and (``kp[P_STABLE_SYNC]``) stable keys;
+       caller reserved room and set the buffers' lengths), its pointer ``pp`` (``has_p``: else none, -1), its match
+       ``psoft``, its stable key ``pstab``, its n-gram key ``pngram``; this launch's n-gram and
+       (``kp[P_STABLE_SYNC]``) stable keys;
     3. ``match`` (the advance, or the jump's rebuilt next uses);
     4. with a pointer and ``fuse`` (no ``soft_moves`` classification to run in between), ``after_match``.
 
     Writes ``res`` (``R_*``): this launch's stable and n-gram keys (0: none), how it matched (``M_*``), the new
-    pointer (-1: none), its match, then from ``R_AFTER`` what ``after_match`` returns (all 0 when it did not
+    pointer (-1: none, ``M_NONE``), its match, then from ``R_AFTER`` what ``after_match`` returns (all 0 when it did not
     run: ``res[R_AFTER] == -1``)."""
     stab, ngram = commit_step(h_cum, h_key, h_name, h_sig, h_soft, h_ptr, f_blk, f_w, f_next, nh - 1,
                               nflat - pblocks.shape[0], cum, pkey, pname, psig, psoft, pblocks, pwmask, p_has_w, pp,
                               base, fbase, True, True, key, blocks, writes, kp[P_STABLE_SYNC] != 0, it, bi, kp, tabs,
                               recent, reg, pstab, pngram)
-    how, q, soft = match(pp, key, name, sig, stab, ngram, moves_now, iter_start, prev_start, starts, starts.shape[0], h_key,
-                         h_name, h_sig, h_soft, h_ptr, base, fbase, nh, nflat, f_blk, f_next, it, tabs, recent, bi, bb,
-                         kp, reg)
+    how, q, soft = match(pp, has_p, key, name, sig, stab, ngram, moves_now, iter_start, prev_start, starts,
+                         starts.shape[0], h_key, h_name, h_sig, h_soft, h_ptr, base, fbase, nh, nflat, f_blk, f_next,
+                         it, tabs, recent, bi, bb, kp, reg)
     res[R_STAB] = stab
     res[R_NGRAM] = ngram
     res[R_MATCH] = how
@@ -1456,7 +1459,7 @@ def step(h_cum, h_key, h_name, h_sig, cum, pkey, pname, psig, psoft, pblocks, pw
     res[R_SOFT] = soft
     res[R_AFTER:] = 0
     res[R_AFTER] = -1
-    if q < 0 or not fuse:
+    if how == M_NONE or not fuse:
         return
     rec_end = 0
     if q < iter_start:

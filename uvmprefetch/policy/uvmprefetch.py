@@ -459,18 +459,19 @@ class UvmPrefetchPolicy(Policy):
         p = self.p
         res = self._res
         _k.step(self.h_cum._a, self.h_key._a, self.h_name._a, self.h_sig._a, cum, pkey, pname, psig, self.soft, pblocks,
-                pwmask if has_w else _NO_W, has_w, -1 if p is None else p, key, name, sig, self._tabs, self._recent,
-                self.pending_stab, self.pending_ngram, self._prev_start, self._istarts, not self.params.soft_moves,
-                blocks, info.write_blocks, info.index, self.iters_seen, st["moved_blocks"] != self._moved_at_start,
-                self.iter_start, self.h_ptr._a, self.h_soft._a, self.f_blk._a, self.f_w._a, self.f_next._a, self.base,
-                self.fbase, hn + 1, fn + pblocks.shape[0], state.resident, state.in_flight, n, state.capacity_blocks,
-                state.used_blocks, state.now, float(info.duration), self.monitor.window, self._bi, self._bb, self.uses,
-                self._mark, self._kp, self._kf, self._reg, self._regf, self._wbuf, self._out, res)
+                pwmask if has_w else _NO_W, has_w, -1 if p is None else p, p is not None, key, name, sig, self._tabs,
+                self._recent, self.pending_stab, self.pending_ngram, self._prev_start, self._istarts,
+                not self.params.soft_moves, blocks, info.write_blocks, info.index, self.iters_seen,
+                st["moved_blocks"] != self._moved_at_start, self.iter_start, self.h_ptr._a, self.h_soft._a,
+                self.f_blk._a, self.f_w._a, self.f_next._a, self.base, self.fbase, hn + 1, fn + pblocks.shape[0],
+                state.resident, state.in_flight, n, state.capacity_blocks, state.used_blocks, state.now,
+                float(info.duration), self.monitor.window, self._bi, self._bb, self.uses, self._mark, self._kp,
+                self._kf, self._reg, self._regf, self._wbuf, self._out, res)
         r = res.tolist()
         stab = r[_k.R_STAB]
         self.cur_ngram = r[_k.R_NGRAM]
         q = r[_k.R_P]
-        self.p = q if q >= 0 else None
+        self.p = q if r[_k.R_MATCH] != _k.M_NONE else None
         self.soft = r[_k.R_SOFT]
         st[_MATCH_STATS[r[_k.R_MATCH]]] += 1
         if r[_k.R_AFTER] < 0:
