@@ -1157,8 +1157,8 @@ def commit_tables(tabs, recent, reg, key, name, sig, r, stab, ngram, n):
 
 @nb.njit(cache=True, nogil=True)
 def commit_step(h_cum, h_key, h_name, h_sig, h_soft, h_ptr, f_blk, f_w, f_next, hn, fn, cum, pkey, pname, psig, psoft,
-                pblocks, pwmask, p_has_w, pp, base, fbase, committing, counting, key, blocks, writes, stable, it, bi, kp,
-                tabs, recent, reg, pstab, pngram):
+                pblocks, pwmask, p_has_w, pp, base, fbase, committing, counting, key, blocks, writes, stable, it, bi,
+                kp, tabs, recent, reg, pstab, pngram):
     """A launch's steps before its pointer moves, in one call. With ``committing``, the pending (previous) launch
     is committed: ``commit_launch`` at history index ``hn`` and flat index ``fn`` (the caller reserved room; its
     pointer ``pp``, its match ``psoft``, its write flags ``pwmask`` when ``p_has_w``, its predicted start ``cum``)
@@ -1340,23 +1340,23 @@ N_R = R_AFTER + 14
 
 
 @nb.njit(cache=True, nogil=True)
-def record_end(q, starts, n_starts, iter_start):
+def record_end(q, starts, iter_start):
     """``UvmPrefetchPolicy._record_end``: one past the last position of the recorded iteration holding ``q``
-    (``starts[:n_starts]``: the later iterations' first positions, ascending; ``iter_start`` past them)."""
-    for i in range(n_starts):
+    (``starts``: the later iterations' first positions, ascending; ``iter_start`` past them)."""
+    for i in range(starts.shape[0]):
         if starts[i] > q:
             return starts[i]
     return iter_start
 
 
 @nb.njit(cache=True, nogil=True)
-def _go(q, moves_now, starts, n_starts, iter_start, h_ptr, base, fbase, nh, nflat, f_blk, f_next, it, bi, bb, kp,
+def _go(q, moves_now, starts, iter_start, h_ptr, base, fbase, nh, nflat, f_blk, f_next, it, bi, bb, kp,
         reg):
     """``UvmPrefetchPolicy._advance`` to ``q``: the remap limit (``_remap_limit``; a translation empties the
     verified span), then ``advance``."""
     lim = 0
     if q < iter_start:
-        lim = _remap_limit(kp[P_TRACK_MOVES] != 0, moves_now, q, record_end(q, starts, n_starts, iter_start))
+        lim = _remap_limit(kp[P_TRACK_MOVES] != 0, moves_now, q, record_end(q, starts, iter_start))
     if lim > 0:
         reg[G_V_LO] = 0
         reg[G_V_HI] = -1
@@ -1380,8 +1380,8 @@ def _jump(q, h_ptr, base, fbase, nh, nflat, f_blk, bi, kp, reg):
 
 
 @nb.njit(cache=True, nogil=True)
-def match(p, has_p, key, name, sig, stab, ngram, moves_now, iter_start, prev_start, starts, n_starts, h_key, h_name,
-          h_sig, h_soft, h_ptr, base, fbase, nh, nflat, f_blk, f_next, it, tabs, recent, bi, bb, kp, reg):
+def match(p, has_p, key, name, sig, stab, ngram, moves_now, iter_start, prev_start, starts, h_key, h_name, h_sig,
+          h_soft, h_ptr, base, fbase, nh, nflat, f_blk, f_next, it, tabs, recent, bi, bb, kp, reg):
     """``UvmPrefetchPolicy._match`` compiled (its docstring says why each branch is there), with the pointer at
     ``p`` (``has_p``: else none) and the history committed through ``base + nh - 1``; the same table uses in the
     same order. Returns ``(how, p, soft)``: ``how`` one of ``M_*``, the new pointer (-1 with ``M_NONE``: none), how
@@ -1389,11 +1389,11 @@ def match(p, has_p, key, name, sig, stab, ngram, moves_now, iter_start, prev_sta
     end = base + nh
     nxt = p + 1 if has_p else np.int64(-1)
     if 0 <= nxt < end and h_sig[nxt - base] == sig:
-        _go(nxt, moves_now, starts, n_starts, iter_start, h_ptr, base, fbase, nh, nflat, f_blk, f_next, it, bi, bb,
+        _go(nxt, moves_now, starts, iter_start, h_ptr, base, fbase, nh, nflat, f_blk, f_next, it, bi, bb,
             kp, reg)
         return M_MATCHED, nxt, 0
     q = tab_get(tabs, T_SIG, sig, reg)
-    if (q >= iter_start and nxt >= 0 and n_starts > 0 and starts[0] <= nxt < iter_start
+    if (q >= iter_start and nxt >= 0 and starts.shape[0] > 0 and starts[0] <= nxt < iter_start
             and h_name[nxt - base] == name):
         q = -1  # (a repeat inside the step: see ``_match``)
     if not base <= q < end and stab != 0:
@@ -1403,7 +1403,7 @@ def match(p, has_p, key, name, sig, stab, ngram, moves_now, iter_start, prev_sta
             return M_STABLE, q2, 1
     if not base <= q < end:
         if 0 <= nxt < end and h_name[nxt - base] == name:
-            _go(nxt, moves_now, starts, n_starts, iter_start, h_ptr, base, fbase, nh, nflat, f_blk, f_next, it, bi,
+            _go(nxt, moves_now, starts, iter_start, h_ptr, base, fbase, nh, nflat, f_blk, f_next, it, bi,
                 bb, kp, reg)
             return M_SOFT, nxt, 2 if h_soft[nxt - base] else 1
         n = kp[P_NGRAM]
@@ -1416,7 +1416,7 @@ def match(p, has_p, key, name, sig, stab, ngram, moves_now, iter_start, prev_sta
         if not base <= q < end:
             return M_NONE, np.int64(-1), 0
     if q == nxt:
-        _go(q, moves_now, starts, n_starts, iter_start, h_ptr, base, fbase, nh, nflat, f_blk, f_next, it, bi, bb, kp,
+        _go(q, moves_now, starts, iter_start, h_ptr, base, fbase, nh, nflat, f_blk, f_next, it, bi, bb, kp,
             reg)
         return M_MATCHED, q, 0
     _jump(q, h_ptr, base, fbase, nh, nflat, f_blk, bi, kp, reg)
@@ -1449,9 +1449,9 @@ def step(h_cum, h_key, h_name, h_sig, cum, pkey, pname, psig, psoft, pblocks, pw
                               nflat - pblocks.shape[0], cum, pkey, pname, psig, psoft, pblocks, pwmask, p_has_w, pp,
                               base, fbase, True, True, key, blocks, writes, kp[P_STABLE_SYNC] != 0, it, bi, kp, tabs,
                               recent, reg, pstab, pngram)
-    how, q, soft = match(pp, has_p, key, name, sig, stab, ngram, moves_now, iter_start, prev_start, starts,
-                         starts.shape[0], h_key, h_name, h_sig, h_soft, h_ptr, base, fbase, nh, nflat, f_blk, f_next,
-                         it, tabs, recent, bi, bb, kp, reg)
+    how, q, soft = match(pp, has_p, key, name, sig, stab, ngram, moves_now, iter_start, prev_start, starts, h_key,
+                         h_name, h_sig, h_soft, h_ptr, base, fbase, nh, nflat, f_blk, f_next, it, tabs, recent, bi, bb,
+                         kp, reg)
     res[R_STAB] = stab
     res[R_NGRAM] = ngram
     res[R_MATCH] = how
@@ -1463,7 +1463,7 @@ def step(h_cum, h_key, h_name, h_sig, cum, pkey, pname, psig, psoft, pblocks, pw
         return
     rec_end = 0
     if q < iter_start:
-        rec_end = record_end(q, starts, starts.shape[0], iter_start)
+        rec_end = record_end(q, starts, iter_start)
     (stage, moved, again, late, status, n_pf, n_ev, n_dc, wasted, mis, live, pooled, refilled, shifted) = after_match(
         q, soft, blocks, writes, index, it, rec_end, moves_now, iter_start, h_ptr, h_soft, f_blk, f_w, f_next, base,
         fbase, nh, nflat, resident, in_flight, n_ids, capacity, used, now, dur, window, bi, bb, uses, mark, kp, kf, reg,
