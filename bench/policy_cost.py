@@ -5,7 +5,8 @@ residency states.
 
 Each call is timed with ``time.perf_counter_ns`` around ``on_launch`` only (not the simulator); the other
 hooks (``on_fault``, ``on_free``, ``on_evict``) are timed too and reported per launch. Writes
-``bench/results/policy-cost-<date>.json`` and prints the table last.
+``bench/results/policy-cost-<date>.json`` and prints the table last, then each policy's median by iteration (the
+first iterations take other paths than the steady state: nothing learned yet, the allocator still moving tensors).
 
     python bench/policy_cost.py [TRACE.uvmt] [--oversub 2] [--policies uvmprefetch,deepum] [--model gpt2:small]
                                 [--rounds 3]
@@ -81,6 +82,7 @@ def main() -> int:
     try:
         name, trace = get_trace(args.trace, args.model)
         last = trace.launch_iter == trace.launch_iter.max()  # the steady state: what a long run lives in
+        iters = np.unique(trace.launch_iter)
         rows = []
         for spec in args.policies.split(","):
             replay(trace, make_policy(spec), "h100-pcie", oversub=args.oversub)  # warm-up, untimed
@@ -92,10 +94,14 @@ def main() -> int:
                 lu = np.asarray(ns["on_launch"], dtype=np.float64) / 1e3
                 other = sum(sum(ns[h]) for h in HOOKS if h != "on_launch") / 1e3
                 steady = lu[last[: lu.size]] if lu.size == last.size else lu
+                # (the first iterations take other paths than the steady state: cold tables, moves being learned)
+                by_it = [float(np.median(lu[trace.launch_iter == k])) for k in iters] if lu.size == last.size else []
                 rounds.append({"median": float(np.median(lu)), "p90": float(np.percentile(lu, 90)),
                                "p99": float(np.percentile(lu, 99)), "mean": float(lu.mean()),
-                               "steady_median": float(np.median(steady)), "other": other / max(1, lu.size)})
-            med = {k: float(np.median([x[k] for x in rounds])) for k in rounds[0]}
+                               "steady_median": float(np.median(steady)), "other": other / max(1, lu.size),
+                               "by_iteration": by_it})
+            med = {k: float(np.median([x[k] for x in rounds])) for k in rounds[0] if k != "by_iteration"}
+            by_iter = np.median([x["by_iteration"] for x in rounds], axis=0).tolist() if by_it else []
             rows.append({"policy": spec, "trace": name, "oversub": args.oversub, "launches": int(lu.size),
                          "rounds": rounds, "on_launch_median_us": med["median"],
                          "on_launch_median_spread_us": [min(x["median"] for x in rounds),
@@ -103,6 +109,7 @@ def main() -> int:
                          "on_launch_steady_median_us": med["steady_median"],
                          "on_launch_p90_us": med["p90"], "on_launch_p99_us": med["p99"],
                          "on_launch_mean_us": med["mean"], "other_hooks_us_per_launch": med["other"],
+                         "on_launch_by_iteration_median_us": by_iter,
                          "slowdown": r["slowdown"], "state_bytes": r["policy_report"].get("state_bytes")})
     except UvmPrefetchError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -124,6 +131,10 @@ def main() -> int:
         print(f"| {r['policy']} | {r['trace']} | {r['launches']} | {r['on_launch_median_us']:.1f} ({lo:.1f}-{hi:.1f}) | "
               f"{r['on_launch_steady_median_us']:.1f} | {r['on_launch_p90_us']:.1f} | {r['on_launch_p99_us']:.1f} | "
               f"{r['on_launch_mean_us']:.1f} | {r['other_hooks_us_per_launch']:.1f} | {ok} |")
+    for r in rows:
+        if r["on_launch_by_iteration_median_us"]:
+            its = " / ".join(f"{v:.1f}" for v in r["on_launch_by_iteration_median_us"])
+            print(f"{r['policy']}: on_launch median by iteration (us): {its}")
     print(f"JSON: {path}")
     return 0
 

@@ -37,7 +37,12 @@ def test_policy_cost_reports_microseconds_per_launch(small_trace, tmp_path):
         lo, hi = x["on_launch_median_spread_us"]
         assert len(x["rounds"]) == 2 and lo <= x["on_launch_median_us"] <= hi
         assert x["on_launch_steady_median_us"] > 0
+        # one median per iteration of the trace (3), the last of which is the steady state's
+        by_it = x["on_launch_by_iteration_median_us"]
+        assert len(by_it) == 3 and all(v > 0 for v in by_it)
+        assert len(x["rounds"][0]["by_iteration"]) == 3
     assert "on_launch median us" in r.stdout and "2 timed rounds" in r.stdout
+    assert "uvmprefetch: on_launch median by iteration (us): " in r.stdout
 
 
 def test_policy_cost_rejects_zero_rounds(small_trace, tmp_path):
