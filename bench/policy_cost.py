@@ -101,7 +101,8 @@ def main() -> int:
                                "steady_median": float(np.median(steady)), "other": other / max(1, lu.size),
                                "by_iteration": by_it})
             med = {k: float(np.median([x[k] for x in rounds])) for k in rounds[0] if k != "by_iteration"}
-            by_iter = np.median([x["by_iteration"] for x in rounds], axis=0).tolist() if by_it else []
+            by_iter = (np.median([x["by_iteration"] for x in rounds], axis=0).tolist()
+                       if rounds[0]["by_iteration"] else [])
             rows.append({"policy": spec, "trace": name, "oversub": args.oversub, "launches": int(lu.size),
                          "rounds": rounds, "on_launch_median_us": med["median"],
                          "on_launch_median_spread_us": [min(x["median"] for x in rounds),
