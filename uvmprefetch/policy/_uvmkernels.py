@@ -20,13 +20,34 @@ N_B = 7
 # Its settings (``_kp``, int64; ``_kf``, float64) and the scalars it carries from one launch to the next
 # (``_reg``, int64; the H2D queue's end is ``_regf[0]``), which ``after_match`` / ``step`` update in place.
 (P_POOL_LAUNCHES, P_POOL_K, P_TRACK_MOVES, P_LAYER_STRIDE, P_STALL_AWARE, P_SCAN_MAX, P_FAULT_LATE_SOFT, P_DEAD_REUSE,
- P_STABLE_SYNC, P_MARGIN, P_INF, P_K_DEAD, P_K_DIRTY, P_K_CLEAN, P_AGE, P_NGRAM) = range(16)
-N_P = 16
+ P_STABLE_SYNC, P_MARGIN, P_INF, P_K_DEAD, P_K_DIRTY, P_K_CLEAN, P_AGE, P_NGRAM, P_HISTORY, P_FUSE) = range(18)
+N_P = 18
 F_LEAD, F_T_BLK, F_LAT = range(3)
 N_F = 3
 G_POOL_N, G_POOL_ON, G_POOL_STALE, G_POOL_AGE, G_POOL_MIN, G_S_OLD, G_S_NEW, G_V_LO, G_V_HI, G_HORIZON = range(10)
 G_CLOCK, G_RECENT = 10, 11  # the tables' LRU clock; how many launches ``recent`` holds
-N_G = 12
+# The history's lengths (positions, flat entries: ``UvmPrefetchPolicy.h_*`` / ``f_*``); the pointer (``G_HAS_P``
+# 0: none, then ``G_P`` is -1) and how the running launch matched; the running launch's n-gram key; the launch
+# pending its commit (``G_PEND`` 0: none; its blocks in ``pbuf[:G_PK]``, their write flags in ``wbuf[:G_PK]``
+# when ``G_PHAS_W``); where the history and this iteration begin; the iteration count and the moves counted
+# when it began; whether the running launch waits for blocks in flight; this iteration's prefetched link blocks;
+# whether a layer stride was used in this iteration.
+(G_HN, G_FN, G_P, G_HAS_P, G_SOFT, G_NGRAM, G_PEND, G_PK, G_PHAS_W, G_PKEY, G_PNAME, G_PSIG, G_PSTAB, G_PNGRAM,
+ G_BASE, G_FBASE, G_ITER_START, G_PREV_START, G_ITERS, G_MOVED_AT_START, G_WAITS, G_LINK, G_SHIFT_IT) = range(12, 35)
+N_G = 35
+# ``_regf``: the H2D queue's predicted end, the recorded time before the history's end, the pending launch's
+# duration, this iteration's compute time.
+GF_Q_END, GF_CUM, GF_PDUR, GF_COMPUTE = range(4)
+N_GF = 4
+# The policy's counts (``UvmPrefetchPolicy.stats``: a mapping over this int64 array, which ``step`` adds to).
+STAT_NAMES = ("launches", "matched", "soft", "resync", "unpredicted", "prefetched_blocks", "evicted_blocks",
+              "discarded_blocks", "late_blocks", "predicted_faults", "thrash_blocks", "mispredicted_blocks",
+              "refetched_blocks", "moved_blocks", "read_mostly_blocks", "prefer_host_blocks", "soft_moves",
+              "stable_resync", "pooled_victim_scans", "pool_refills", "pool_waits_lifted", "one_kernel_steps",
+              "one_kernel_inexact", "fused_after_match")
+(S_LAUNCHES, S_MATCHED, S_SOFT, S_RESYNC, S_UNPREDICTED, S_PREFETCHED, S_EVICTED, S_DISCARDED, _S_LATE, _S_PFAULTS,
+ S_THRASH, S_MISPREDICTED, _S_REFETCHED, S_MOVED, _S_RM, _S_PH, _S_SOFT_MOVES, S_STABLE_RESYNC, S_POOLED,
+ S_REFILLS, _S_LIFTED, S_ONE_KERNEL, S_INEXACT, _S_FUSED) = range(len(STAT_NAMES))
 # The correlation tables (``UvmPrefetchPolicy._tabs``: ``T_*`` map a key to the last history position that had it,
 # least recently used out first; ``C_*`` count a key's occurrences in this iteration), set-associative like a
 # hardware table: ``_tabs[t]`` is ``rows * TAB_WAYS`` entries of ``(key, value, stamp)``, stamp 0 empty.
@@ -1334,9 +1355,17 @@ def pool_refill(pool_new, cur, in_flight, pf, in_pool, buf, n):
 
 # How ``match`` placed the pointer (``UvmPrefetchPolicy._match``'s branches; the policy counts them)
 M_MATCHED, M_STABLE, M_SOFT, M_NONE, M_RESYNC = range(5)
-# ``step``'s results in its ``res`` argument: the running launch's keys, the match, then ``after_match``'s
-R_STAB, R_NGRAM, R_MATCH, R_P, R_SOFT, R_AFTER = range(6)
-N_R = R_AFTER + 14
+# ``step``'s results in its ``res`` argument: what the caller does next (``C_*``), the launch's signature and
+# stable key, then what ``after_match`` found: blocks back after thrash, late blocks, whether it planned, and the
+# lengths of its decision in ``out`` (prefetch, evict, discard)
+R_CODE, R_SIG, R_STAB, R_AGAIN, R_LATE, R_STATUS, R_NPF, R_NEV, R_NDC = range(9)
+N_R = 9
+# ``step`` did nothing (no launch pending, no room in the history, or the history full: the general path commits
+# and trims); matched, the rest is ``UvmPrefetchPolicy._rest``; decided (the decision in ``out``); stopped for
+# the window monitor (blocks back after thrash, or late: the caller plans)
+C_NOT_TAKEN, C_REST, C_DECIDED, C_MONITOR = -2, -1, 0, 1
+# the count of each ``M_*``
+MATCH_STAT = (S_MATCHED, S_STABLE_RESYNC, S_SOFT, S_UNPREDICTED, S_RESYNC)
 
 
 @nb.njit(cache=True, nogil=True)
@@ -1424,42 +1453,79 @@ def match(p, has_p, key, name, sig, stab, ngram, moves_now, iter_start, prev_sta
 
 
 @nb.njit(cache=True, nogil=True)
-def step(h_cum, h_key, h_name, h_sig, cum, pkey, pname, psig, psoft, pblocks, pwmask, p_has_w, pp, has_p, key, name,
-         sig, tabs, recent, pstab, pngram, prev_start, starts, fuse,
-         blocks, writes, index, it, moves_now, iter_start, h_ptr, h_soft, f_blk, f_w, f_next, base,
-         fbase, nh, nflat, resident, in_flight, n_ids, capacity, used, now, dur, window, bi, bb, uses, mark, kp,
-         kf, reg, regf, wbuf, out, res):
-    """``on_launch`` in one call for a launch with known accesses (the previous one pending its commit, room for
-    it in the history): the same kernels in the same order as the Python hooks, with the same arguments. The
-    arguments from ``blocks`` on are ``after_match``'s but for the pointer, its match and the followed record's
-    end, which come from the match (``starts``: ``UvmPrefetchPolicy._istarts``; ``nh`` / ``nflat``: the history's
-    lengths with the pending launch committed).
+def launch_sig(name, blocks):
+    """The exact signature of a launch with known accesses: a hash of its kernel name and its blocks (sorted),
+    never 0 (the tables' "none")."""
+    h = _mix(_SEED, name)
+    for i in range(blocks.shape[0]):
+        h = _mix(h, blocks[i])
+    return _mix(h, blocks.shape[0])
 
-    1-2. ``commit_step``: the pending (previous) launch committed at the last history index, ``nh - 1`` (the
-       caller reserved room and set the buffers' lengths), its pointer ``pp`` (``has_p``: else none, -1), its match
-       ``psoft``, its stable key ``pstab``, its n-gram key ``pngram``; this launch's n-gram and
-       (``kp[P_STABLE_SYNC]``) stable keys;
-    3. ``match`` (the advance, or the jump's rebuilt next uses);
-    4. with a pointer and ``fuse`` (no ``soft_moves`` classification to run in between), ``after_match``.
 
-    Writes ``res`` (``R_*``): this launch's stable and n-gram keys (0: none), how it matched (``M_*``), the new
-    pointer (-1: none, ``M_NONE``), its match, then from ``R_AFTER`` what ``after_match`` returns (all 0 when it did not
-    run: ``res[R_AFTER] == -1``)."""
-    stab, ngram = commit_step(h_cum, h_key, h_name, h_sig, h_soft, h_ptr, f_blk, f_w, f_next, nh - 1,
-                              nflat - pblocks.shape[0], cum, pkey, pname, psig, psoft, pblocks, pwmask, p_has_w, pp,
-                              base, fbase, True, True, key, blocks, writes, kp[P_STABLE_SYNC] != 0, it, bi, kp, tabs,
-                              recent, reg, pstab, pngram)
-    how, q, soft = match(pp, has_p, key, name, sig, stab, ngram, moves_now, iter_start, prev_start, starts, h_key,
-                         h_name, h_sig, h_soft, h_ptr, base, fbase, nh, nflat, f_blk, f_next, it, tabs, recent, bi, bb,
-                         kp, reg)
+@nb.njit(cache=True, nogil=True)
+def step(key, name, blocks, writes, index, dur, resident, in_flight, n_ids, capacity, used, now, window, h_cum,
+         h_key, h_name, h_sig, h_soft, h_ptr, f_blk, f_w, f_next, tabs, recent, starts, bi, bb, uses, mark, kp, kf,
+         reg, regf, wbuf, pbuf, out, res, cnt):
+    """``on_launch`` in one call for a launch with known accesses (exec id ``key``, kernel ``name``): the same
+    kernels in the same order as the Python hooks, with the same arguments, the policy's state read from and
+    written back to its arrays (``reg`` / ``regf``: ``G_*`` / ``GF_*``; ``cnt``: the counts, ``S_*``).
+    ``starts``: ``UvmPrefetchPolicy._istarts``; the history buffers are whole (their lengths are ``reg[G_HN]`` /
+    ``reg[G_FN]``).
+
+    Without a launch pending, without room in the buffers for it, or with the history full, it returns at once
+    (``res[R_CODE]`` ``C_NOT_TAKEN``: the caller takes the general path). Otherwise:
+
+    1. the lengths with the pending launch counted (``_commit_lengths``); ``commit_step``: the pending launch
+       committed, this launch's n-gram and (``kp[P_STABLE_SYNC]``) stable keys;
+    2. ``match`` (the advance, or the jump's rebuilt next uses), counted; without a pointer after it, or without
+       ``kp[P_FUSE]`` (``soft_moves``: its classification runs in between), stop: ``C_REST``;
+    3. ``after_match``; this launch becomes the pending one (``pbuf``, ``wbuf``); then, if it planned
+       (``C_DECIDED``), the counts ``UvmPrefetchPolicy._decide`` keeps, else ``C_MONITOR``.
+
+    ``res`` (``R_*``) says which, with the signature and stable key, and what ``after_match`` found."""
+    res[:] = 0
+    res[R_CODE] = C_NOT_TAKEN
+    nh = reg[G_HN]
+    nflat = reg[G_FN]
+    pk = reg[G_PK]
+    h_room = min(h_cum.shape[0], h_key.shape[0], h_name.shape[0], h_sig.shape[0], h_soft.shape[0], h_ptr.shape[0])
+    f_room = min(f_blk.shape[0], f_w.shape[0], f_next.shape[0])
+    if reg[G_PEND] == 0 or nh >= kp[P_HISTORY] or nh + 1 > h_room or nflat + pk > f_room:
+        return
+    cnt[S_LAUNCHES] += 1
+    sig = launch_sig(name, blocks)
+    moves_now = cnt[S_MOVED] != reg[G_MOVED_AT_START]
+    cum = regf[GF_CUM]
+    regf[GF_CUM] = cum + regf[GF_PDUR]
+    nh += 1
+    nflat += pk
+    reg[G_HN] = nh
+    reg[G_FN] = nflat
+    pp = reg[G_P]
+    has_p = reg[G_HAS_P] != 0
+    it = reg[G_ITERS]
+    base = reg[G_BASE]
+    fbase = reg[G_FBASE]
+    iter_start = reg[G_ITER_START]
+    p_has_w = reg[G_PHAS_W] != 0
+    pwmask = wbuf[:pk] if p_has_w else wbuf[:0]
+    stab, ngram = commit_step(h_cum, h_key, h_name, h_sig, h_soft, h_ptr, f_blk, f_w, f_next, nh - 1, nflat - pk, cum,
+                              reg[G_PKEY], reg[G_PNAME], reg[G_PSIG], reg[G_SOFT], pbuf[:pk],
+                              pwmask, p_has_w, pp, base, fbase, True, True, key, blocks,
+                              writes, kp[P_STABLE_SYNC] != 0, it, bi, kp, tabs, recent, reg, reg[G_PSTAB],
+                              reg[G_PNGRAM])
+    how, q, soft = match(pp, has_p, key, name, sig, stab, ngram, moves_now, iter_start, reg[G_PREV_START], starts,
+                         h_key, h_name, h_sig, h_soft, h_ptr, base, fbase, nh, nflat, f_blk, f_next, it, tabs, recent,
+                         bi, bb, kp, reg)
+    reg[G_NGRAM] = ngram
+    reg[G_P] = q
+    reg[G_HAS_P] = how != M_NONE
+    reg[G_SOFT] = soft
+    cnt[MATCH_STAT[how]] += 1
+    res[R_SIG] = sig
     res[R_STAB] = stab
-    res[R_NGRAM] = ngram
-    res[R_MATCH] = how
-    res[R_P] = q
-    res[R_SOFT] = soft
-    res[R_AFTER:] = 0
-    res[R_AFTER] = -1
-    if how == M_NONE or not fuse:
+    res[R_CODE] = C_REST
+    if how == M_NONE or kp[P_FUSE] == 0:
         return
     rec_end = 0
     if q < iter_start:
@@ -1468,7 +1534,46 @@ def step(h_cum, h_key, h_name, h_sig, cum, pkey, pname, psig, psoft, pblocks, pw
         q, soft, blocks, writes, index, it, rec_end, moves_now, iter_start, h_ptr, h_soft, f_blk, f_w, f_next, base,
         fbase, nh, nflat, resident, in_flight, n_ids, capacity, used, now, dur, window, bi, bb, uses, mark, kp, kf, reg,
         regf, wbuf, out)
-    r = R_AFTER
-    res[r], res[r + 1], res[r + 2], res[r + 3], res[r + 4] = stage, moved, again, late, status
-    res[r + 5], res[r + 6], res[r + 7], res[r + 8], res[r + 9] = n_pf, n_ev, n_dc, wasted, mis
-    res[r + 10], res[r + 11], res[r + 12], res[r + 13] = live, pooled, refilled, shifted
+    cnt[S_ONE_KERNEL] += 1
+    if how != M_MATCHED or not has_p or q != pp + 1:
+        cnt[S_INEXACT] += 1
+    if shifted:
+        reg[G_SHIFT_IT] = 1
+    cnt[S_MOVED] += moved
+    # this launch pending its commit (its write flags are in ``wbuf``)
+    k = blocks.shape[0]
+    pbuf[:k] = blocks
+    reg[G_PEND] = 1
+    reg[G_PK] = k
+    reg[G_PHAS_W] = 1
+    reg[G_PKEY] = key
+    reg[G_PNAME] = name
+    reg[G_PSIG] = sig
+    reg[G_PSTAB] = stab
+    reg[G_PNGRAM] = ngram
+    regf[GF_PDUR] = dur
+    regf[GF_COMPUTE] += dur
+    reg[G_WAITS] = late > 0
+    res[R_AGAIN] = again
+    res[R_LATE] = late
+    if stage:
+        res[R_CODE] = C_MONITOR
+        return
+    res[R_CODE] = C_DECIDED
+    if pooled:
+        cnt[S_POOLED] += 1
+    if refilled:
+        cnt[S_REFILLS] += 1
+    res[R_STATUS] = status
+    if not status:
+        return
+    cnt[S_MISPREDICTED] += mis
+    cnt[S_THRASH] += wasted
+    cnt[S_EVICTED] += n_ev
+    cnt[S_DISCARDED] += n_dc
+    if n_pf:
+        cnt[S_PREFETCHED] += n_pf
+        reg[G_LINK] += live
+    res[R_NPF] = n_pf
+    res[R_NEV] = n_ev
+    res[R_NDC] = n_dc

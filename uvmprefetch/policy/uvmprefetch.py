@@ -51,6 +51,7 @@ table (``report()['state_bytes']``).
 from __future__ import annotations
 
 import bisect
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -66,7 +67,6 @@ INF = np.iinfo(np.int64).max // 4
 _NO_W = np.zeros(0, dtype=np.int8)  # (no write flags: the history's f_w keeps its fill)
 # Victim classes above every history position: dead, then clean unpredicted, then dirty unpredicted.
 _K_DEAD, _K_CLEAN, _K_DIRTY = 3 * INF, 2 * INF, INF + 1
-_MATCH_STATS = ("matched", "stable_resync", "soft", "unpredicted", "resync")  # (by ``_uvmkernels.M_*``)
 _MASK63 = (1 << 63) - 1
 _AGE = 1 << 40  # launch-index span of the LRU tie-break (added inside a victim class)
 
@@ -126,14 +126,55 @@ class UvmPrefetchParams(Params):
             raise ConfigError(f"uvmprefetch: history_launches must be >= 16, got {self.history_launches}")
 
 
-def _carried(i: int, kind: type = int) -> property:
-    """A scalar the one-kernel steps carry from one launch to the next: ``_reg[i]`` as ``kind``."""
+def _carried(i: int, kind: type = int, where: str = "_reg") -> property:
+    """A scalar the one-kernel steps carry from one launch to the next: ``_reg[i]`` (or ``where[i]``) as ``kind``."""
     def get(self):
-        return kind(self._reg[i])
+        return kind(getattr(self, where)[i])
 
     def put(self, v) -> None:
-        self._reg[i] = v
+        getattr(self, where)[i] = v
     return property(get, put)
+
+
+class _Counts(MutableMapping):
+    """The policy's counts by name (``_uvmkernels.STAT_NAMES``) over the int64 array the one-kernel step adds to:
+    a dict to the Python code and to ``report``."""
+
+    _INDEX: ClassVar[dict] = {k: i for i, k in enumerate(_k.STAT_NAMES)}
+
+    def __init__(self) -> None:
+        self.a = np.zeros(len(_k.STAT_NAMES), dtype=np.int64)
+
+    def __getitem__(self, k: str) -> int:
+        return int(self.a[self._INDEX[k]])
+
+    def __setitem__(self, k: str, v: int) -> None:
+        self.a[self._INDEX[k]] = v
+
+    def __delitem__(self, k: str) -> None:
+        raise TypeError("uvmprefetch: a count cannot be removed")
+
+    def __iter__(self):
+        return iter(_k.STAT_NAMES)
+
+    def __len__(self) -> int:
+        return len(_k.STAT_NAMES)
+
+
+class _Held(GrowArray):
+    """A history buffer whose length lives in the policy's ``_reg[slot]`` (the one-kernel step sets it)."""
+
+    def __init__(self, reg: np.ndarray, slot: int, dtype, **kw) -> None:
+        self._reg, self._slot = reg, slot
+        super().__init__(dtype, **kw)
+
+    @property
+    def n(self) -> int:
+        return int(self._reg[self._slot])
+
+    @n.setter
+    def n(self, v: int) -> None:
+        self._reg[self._slot] = v
 
 
 class UvmPrefetchPolicy(Policy):
@@ -154,15 +195,61 @@ class UvmPrefetchPolicy(Policy):
     _v_lo = _carried(_k.G_V_LO)
     _v_hi = _carried(_k.G_V_HI)
     horizon = _carried(_k.G_HORIZON)
+    soft = _carried(_k.G_SOFT)  # how the running launch matched its prediction (committed with it)
+    cur_ngram = _carried(_k.G_NGRAM)  # the running launch's counted n-gram (committed with it)
+    pending_stab = _carried(_k.G_PSTAB)
+    pending_ngram = _carried(_k.G_PNGRAM)
+    base = _carried(_k.G_BASE)
+    fbase = _carried(_k.G_FBASE)
+    iter_start = _carried(_k.G_ITER_START)  # history position of this iteration's first launch
+    _prev_start = _carried(_k.G_PREV_START)  # first position of the last iteration's record
+    iters_seen = _carried(_k.G_ITERS)
+    _moved_at_start = _carried(_k.G_MOVED_AT_START)  # moved_blocks when this iteration began
+    cur_waits = _carried(_k.G_WAITS, bool)  # the running launch waits for blocks still in flight
+    it_link_blocks = _carried(_k.G_LINK)
+    _shift_it = _carried(_k.G_SHIFT_IT, bool)  # a layer stride was in use this iteration (``_settle_moves``)
+    q_end = _carried(_k.GF_Q_END, float, "_regf")  # predicted end of the H2D queue
+    cum_total = _carried(_k.GF_CUM, float, "_regf")
+    pending_dur = _carried(_k.GF_PDUR, float, "_regf")
+    it_compute = _carried(_k.GF_COMPUTE, float, "_regf")
 
     @property
-    def q_end(self) -> float:
-        """Predicted end of the H2D queue (``_regf[0]``)."""
-        return float(self._regf[0])
+    def p(self) -> int | None:
+        """History position matched to the running launch (``_reg[G_P]``; None: none)."""
+        return int(self._reg[_k.G_P]) if self._reg[_k.G_HAS_P] else None
 
-    @q_end.setter
-    def q_end(self, v: float) -> None:
-        self._regf[0] = v
+    @p.setter
+    def p(self, v: int | None) -> None:
+        self._reg[_k.G_HAS_P] = v is not None
+        self._reg[_k.G_P] = -1 if v is None else v
+
+    @property
+    def pending(self) -> tuple | None:
+        """The running launch, committed to history at the next launch: ``(key, name, sig, blocks, write flags or
+        None)``, kept in ``_reg`` / ``_pbuf`` / ``_wbuf`` (the arrays are views of the buffers)."""
+        reg = self._reg
+        if not reg[_k.G_PEND]:
+            return None
+        k = int(reg[_k.G_PK])
+        return (int(reg[_k.G_PKEY]), int(reg[_k.G_PNAME]), int(reg[_k.G_PSIG]), self._pbuf[:k],
+                self._wbuf[:k] if reg[_k.G_PHAS_W] else None)
+
+    @pending.setter
+    def pending(self, v: tuple | None) -> None:
+        reg = self._reg
+        if v is None:
+            reg[_k.G_PEND] = 0
+            return
+        key, name, sig, blocks, wmask = v
+        k = blocks.shape[0]
+        if k > self._pbuf.shape[0]:
+            self._pbuf = np.zeros(k, dtype=np.int64)
+        self._pbuf[:k] = blocks
+        has_w = wmask is not None and wmask.shape[0] == k
+        if has_w:
+            self._wbuf[:k] = wmask
+        reg[_k.G_PEND], reg[_k.G_PK], reg[_k.G_PHAS_W] = 1, k, has_w
+        reg[_k.G_PKEY], reg[_k.G_PNAME], reg[_k.G_PSIG] = key, name, sig
 
     def __init__(self, params: UvmPrefetchParams | None = None, **overrides) -> None:
         super().__init__(params, **overrides)
@@ -174,6 +261,12 @@ class UvmPrefetchPolicy(Policy):
         super().on_start(ctx)
         P = self.params
         n = ctx.max_blocks
+        # The scalars the one-kernel steps carry from one launch to the next (properties over ``_reg`` /
+        # ``_regf``: ``_uvmkernels.G_*`` / ``GF_*``), and the counts (``stats``, over ``_cnt``)
+        self._reg = np.zeros(_k.N_G, dtype=np.int64)
+        self._regf = np.zeros(_k.N_GF, dtype=np.float64)
+        self.stats = _Counts()
+        self._cnt = self.stats.a
         # Per-block state, packed by type so that the one-kernel steps take two arrays, not sixteen
         # (``_uvmkernels.I_*`` / ``B_*`` name the rows; the attributes below are views of them)
         self._bi = np.zeros((_k.N_I, n), dtype=np.int64)
@@ -196,22 +289,22 @@ class UvmPrefetchPolicy(Policy):
         self.last_use = bi[_k.I_LAST_USE]  # launch index of the last use (LRU tie-break)
         self._mark = np.zeros(n, dtype=np.uint8)  # zeroed scratch of the kernels (left zeroed)
         # History (absolute positions; entries before `base` / flat entries before `fbase` are forgotten).
-        self.h_key = GrowArray(np.int64)
-        self.h_name = GrowArray(np.int64)
-        self.h_sig = GrowArray(np.int64)
-        self.h_ptr = GrowArray(np.int64)  # absolute flat index where each position's blocks start
+        self.h_key = _Held(self._reg, _k.G_HN, np.int64)
+        self.h_name = _Held(self._reg, _k.G_HN, np.int64)
+        self.h_sig = _Held(self._reg, _k.G_HN, np.int64)
+        self.h_ptr = _Held(self._reg, _k.G_HN, np.int64)  # absolute flat index where each position's blocks start
         # 0: the launch matched its prediction exactly; 1: same kernel, other blocks; 2: that happened at this
         # slot twice in a row (data-dependent, e.g. MoE routing: predictions there are guesses)
-        self.h_soft = GrowArray(np.int8)
+        self.h_soft = _Held(self._reg, _k.G_HN, np.int8)
         # Running sum of recorded launch durations before each position: the predicted start time of a coming
         # launch relative to the next one is a difference of two entries (the deadline of its blocks).
-        self.h_cum = GrowArray(np.float64)
+        self.h_cum = _Held(self._reg, _k.G_HN, np.float64)
         self.cum_total = 0.0
         self.pending_dur = 0.0
-        self.f_blk = GrowArray(np.int64, initial=1 << 14)
-        self.f_next = GrowArray(np.int64, fill=INF, initial=1 << 14)
+        self.f_blk = _Held(self._reg, _k.G_FN, np.int64, initial=1 << 14)
+        self.f_next = _Held(self._reg, _k.G_FN, np.int64, fill=INF, initial=1 << 14)
         # the launch wrote this block: 1, a new tensor's first write (the block was dead): 2 (see _learn_moves)
-        self.f_w = GrowArray(np.int8, fill=0, initial=1 << 14)
+        self.f_w = _Held(self._reg, _k.G_FN, np.int8, fill=0, initial=1 << 14)
         # (grown together: ``_commit`` writes one entry of each per-position array and k of each flat one)
         self._hist = (self.h_cum, self.h_key, self.h_name, self.h_sig, self.h_soft, self.h_ptr)
         self._flat = (self.f_blk, self.f_w, self.f_next)
@@ -239,15 +332,9 @@ class UvmPrefetchPolicy(Policy):
         rows = max(1, P.table_entries // _k.TAB_WAYS)
         self._tabs = np.zeros((_k.N_T, rows * _k.TAB_WAYS, 3), dtype=np.int64)
         self._recent = np.zeros((2, P.ngram + 1), dtype=np.int64)  # the last exec ids / names committed
-        self.pending_stab = 0
-        self.cur_ngram = 0  # the running launch's counted n-gram (committed with it)
-        self.pending_ngram = 0
-        self.soft = 0  # how the running launch matched its prediction (committed with it)
-        self.pending: tuple | None = None  # the running launch, committed to history at the next launch
-        self.p: int | None = None  # history position matched to the running launch
-        # The scalars the one-kernel steps carry from one launch to the next (properties over ``_reg`` / ``_regf``)
-        self._reg = np.zeros(_k.N_G, dtype=np.int64)
-        self._regf = np.zeros(1, dtype=np.float64)
+        self._pbuf = np.zeros(n, dtype=np.int64)  # the pending launch's blocks (``pending``)
+        self.pending = None
+        self.p = None
         self.horizon = 0
         self.q_end = 0.0
         self.t_blk = ctx.gpu.transfer_time(ctx.block_size)
@@ -284,29 +371,20 @@ class UvmPrefetchPolicy(Policy):
         # need no update; emptied (v_lo > v_hi) by whatever else rewrites next uses (a learned move, an advance
         # through the translation, a jump, the moves settled at an iteration's end, a trim of the history).
         self._v_lo, self._v_hi = 0, -1
-        self._shift_it = False  # a layer stride was in use this iteration (``_settle_moves``)
         self.monitor = WindowMonitor(P.window, P.window_min, P.window_max, P.patience, P.adaptive_window)
         self.pending_advice: list = []
-        self.cur_waits = False  # the running launch waits for blocks still in flight
-        self.iters_seen = 0
-        self._moved_at_start = 0  # moved_blocks when this iteration began
         self.moved_to = bb[_k.B_MOVED_TO]  # blocks that took a recorded block's next use this iteration
         self.s_old = 0  # layer stride (blocks) of older data / of this iteration's data (see _learn_shift)
         self.s_new = 0
         self.it_link_blocks = 0
         self.it_compute = 0.0
-        self.stats = dict(launches=0, matched=0, soft=0, resync=0, unpredicted=0, prefetched_blocks=0,
-                          evicted_blocks=0, discarded_blocks=0, late_blocks=0, predicted_faults=0, thrash_blocks=0,
-                          mispredicted_blocks=0, refetched_blocks=0, moved_blocks=0, read_mostly_blocks=0,
-                          prefer_host_blocks=0, soft_moves=0, stable_resync=0, pooled_victim_scans=0, pool_refills=0,
-                          pool_waits_lifted=0, one_kernel_steps=0, one_kernel_inexact=0,
-                          fused_after_match=0)
         # The settings the one-kernel steps read (``_uvmkernels.P_*`` / ``F_*``)
         kp = {_k.P_POOL_LAUNCHES: P.pool_launches, _k.P_POOL_K: self._pool_k, _k.P_TRACK_MOVES: P.track_moves,
               _k.P_LAYER_STRIDE: P.layer_stride, _k.P_STALL_AWARE: P.stall_aware, _k.P_SCAN_MAX: P.scan_max,
               _k.P_FAULT_LATE_SOFT: P.fault_late_soft, _k.P_DEAD_REUSE: P.dead_reuse,
               _k.P_STABLE_SYNC: P.stable_sync, _k.P_MARGIN: self.margin_blocks, _k.P_INF: INF, _k.P_K_DEAD: _K_DEAD,
-              _k.P_K_DIRTY: _K_DIRTY, _k.P_K_CLEAN: _K_CLEAN, _k.P_AGE: _AGE, _k.P_NGRAM: P.ngram}
+              _k.P_K_DIRTY: _K_DIRTY, _k.P_K_CLEAN: _K_CLEAN, _k.P_AGE: _AGE, _k.P_NGRAM: P.ngram,
+              _k.P_HISTORY: P.history_launches, _k.P_FUSE: not P.soft_moves}
         self._kp = np.array([int(kp[i]) for i in range(_k.N_P)], dtype=np.int64)
         self._kf = np.array([P.lead_s, self.t_blk, self._lat], dtype=np.float64)
 
@@ -373,22 +451,50 @@ class UvmPrefetchPolicy(Policy):
         self.it_compute = 0.0
 
     def on_launch(self, info: LaunchInfo, state: ResidencyView) -> Decision | None:
-        st = self.stats
-        st["launches"] += 1
         known = info.known_accesses
+        if known and self._fast_step:
+            # One kernel (``_uvmkernels.step``) for a launch with known accesses, the previous one pending and room
+            # in the history: the commit of the previous launch, the n-gram and stable keys, the match (compiled
+            # ``_match``), then ``after_match`` (moves, marks, plan) and the counts: the same steps in the same
+            # order as the general path below (``_fast_step`` off: tests compare the two in lock step). It leaves
+            # the window monitor, and the rest after a match without a pointer (``_rest``), to the Python.
+            blocks = info.blocks
+            res = self._res
+            _k.step(int(info.exec_id) & _MASK63, int(info.name), blocks, info.write_blocks, info.index,
+                    float(info.duration), state.resident, state.in_flight, ids_in_use(state), state.capacity_blocks,
+                    state.used_blocks, state.now, self.monitor.window, self.h_cum._a, self.h_key._a, self.h_name._a,
+                    self.h_sig._a, self.h_soft._a, self.h_ptr._a, self.f_blk._a, self.f_w._a, self.f_next._a,
+                    self._tabs, self._recent, self._istarts, self._bi, self._bb, self.uses, self._mark, self._kp,
+                    self._kf, self._reg, self._regf, self._wbuf, self._pbuf, self._out, res, self._cnt)
+            r = res.tolist()
+            code = r[_k.R_CODE]
+            if code == _k.C_DECIDED:
+                dec = None
+                if not r[_k.R_STATUS]:
+                    dec = self._margin(state, blocks) if self.margin_blocks else None
+                else:
+                    n_pf, n_ev, n_dc = r[_k.R_NPF], r[_k.R_NEV], r[_k.R_NDC]
+                    if n_pf + n_ev + n_dc:
+                        pf, evict, discard = self._parts(n_pf, n_ev, n_dc)
+                        dec = Decision(prefetch=pf, evict=evict, discard=discard)
+                return self._advised(dec) if self.pending_advice else dec
+            if code == _k.C_MONITOR:
+                return self._monitored(info, state, blocks, r[_k.R_AGAIN], r[_k.R_LATE])
+            if code == _k.C_REST:
+                return self._rest(info, state, blocks, int(info.exec_id) & _MASK63, int(info.name), r[_k.R_SIG],
+                                  r[_k.R_STAB])
+        self.stats["launches"] += 1
         blocks = info.blocks if known else EMPTY
         key = int(info.exec_id) & _MASK63
         name = int(info.name)
-        sig = hash((name, blocks.tobytes())) if known else hash((key,))
-        if known and self._fast_step and self.pending is not None and self.h_key.n < self.params.history_launches:
-            return self._step(info, state, blocks, key, name, sig)
+        sig = _k.launch_sig(name, blocks) if known else hash((key,))
         # the pending launch committed, this one's n-gram and stable signature counted: one kernel
         stab, self.cur_ngram = self._commit_step(self.pending, self.pending_dur, key, blocks, info.write_blocks,
                                                  known and self.params.stable_sync)
         self._match(key, name, sig, stab)
         if known and self._fast_step and self.p is not None and not self.params.soft_moves:
-            # the rest in one kernel (as ``_step``): moves, layer stride, marks, plan
-            st["fused_after_match"] += 1
+            # the rest in one kernel (as ``step``): moves, layer stride, marks, plan
+            self.stats["fused_after_match"] += 1
             n = ids_in_use(state)
             return self._finish(info, state, blocks, key, name, sig, stab, n,
                                 _k.after_match(*self._after_args(info, state, blocks, self.p, self.soft, n)))
@@ -436,50 +542,7 @@ class UvmPrefetchPolicy(Policy):
         if late:
             st["late_blocks"] += late
             self.monitor.late(info.index, late)
-        dec = self._plan(info, state, cur)
-        if self.pending_advice:
-            dec = dec or Decision()
-            dec.advise = tuple(self.pending_advice)
-            self.pending_advice = []
-        return dec
-
-    def _step(self, info: LaunchInfo, state: ResidencyView, blocks: np.ndarray, key: int, name: int,
-              sig: int) -> Decision | None:
-        """``on_launch`` in one kernel (``_uvmkernels.step``) for a launch with known accesses, the previous one
-        pending and room in the history: the commit of the previous launch, the n-gram and stable keys, the match
-        (``_uvmkernels.match``, compiled ``_match``), then ``after_match`` (moves, marks, plan): the same steps in
-        the same order as the general path (``_fast_step`` off: tests compare the two in lock step). Without a
-        pointer after the match, or with ``soft_moves``, the rest is ``_rest``."""
-        st = self.stats
-        pkey, pname, psig, pblocks, pwmask = self.pending
-        hn, fn, has_w = self._commit_room(pblocks, pwmask)
-        cum = self.cum_total
-        self._commit_lengths(hn, fn + pblocks.shape[0], self.pending_dur)
-        n = ids_in_use(state)
-        p = self.p
-        res = self._res
-        _k.step(self.h_cum._a, self.h_key._a, self.h_name._a, self.h_sig._a, cum, pkey, pname, psig, self.soft, pblocks,
-                pwmask if has_w else _NO_W, has_w, -1 if p is None else p, p is not None, key, name, sig, self._tabs,
-                self._recent, self.pending_stab, self.pending_ngram, self._prev_start, self._istarts,
-                not self.params.soft_moves, blocks, info.write_blocks, info.index, self.iters_seen,
-                st["moved_blocks"] != self._moved_at_start, self.iter_start, self.h_ptr._a, self.h_soft._a,
-                self.f_blk._a, self.f_w._a, self.f_next._a, self.base, self.fbase, hn + 1, fn + pblocks.shape[0],
-                state.resident, state.in_flight, n, state.capacity_blocks, state.used_blocks, state.now,
-                float(info.duration), self.monitor.window, self._bi, self._bb, self.uses, self._mark, self._kp,
-                self._kf, self._reg, self._regf, self._wbuf, self._out, res)
-        r = res.tolist()
-        stab = r[_k.R_STAB]
-        self.cur_ngram = r[_k.R_NGRAM]
-        q = r[_k.R_P]
-        self.p = q if r[_k.R_MATCH] != _k.M_NONE else None
-        self.soft = r[_k.R_SOFT]
-        st[_MATCH_STATS[r[_k.R_MATCH]]] += 1
-        if r[_k.R_AFTER] < 0:
-            return self._rest(info, state, blocks, key, name, sig, stab)
-        st["one_kernel_steps"] += 1
-        if r[_k.R_MATCH] != _k.M_MATCHED or p is None or q != p + 1:
-            st["one_kernel_inexact"] += 1
-        return self._finish(info, state, blocks, key, name, sig, stab, n, r[_k.R_AFTER:])
+        return self._advised(self._plan(info, state, cur))
 
     def _after_args(self, info: LaunchInfo, state: ResidencyView, blocks: np.ndarray, q: int, soft: int,
                     n: int) -> tuple:
@@ -509,23 +572,38 @@ class UvmPrefetchPolicy(Policy):
         self.pending_dur = float(info.duration)
         self.it_compute += float(info.duration)
         self.cur_waits = late > 0
-        if stage:  # blocks back after thrash, or late: the window monitor sees them before the plan
-            if again:
-                st["refetched_blocks"] += again
-                self.monitor.thrash(info.index, again)
-            if late:
-                st["late_blocks"] += late
-                self.monitor.late(info.index, late)
-            dec = self._plan(info, state, blocks)
-        else:
-            pf = evict = discard = EMPTY
-            m = n_pf + n_ev + n_dc
-            if m:  # (one copy; a part that is all of it or nothing needs no slice)
-                out = self._out[:m].copy()
-                pf = out if n_pf == m else out[:n_pf] if n_pf else EMPTY
-                evict = out if n_ev == m else out[n_pf:n_pf + n_ev] if n_ev else EMPTY
-                discard = out if n_dc == m else out[m - n_dc:] if n_dc else EMPTY
-            dec = self._decide(status, pf, evict, discard, wasted, mis, live, pooled, refilled, state, blocks)
+        if stage:
+            return self._monitored(info, state, blocks, again, late)
+        pf, evict, discard = self._parts(n_pf, n_ev, n_dc)
+        return self._advised(self._decide(status, pf, evict, discard, wasted, mis, live, pooled, refilled, state,
+                                          blocks))
+
+    def _parts(self, n_pf: int, n_ev: int, n_dc: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The blocks a one-kernel plan chose, from ``_out`` (one copy; a part that is all of it or nothing needs
+        no slice): to prefetch, evict, discard."""
+        m = n_pf + n_ev + n_dc
+        if not m:
+            return EMPTY, EMPTY, EMPTY
+        out = self._out[:m].copy()
+        return (out if n_pf == m else out[:n_pf] if n_pf else EMPTY,
+                out if n_ev == m else out[n_pf:n_pf + n_ev] if n_ev else EMPTY,
+                out if n_dc == m else out[m - n_dc:] if n_dc else EMPTY)
+
+    def _monitored(self, info: LaunchInfo, state: ResidencyView, blocks: np.ndarray, again: int,
+                   late: int) -> Decision | None:
+        """The plan of a launch whose blocks came back after thrash (``again``) or are late: the window monitor
+        sees them first."""
+        st = self.stats
+        if again:
+            st["refetched_blocks"] += again
+            self.monitor.thrash(info.index, again)
+        if late:
+            st["late_blocks"] += late
+            self.monitor.late(info.index, late)
+        return self._advised(self._plan(info, state, blocks))
+
+    def _advised(self, dec: Decision | None) -> Decision | None:
+        """``dec`` with the advice waiting to be given (``_plan_advice``), if any."""
         if self.pending_advice:
             dec = dec or Decision()
             dec.advise = tuple(self.pending_advice)
@@ -621,11 +699,11 @@ class UvmPrefetchPolicy(Policy):
         """Forget the oldest ``k`` launches of history (bounded state)."""
         cut = int(self.h_ptr.view()[k])
         fk = cut - self.fbase
-        for g in (self.h_key, self.h_name, self.h_sig, self.h_ptr, self.h_soft, self.h_cum):
-            g.drop_front(k)
-        self.f_blk.drop_front(fk)
-        self.f_next.drop_front(fk)
-        self.f_w.drop_front(fk)
+        for arrays, m in ((self._hist, k), (self._flat, fk)):
+            n0 = arrays[0].n
+            for g in arrays:  # (they share one length: each drops from the same one)
+                g.n = n0
+                g.drop_front(m)
         self.base += k
         self.fbase = cut
         self._v_lo, self._v_hi = 0, -1
