@@ -252,6 +252,50 @@ def test_history_is_bounded():
     assert rep["matched"] > 40  # still predicting after trims
 
 
+@pytest.mark.parametrize("history", [300, 1 << 17])
+def test_history_holds_every_kept_launch_after_trims_and_growth(history):
+    from pathlib import Path
+
+    from uvmprefetch.sim.replay import replay
+    from uvmprefetch.trace.format import load
+
+    # GIVEN the shipped trace's 2 267 launches, the history trimmed (300) or grown from its first 1 024 positions
+    tr = load(Path(__file__).resolve().parents[2] / "traces" / "gpt2-small-b2s128.uvmt")
+    pol = make_policy(f"uvmprefetch:history_launches={history}")
+    seen, launch = [], pol.on_launch
+
+    def on_launch(info, state):
+        seen.append((int(info.name), info.blocks.copy()))
+        return launch(info, state)
+
+    pol.on_launch = on_launch
+    # WHEN it is replayed (nearly every launch in the one-kernel step, which keeps the history's lengths)
+    replay(tr, pol, "h100-pcie", oversub=1.5)
+    # THEN the six per-position buffers have one length, and each kept position holds its launch's kernel and
+    # blocks (position k is launch k; the last launch is still pending), the flat buffers as long as the last span
+    n = len(pol.h_key)
+    assert all(len(g) == n for g in pol._hist) and len(pol.f_w) == len(pol.f_next) == len(pol.f_blk)
+    assert pol.end == len(seen) - 1 and (pol.base > 0) == (history == 300)
+    for pos in range(pol.base, pol.end):
+        name, blocks = seen[pos]
+        assert pol.h_name.view()[pos - pol.base] == name
+        np.testing.assert_array_equal(pol._blocks_at(pos), blocks)
+    assert pol.stats["one_kernel_steps"] > 0.8 * len(seen)
+
+
+def test_launch_signature_is_a_deterministic_hash_of_the_name_and_blocks():
+    from uvmprefetch.policy import _uvmkernels as _k
+
+    b = np.array([3, 7, 11], dtype=np.int64)
+    s = _k.launch_sig(5, b)
+    # the same launch, the same key (in any process: no salted hash); another name, another block, one more
+    # block, or blocks moved by one, another key; never 0 (the tables' "none")
+    assert s == _k.launch_sig(5, b.copy()) != 0
+    others = {_k.launch_sig(6, b), _k.launch_sig(5, b[:2]), _k.launch_sig(5, np.array([3, 7, 12])),
+              _k.launch_sig(5, np.append(b, 12)), _k.launch_sig(5, b + 1), _k.launch_sig(5, np.zeros(0, np.int64))}
+    assert s not in others and len(others) == 6
+
+
 @pytest.mark.parametrize("spec", ["uvmprefetch:window=0", "uvmprefetch:window_min=8,window_max=4",
                                   "uvmprefetch:window=9000",
                                   "uvmprefetch:margin=0.9", "uvmprefetch:bogus=1", "uvmprefetch:pace=maybe",

@@ -33,16 +33,20 @@ How it decides (each launch, in ``on_launch``):
    move work from the saturated link onto the compute stream).
 
 The hot path runs in Numba kernels (``_uvmkernels``): a launch with known accesses takes one call for the whole
-hook (``step``: the commit of the previous launch, the match compiled, then ``after_match``), save the first
-launch and one that makes the history trim itself (one call after the Python match, ``after_match``);
+hook (``step``: the commit of the previous launch, the match compiled, then ``after_match`` and the counts), save
+the first launch, one that finds no room in the history buffers and one that makes the history trim itself (one
+call after the Python match, ``after_match``);
 the Python methods they mirror stay as the reference (``_fast_step`` / ``_fast_plan`` off). The plan's window pass
 (``window_candidates``) lists only the candidates the plan reads and skips the next-use updates of a *verified
 span* of positions, kept from one plan to the next while nothing rewrites next uses (``plan_paced``, ``_v_lo`` /
 ``_v_hi``). What those calls touch is packed so that crossing into them costs little (~0.1-0.2 us an array, ~0.8
 us for each array handed back): the per-block state in two arrays whose rows the attributes view (``_bi``,
 ``_bb``), the settings in ``_kp`` / ``_kf``, the scalars carried from launch to launch in ``_reg`` / ``_regf``
-(properties: ``_pool_n``, ``horizon``, ``q_end``, ...), the correlation tables compiled (``_tabs``), and the
-decision written into scratch arrays (``_wbuf``, ``_out``).
+(properties: ``p``, ``pending``, the history's lengths, ``_pool_n``, ``horizon``, ``q_end``, ...; the pending
+launch's blocks in ``_pbuf``), the counts in ``_cnt`` (``stats`` is a mapping over it), the correlation tables
+compiled (``_tabs``), and the decision written into scratch arrays (``_wbuf``, ``_out``). So the hook's Python
+is the call and the ``Decision``: the exact signature is hashed inside (``launch_sig``; deterministic, unlike
+Python's salted ``hash`` of bytes), and nothing is copied back but the decision.
 
 State is bounded: ``history_launches`` launches of history and ``table_entries`` entries per correlation
 table (``report()['state_bytes']``).
@@ -547,7 +551,7 @@ class UvmPrefetchPolicy(Policy):
     def _after_args(self, info: LaunchInfo, state: ResidencyView, blocks: np.ndarray, q: int, soft: int,
                     n: int) -> tuple:
         """The arguments of ``_uvmkernels.after_match`` for the running launch, the pointer at ``q`` matched as
-        ``soft`` (``step`` takes the same from ``blocks`` on, less those the match gives)."""
+        ``soft`` (``step`` reads the same from the policy's arrays)."""
         it0 = self.iter_start
         return (q, soft, blocks, info.write_blocks, info.index, self.iters_seen,
                 self._record_end(q) if q < it0 else 0, self.stats["moved_blocks"] != self._moved_at_start, it0,
@@ -687,8 +691,8 @@ class UvmPrefetchPolicy(Policy):
 
     def _commit_lengths(self, hn: int, nflat: int, dur: float) -> None:
         """The history's lengths with position ``base + hn`` counted (``nflat`` flat entries in all) and the
-        predicted time moved past it: set before the commit kernel fills the reserved room (``_commit_step``,
-        ``_step``), which reads the time from before (``cum``)."""
+        predicted time moved past it: set before the commit kernel fills the reserved room (``_commit_step``;
+        ``_uvmkernels.step`` does the same), which reads the time from before (``cum``)."""
         self.cum_total += dur
         for g in self._hist:
             g.n = hn + 1
@@ -725,7 +729,8 @@ class UvmPrefetchPolicy(Policy):
         end of the step for a pattern that may not come next (measured: the second occurrence of a pattern
         14 % above its steady time instead of 3 %). Then the next launch by name, then the n-gram tables.
 
-        The reference of ``_uvmkernels.match`` (the same branches, table uses and counts), which ``_step`` runs."""
+        The reference of ``_uvmkernels.match`` (the same branches, table uses and counts), which ``on_launch`` runs
+        inside ``_uvmkernels.step``."""
         st = self.stats
         self.soft = 0
         base = self.base
