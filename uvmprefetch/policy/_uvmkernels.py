@@ -1463,6 +1463,26 @@ def launch_sig(name, blocks):
 
 
 @nb.njit(cache=True, nogil=True)
+def count_plan(cnt, reg, pooled, refilled, status, mis, wasted, n_pf, n_ev, n_dc, live):
+    """The counts of a plan made in one kernel (``plan_paced``: ``status`` 0, nothing was scanned, counts only how
+    its victims were found): its victims, its mispredicted and thrashed blocks, what it evicts, discards and
+    prefetches (``live``: the prefetched blocks that cross the link, this iteration's ``reg[G_LINK]``)."""
+    if pooled:
+        cnt[S_POOLED] += 1
+    if refilled:
+        cnt[S_REFILLS] += 1
+    if not status:
+        return
+    cnt[S_MISPREDICTED] += mis
+    cnt[S_THRASH] += wasted
+    cnt[S_EVICTED] += n_ev
+    cnt[S_DISCARDED] += n_dc
+    if n_pf:
+        cnt[S_PREFETCHED] += n_pf
+        reg[G_LINK] += live
+
+
+@nb.njit(cache=True, nogil=True)
 def step(key, name, blocks, writes, index, dur, resident, in_flight, n_ids, capacity, used, now, window, h_cum,
          h_key, h_name, h_sig, h_soft, h_ptr, f_blk, f_w, f_next, tabs, recent, starts, bi, bb, uses, mark, kp, kf,
          reg, regf, wbuf, pbuf, out, res, cnt):
@@ -1480,7 +1500,7 @@ def step(key, name, blocks, writes, index, dur, resident, in_flight, n_ids, capa
     2. ``match`` (the advance, or the jump's rebuilt next uses), counted; without a pointer after it, or without
        ``kp[P_FUSE]`` (``soft_moves``: its classification runs in between), stop: ``C_REST``;
     3. ``after_match``; this launch becomes the pending one (``pbuf``, ``wbuf``); then, if it planned
-       (``C_DECIDED``), the counts ``UvmPrefetchPolicy._decide`` keeps, else ``C_MONITOR``.
+       (``C_DECIDED``), its counts (``count_plan``, as ``UvmPrefetchPolicy._decide``), else ``C_MONITOR``.
 
     ``res`` (``R_*``) says which, with the signature and stable key, and what ``after_match`` found."""
     res[:] = 0
@@ -1560,20 +1580,10 @@ def step(key, name, blocks, writes, index, dur, resident, in_flight, n_ids, capa
         res[R_CODE] = C_MONITOR
         return
     res[R_CODE] = C_DECIDED
-    if pooled:
-        cnt[S_POOLED] += 1
-    if refilled:
-        cnt[S_REFILLS] += 1
+    count_plan(cnt, reg, pooled, refilled, status, mis, wasted, n_pf, n_ev, n_dc, live)
     res[R_STATUS] = status
     if not status:
         return
-    cnt[S_MISPREDICTED] += mis
-    cnt[S_THRASH] += wasted
-    cnt[S_EVICTED] += n_ev
-    cnt[S_DISCARDED] += n_dc
-    if n_pf:
-        cnt[S_PREFETCHED] += n_pf
-        reg[G_LINK] += live
     res[R_NPF] = n_pf
     res[R_NEV] = n_ev
     res[R_NDC] = n_dc

@@ -1166,24 +1166,13 @@ class UvmPrefetchPolicy(Policy):
     def _decide(self, status: int, pf: np.ndarray, evict: np.ndarray, discard: np.ndarray, wasted: int, mis: int,
                 live: int, pooled: bool, refilled: bool, state: ResidencyView, cur: np.ndarray) -> Decision | None:
         """The decision of a plan made in one kernel (``plan_paced``, directly or in ``after_match``), and its
-        counts: ``status`` 0 means no prediction to follow (then only the free margin)."""
-        st = self.stats
-        if pooled:
-            st["pooled_victim_scans"] += 1
-        if refilled:
-            st["pool_refills"] += 1
+        counts (``_uvmkernels.count_plan``, which ``step`` calls too): ``status`` 0 means no prediction to follow
+        (then only the free margin)."""
+        _k.count_plan(self._cnt, self._reg, pooled, refilled, status, mis, wasted, pf.shape[0], evict.shape[0],
+                      discard.shape[0], live)
         if not status:
             return self._margin(state, cur) if self.margin_blocks else None
-        if wasted or mis:
-            st["mispredicted_blocks"] += mis
-            st["thrash_blocks"] += wasted
-        if evict.shape[0] or discard.shape[0]:
-            st["evicted_blocks"] += evict.shape[0]
-            st["discarded_blocks"] += discard.shape[0]
-        if pf.shape[0]:
-            st["prefetched_blocks"] += pf.shape[0]
-            self.it_link_blocks += live
-        elif not (evict.shape[0] or discard.shape[0]):
+        if not (pf.shape[0] or evict.shape[0] or discard.shape[0]):
             return None
         return Decision(prefetch=pf, evict=evict, discard=discard)
 
