@@ -456,6 +456,8 @@ class UvmPrefetchPolicy(Policy):
 
     def on_launch(self, info: LaunchInfo, state: ResidencyView) -> Decision | None:
         known = info.known_accesses
+        key = int(info.exec_id) & _MASK63
+        name = int(info.name)
         if known and self._fast_step:
             # One kernel (``_uvmkernels.step``) for a launch with known accesses, the previous one pending and room
             # in the history: the commit of the previous launch, the n-gram and stable keys, the match (compiled
@@ -464,7 +466,7 @@ class UvmPrefetchPolicy(Policy):
             # the window monitor, and the rest after a match without a pointer (``_rest``), to the Python.
             blocks = info.blocks
             res = self._res
-            _k.step(int(info.exec_id) & _MASK63, int(info.name), blocks, info.write_blocks, info.index,
+            _k.step(key, name, blocks, info.write_blocks, info.index,
                     float(info.duration), state.resident, state.in_flight, ids_in_use(state), state.capacity_blocks,
                     state.used_blocks, state.now, self.monitor.window, self.h_cum._a, self.h_key._a, self.h_name._a,
                     self.h_sig._a, self.h_soft._a, self.h_ptr._a, self.f_blk._a, self.f_w._a, self.f_next._a,
@@ -472,25 +474,16 @@ class UvmPrefetchPolicy(Policy):
                     self._kf, self._reg, self._regf, self._wbuf, self._pbuf, self._out, res, self._cnt)
             r = res.tolist()
             code = r[_k.R_CODE]
-            if code == _k.C_DECIDED:
-                dec = None
-                if not r[_k.R_STATUS]:
-                    dec = self._margin(state, blocks) if self.margin_blocks else None
-                else:
-                    n_pf, n_ev, n_dc = r[_k.R_NPF], r[_k.R_NEV], r[_k.R_NDC]
-                    if n_pf + n_ev + n_dc:
-                        pf, evict, discard = self._parts(n_pf, n_ev, n_dc)
-                        dec = Decision(prefetch=pf, evict=evict, discard=discard)
+            if code == _k.C_DECIDED:  # (counted in the kernel)
+                dec = self._decision(r[_k.R_STATUS], *self._parts(r[_k.R_NPF], r[_k.R_NEV], r[_k.R_NDC]), state,
+                                     blocks)
                 return self._advised(dec) if self.pending_advice else dec
             if code == _k.C_MONITOR:
                 return self._monitored(info, state, blocks, r[_k.R_AGAIN], r[_k.R_LATE])
             if code == _k.C_REST:
-                return self._rest(info, state, blocks, int(info.exec_id) & _MASK63, int(info.name), r[_k.R_SIG],
-                                  r[_k.R_STAB])
+                return self._rest(info, state, blocks, key, name, r[_k.R_SIG], r[_k.R_STAB])
         self.stats["launches"] += 1
         blocks = info.blocks if known else EMPTY
-        key = int(info.exec_id) & _MASK63
-        name = int(info.name)
         sig = _k.launch_sig(name, blocks) if known else hash((key,))
         # the pending launch committed, this one's n-gram and stable signature counted: one kernel
         stab, self.cur_ngram = self._commit_step(self.pending, self.pending_dur, key, blocks, info.write_blocks,
@@ -1170,6 +1163,12 @@ class UvmPrefetchPolicy(Policy):
         (then only the free margin)."""
         _k.count_plan(self._cnt, self._reg, pooled, refilled, status, mis, wasted, pf.shape[0], evict.shape[0],
                       discard.shape[0], live)
+        return self._decision(status, pf, evict, discard, state, cur)
+
+    def _decision(self, status: int, pf: np.ndarray, evict: np.ndarray, discard: np.ndarray, state: ResidencyView,
+                  cur: np.ndarray) -> Decision | None:
+        """What a one-kernel plan decided (``status`` 0: no prediction to follow, then only the free margin);
+        None when it moves nothing."""
         if not status:
             return self._margin(state, cur) if self.margin_blocks else None
         if not (pf.shape[0] or evict.shape[0] or discard.shape[0]):
