@@ -69,3 +69,46 @@ def test_ablation_table_and_json(small_trace, tmp_path):
     assert {a["measure"] for a in data["ablation"]} == {"time_s", "steady_slowdown"}
     assert all(t["uvm_over_oracle"] > 0 for t in data["targets"])
     assert "## Ablation" in r.stdout and "## Targets: steady state" in r.stdout
+
+
+@pytest.mark.slow
+def test_kernel_profile_times_every_marked_stage(tmp_path):
+    import re
+    # GIVEN the stage markers in the kernels' source
+    src = (ROOT / "uvmprefetch" / "policy" / "_uvmkernels.py").read_text()
+    marked = set(re.findall(r"^\s*# stamp: (.+?)\s*$", src, flags=re.M))
+    assert {"commit_step", "match", "launch_marks", "window pass"} <= marked
+    # WHEN the profiler replays the shipped small trace with a stamped copy of the kernels
+    r = run(["bench/kernel_profile.py", str(ROOT / "traces" / "gpt2-small-b2s128.uvmt"), "--out", str(tmp_path)])
+    assert r.returncode == 0, r.stderr
+    data = json.loads(next(tmp_path.glob("kernel-profile-*.json")).read_text())
+    # THEN every marked stage has a row, the launches of the steady state went through the stamped step, and the
+    # stamped time is a part of on_launch's
+    stages = {x["stage"]: x for x in data["stages"]}
+    assert set(stages) == marked
+    assert 0 < data["stepped_launches"] <= data["launches"]
+    assert stages["commit_step"]["calls"] == data["stepped_launches"] and stages["commit_step"]["us_per_call"] > 0
+    assert 0 < data["stamped_us_per_launch"] < data["on_launch_mean_us"]
+    assert "| commit_step |" in r.stdout and "outside the stamps" in r.stdout
+
+
+def test_kernel_profile_bad_input_is_one_line_error(tmp_path):
+    r = run(["bench/kernel_profile.py", str(tmp_path / "missing.uvmt"), "--out", str(tmp_path)])
+    assert r.returncode == 2 and "no trace at" in r.stderr and "Traceback" not in r.stderr
+    r = run(["bench/kernel_profile.py", str(ROOT / "traces" / "gpt2-small-b2s128.uvmt"), "--from-iteration", "99",
+             "--out", str(tmp_path)])
+    assert r.returncode == 2 and "--from-iteration 99" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_kernel_profile_needs_markers():
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import kernel_profile
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    src, names = kernel_profile.instrument("import numpy as np\n\ndef f():\n    # stamp-start\n    x = 1\n"
+                                           "    # stamp: one\n    return x\n")
+    assert names == ["one"] and "    _stamp_start()\n" in src and "    _stamp(0)\n" in src
+    assert "STAMPS = np.zeros(6" in src
+    with pytest.raises(SystemExit, match="no '# stamp:' markers"):
+        kernel_profile.instrument("import numpy as np\n")

@@ -502,6 +502,32 @@ def test_victims_among_listed_ids_in_any_order_match_a_full_scan():
         assert not pol._mark.any()
 
 
+def test_full_victim_scan_buffer_chooses_as_the_heap():
+    from uvmprefetch.policy import _uvmkernels as K
+    from uvmprefetch.policy.uvmprefetch import _AGE, _K_CLEAN, _K_DEAD, _K_DIRTY, INF
+
+    # GIVEN random residency states over thousands of blocks (many equal keys, so that the buffer of a full scan
+    # fills and is cut back several times), and k from the buffer's threshold up
+    rng = np.random.default_rng(5)
+    cuts = 0
+    for _ in range(120):
+        pol, view, cur = _random_state(rng, n=int(rng.integers(600, 4000)), ties=bool(rng.random() < 0.7))
+        n = view.resident.shape[0]
+        k = int(rng.integers(K._SCAN_K, 300))
+        p = pol.p if pol.p is not None else -1
+        args = (pol.dead, pol.nu, pol.dirty, pol.last_use, p, k, pol._mark, INF, _K_DEAD, _K_DIRTY, _K_CLEAN, _AGE,
+                pol.params.dead_reuse)
+        # WHEN a full scan chooses k victims (the buffer), and the heap chooses among every id, listed in order
+        fb, fk, fnxt = K.victims(view.resident, cur, *args)
+        hb, hk, hnxt = K.victims(view.resident, cur, *args, np.arange(n, dtype=np.int64))
+        # THEN the same blocks in the same order with the same keys, and the same largest key left out
+        assert np.array_equal(fb, hb) and np.array_equal(fk, hk) and fnxt == hnxt
+        assert not pol._mark.any()
+        live = view.resident & ~np.isin(np.arange(n), cur)
+        cuts += int(live.sum() > 4 * k)
+    assert cuts > 20  # the buffer was cut back during scans
+
+
 @pytest.mark.parametrize("name", ["moe", "synthetic", "gpt2-small"])
 def test_victim_pool_makes_the_full_scans_decisions(name):
     from pathlib import Path
