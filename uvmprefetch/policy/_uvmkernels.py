@@ -380,15 +380,13 @@ _SCAN_K = 32
 @nb.njit(cache=True, nogil=True)
 def _keep_best(lk, lb, n, k):
     """Keep the best ``k`` of the ``n`` entries ``lk[:n]`` (keys) / ``lb[:n]`` (blocks, ascending), in place and in
-    their order: the larger key first, equal keys by block. Returns ``(k, key of the k-th, largest key dropped)``
-    (-1: none dropped)."""
+    their order: the larger key first, equal keys by block. Returns ``(k, key of the k-th)``."""
     t = np.partition(lk[:n].copy(), n - k)[n - k]
     need = k
     for i in range(n):
         if lk[i] > t:
             need -= 1
     j = 0
-    drop = np.int64(-1)
     for i in range(n):
         key = lk[i]
         if key > t or (key == t and need > 0):
@@ -397,9 +395,7 @@ def _keep_best(lk, lb, n, k):
             lk[j] = key
             lb[j] = lb[i]
             j += 1
-        elif key > drop:
-            drop = key
-    return j, t, drop
+    return j, t
 
 
 @nb.njit(cache=True, nogil=True)
@@ -418,7 +414,6 @@ def _scan_victims(resident, dead, nu, dirty, last_use, p, k, mark, inf, k_dead, 
     nl = 0
     nd = 0
     ninf = 0
-    nxt = np.int64(-1)
     cut = False
     t = np.int64(0)
     for x in range(resident.shape[0]):
@@ -433,29 +428,20 @@ def _scan_victims(resident, dead, nu, dirty, last_use, p, k, mark, inf, k_dead, 
                 ninf += 1
                 if ninf == k:
                     break  # (as in ``victims``)
-        elif cut and key <= t:
-            if key > nxt:
-                nxt = key
-        else:
+        elif not cut or key > t:
             lk[nl] = key
             lb[nl] = x
             nl += 1
             if nl == cap:
-                nl, t, drop = _keep_best(lk, lb, nl, k)
+                nl, t = _keep_best(lk, lb, nl, k)
                 cut = True
-                if drop > nxt:
-                    nxt = drop
     head, _, _ = _drain(dk, db, hd, hd)
     if nd >= k:
-        return head, np.full(k, k_dead, dtype=np.int64), np.int64(-1)
+        return head, np.full(k, k_dead, dtype=np.int64)
     if nl > k:
-        nl, _, drop = _keep_best(lk, lb, nl, k)
-        if drop > nxt:
-            nxt = drop
+        nl, _ = _keep_best(lk, lb, nl, k)
     order = np.argsort(-lk[:nl], kind="mergesort")  # (stable: equal keys stay in block order)
     m = min(nl, k - nd)
-    if m < nl and lk[order[m]] > nxt:
-        nxt = lk[order[m]]
     out_b = np.empty(nd + m, dtype=np.int64)
     out_k = np.empty(nd + m, dtype=np.int64)
     out_b[:nd] = head
@@ -463,31 +449,39 @@ def _scan_victims(resident, dead, nu, dirty, last_use, p, k, mark, inf, k_dead, 
     for i in range(m):
         out_b[nd + i] = lb[order[i]]
         out_k[nd + i] = lk[order[i]]
-    return out_b, out_k, nxt
+    return out_b, out_k
 
 
 @nb.njit(cache=True, nogil=True)
 def victims(resident, cur, dead, nu, dirty, last_use, p, k, mark, inf, k_dead, k_dirty, k_clean, age0, dead_reuse,
-            ids=None):
+            ids=None, in_pool=None, floor=-1):
     """Up to ``k`` resident blocks not in ``cur``, in eviction order, with their keys (see ``_victims_ref``);
     with ``ids`` (distinct block ids, any order), among those only.
 
     Dead blocks first (by predicted reuse, none or farthest first, then by block id: the reference's stable
-    sort), then the live ones by key, largest first, equal keys by block id (as the reference). Returns
-    ``(blocks, keys, nxt)``: ``nxt`` is the largest key of a live block left out (-1 if none). One pass with
+    sort), then the live ones by key, largest first, equal keys by block id (as the reference). One pass with
     two bounded heaps: O(blocks + resident log k); a full scan for ``k >= _SCAN_K`` keeps the live ones in a
     buffer instead (``_scan_victims``, the same result). With ``dead_reuse`` a dead block whose
-    next use is predicted ranks as a live one (the policy's ``_victim_dead``)."""
+    next use is predicted ranks as a live one (the policy's ``_victim_dead``).
+
+    With ``in_pool`` (the victim pool: ``ids`` is its buffer, ``in_pool`` its membership flags) the live blocks
+    among ``ids`` whose key is not above ``floor`` leave the pool: ``ids`` keeps the others at its front, in their
+    order, and they leave ``in_pool``. The victims are the same as without: the caller uses them only when the
+    ``k``-th ranks above ``floor``. Returns ``(blocks, keys, kept)``: ``kept`` how many ids the pool kept (-1
+    without ``in_pool``)."""
+    kept = np.int64(-1)
     if k <= 0:
-        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64), np.int64(-1)
+        if in_pool is not None:
+            kept = ids.shape[0]
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64), kept
     for i in range(cur.shape[0]):
         mark[cur[i]] = 1
     if ids is None and k >= _SCAN_K:
-        out = _scan_victims(resident, dead, nu, dirty, last_use, p, k, mark, inf, k_dead, k_dirty, k_clean, age0,
-                            dead_reuse)
+        out_b, out_k = _scan_victims(resident, dead, nu, dirty, last_use, p, k, mark, inf, k_dead, k_dirty, k_clean,
+                                     age0, dead_reuse)
         for i in range(cur.shape[0]):
             mark[cur[i]] = 0
-        return out
+        return out_b, out_k, kept
     dk = np.empty(k, dtype=np.int64)
     db = np.empty(k, dtype=np.int64)
     lk = np.empty(k, dtype=np.int64)
@@ -496,14 +490,24 @@ def victims(resident, cur, dead, nu, dirty, last_use, p, k, mark, inf, k_dead, k
     hl = 0
     nd = 0
     ninf = 0
-    nxt = np.int64(-1)
+    if in_pool is not None:
+        kept = 0
     use_ids = ids is not None
     m = ids.shape[0] if use_ids else resident.shape[0]
     for t in range(m):
         x = ids[t] if use_ids else t
         if not resident[x] or mark[x] != 0:
+            if in_pool is not None:
+                ids[kept] = x
+                kept += 1
             continue
         is_dead, key, unpred = _vkey(x, dead, nu, dirty, last_use, p, inf, k_dirty, k_clean, age0, dead_reuse)
+        if in_pool is not None:
+            if not is_dead and key <= floor:
+                in_pool[x] = False
+                continue
+            ids[kept] = x
+            kept += 1
         if is_dead:
             nd += 1
             if hd < k or key > dk[0] or (use_ids and key == dk[0] and x < db[0]):  # (the refusal inline)
@@ -514,28 +518,21 @@ def victims(resident, cur, dead, nu, dirty, last_use, p, k, mark, inf, k_dead, k
                     # k dead blocks with the largest possible dead key, the first k by id: no block
                     # after them can come before them, and only dead blocks are returned (nd >= k)
                     break
-        else:
-            if hl < k or key > lk[0] or (use_ids and key == lk[0] and x < lb[0]):
-                hl, o = _offer(lk, lb, hl, key, x)
-                if o > nxt:
-                    nxt = o
-            elif key > nxt:
-                nxt = key
+        elif hl < k or key > lk[0] or (use_ids and key == lk[0] and x < lb[0]):
+            hl, _ = _offer(lk, lb, hl, key, x)
     for i in range(cur.shape[0]):
         mark[cur[i]] = 0
     head, _, _ = _drain(dk, db, hd, hd)
     if nd >= k:
-        return head, np.full(k, k_dead, dtype=np.int64), np.int64(-1)
-    live, lkeys, o = _drain(lk, lb, hl, k - nd)
-    if o > nxt:
-        nxt = o
+        return head, np.full(k, k_dead, dtype=np.int64), kept
+    live, lkeys, _ = _drain(lk, lb, hl, k - nd)
     out_b = np.empty(nd + live.shape[0], dtype=np.int64)
     out_k = np.empty(nd + live.shape[0], dtype=np.int64)
     out_b[:nd] = head
     out_k[:nd] = k_dead
     out_b[nd:] = live
     out_k[nd:] = lkeys
-    return out_b, out_k, nxt
+    return out_b, out_k, kept
 
 
 @nb.njit(cache=True, nogil=True)
@@ -1087,8 +1084,10 @@ def plan_paced(cur, resident, in_flight, capacity, used, margin, now, dur, lead,
         vict = empty
         vkey = empty
         if pool_on and rest <= pool_k // 2:
-            vict, vkey, _ = victims(resident, cur, dead, nu, dirty, last_use, p, rest, mark, inf, k_dead, k_dirty,
-                                    k_clean, age0, dead_reuse, pool)  # (pool: the ids, pool_add's buffer)
+            # (pool: the ids, pool_add's buffer; its live blocks ranked at or below pool_min leave it: they could
+            # only be chosen after a full scan, which builds the pool anew, and a block whose key rises joins it)
+            vict, vkey, pool_n = victims(resident, cur, dead, nu, dirty, last_use, p, rest, mark, inf, k_dead,
+                                         k_dirty, k_clean, age0, dead_reuse, pool, in_pool, pool_min)
             # stamp: victims from the pool
             found = vict.shape[0] == rest and vkey[rest - 1] > pool_min
         if not found:

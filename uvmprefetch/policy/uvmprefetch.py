@@ -352,7 +352,8 @@ class UvmPrefetchPolicy(Policy):
         self.margin_blocks = int(P.margin * ctx.capacity_blocks)
         # The victim pool (``_uvmkernels.plan_paced``): the blocks of the last full victim scan plus every block
         # whose eviction key may have risen since (used, freed, prefetched, or recorded at a position the pointer
-        # passed), listed in ``_pool_ids[:_pool_n]`` (``_in_pool`` marks them). Refilled by a full scan when it
+        # passed), listed in ``_pool_ids[:_pool_n]`` (``_in_pool`` marks them); a choice made from the pool drops
+        # the live blocks it ranks at or below the scan's lowest key (``_pool_min``). Refilled by a full scan when it
         # cannot decide, every pool_launches, and after each jump of the pointer (``_rebuild_nu``). Unused while a
         # prediction made through a learned move or layer stride may still be passed by the pointer (until it
         # reaches ``_pool_stale``, the next jump resets every prediction, or ``_settle_moves`` ties the moved
