@@ -177,30 +177,31 @@ def main() -> int:
         def run():
             pol = make_policy("uvmprefetch")
             hook = pol.on_launch
-            times, stepped = [], [0]
+            times, inside = [], []  # (inside: the stamped cycles of each launch that took the step)
 
             def on_launch(info, state):
                 counting = info.iteration >= first
                 if counting and not times:
                     stamps[:] = 0
                 stamps[active] = 0
+                before = int(stamps[:n].sum()) if counting else 0
                 t0 = time.perf_counter_ns()
                 dec = hook(info, state)
                 t = time.perf_counter_ns() - t0
                 if counting:
                     times.append(t)
-                    stepped[0] += int(stamps[active])
+                    inside.append(int(stamps[:n].sum()) - before if stamps[active] else -1)
                 return dec
 
             pol.on_launch = on_launch
             r = replay(trace, pol, args.gpu, oversub=args.oversub)
-            return np.asarray(times, dtype=np.float64) / 1e3, stepped[0], r
+            return np.asarray(times, dtype=np.float64) / 1e3, np.asarray(inside, dtype=np.float64), r
 
         print("compiling the stamped kernels and replaying once (a minute or two) ...", file=sys.stderr, flush=True)
         try:
             run()
             print("timed replay ...", file=sys.stderr, flush=True)
-            us, stepped, r = run()
+            us, inside, r = run()
         except UvmPrefetchError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
@@ -212,6 +213,11 @@ def main() -> int:
     if not launches:
         print("error: no launch counted", file=sys.stderr)
         return 2
+    took = inside >= 0
+    stepped = int(took.sum())
+    # per launch that took the step: the stamped time and the rest of on_launch (medians: one launch's split)
+    step_in = inside[took] / per_us
+    step_out = us[took] - step_in
     rows = []
     order = sorted(range(n), key=lambda i: (stamps[n + i] == 0, stamps[2 * n + i] / max(1, stamps[n + i]), i))
     for i in order:
@@ -225,6 +231,9 @@ def main() -> int:
            "oversub": args.oversub, "gpu": args.gpu, "from_iteration": first, "launches": launches,
            "stepped_launches": stepped, "on_launch_mean_us": mean, "on_launch_median_us": float(np.median(us)),
            "stamped_us_per_launch": stamped, "outside_stamps_us_per_launch": mean - stamped,
+           "stepped_on_launch_median_us": float(np.median(us[took])) if stepped else None,
+           "stepped_stamped_median_us": float(np.median(step_in)) if stepped else None,
+           "stepped_outside_median_us": float(np.median(step_out)) if stepped else None,
            "cycles_per_us": per_us, "stages": rows, "slowdown": r["slowdown"],
            "host": {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count()},
            "note": "stamped copy of the kernels; shared machine: compare runs taken back to back only"}
@@ -246,6 +255,10 @@ def main() -> int:
     print(f"| stamped, in all | | {stamped:.2f} | | {100 * stamped / mean:.0f} % |")
     print(f"| outside the stamps (Python, crossing in and out, launches off the step) | | {mean - stamped:.2f} | | "
           f"{100 * (mean - stamped) / mean:.0f} % |")
+    if stepped:
+        print(f"launches that took the step, medians: on_launch {out['stepped_on_launch_median_us']:.1f} us, "
+              f"stamped {out['stepped_stamped_median_us']:.1f} us, outside the stamps "
+              f"{out['stepped_outside_median_us']:.1f} us")
     print(f"JSON: {path}")
     return 0
 
