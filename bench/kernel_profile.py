@@ -11,7 +11,8 @@ difference between ``on_launch`` and the stamped total.
 
 The copy lives in a temporary folder with its own, empty Numba cache, so the first replay compiles every kernel
 (a minute or two; the stamped code holds the address of this process's counter array and must never be cached
-where a normal run could load it). The timed replay is the second one. The stamps cost ~20 cycles each.
+where a normal run could load it). The timed replay is the second one. A stamp costs a few tens of cycles,
+and a launch passes about twenty.
 
     python bench/kernel_profile.py [TRACE.uvmt] [--oversub 1.5] [--from-iteration 3] [--out bench/results]
 
@@ -246,7 +247,8 @@ def main() -> int:
           f"{stepped} of them in the one-kernel step")
     print(f"on_launch: mean {mean:.1f} us, median {out['on_launch_median_us']:.1f} us; "
           f"cycle counter {per_us:.0f} per us")
-    print("| stage (ends at its stamp; in the order they run) | calls | us per launch | us per call | share of on_launch mean |")
+    print("| stage (ends at its stamp; in the order they run) | calls | us per launch | us per call "
+          "| share of on_launch mean |")
     print("|---|---|---|---|---|")
     for x in rows:
         per_call = f"{x['us_per_call']:.2f}" if x["us_per_call"] is not None else "-"
