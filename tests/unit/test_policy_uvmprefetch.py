@@ -849,7 +849,8 @@ def _lockstep(tr, spec, oversub):
                                                   d.advise) for d in (r1, r2))
                 assert _same(d1, d2), f"launch {a[0].index}: decisions differ"
                 count[0] += 1
-            skip = set(hooks) | {"_fast_step", "stats", "_cnt", "_wbuf", "_out", "_res"}  # (scratch; counts below)
+            # (scratch; counts below; ``_arrays`` holds the step's arrays by reference, built by the step's path only)
+            skip = set(hooks) | {"_fast_step", "stats", "_cnt", "_wbuf", "_out", "_res", "_arrays"}
             bad = [k for k in one.__dict__ if k not in skip and not _same(one.__dict__[k], gen.__dict__[k])]
             fused = ("one_kernel_steps", "one_kernel_inexact", "fused_after_match")
             st = {k: v for k, v in one.stats.items() if k not in fused}

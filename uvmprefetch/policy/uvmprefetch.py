@@ -248,6 +248,7 @@ class UvmPrefetchPolicy(Policy):
         k = blocks.shape[0]
         if k > self._pbuf.shape[0]:
             self._pbuf = np.zeros(k, dtype=np.int64)
+            self._arrays = None
         self._pbuf[:k] = blocks
         has_w = wmask is not None and wmask.shape[0] == k
         if has_w:
@@ -392,6 +393,7 @@ class UvmPrefetchPolicy(Policy):
               _k.P_HISTORY: P.history_launches, _k.P_FUSE: not P.soft_moves}
         self._kp = np.array([int(kp[i]) for i in range(_k.N_P)], dtype=np.int64)
         self._kf = np.array([P.lead_s, self.t_blk, self._lat], dtype=np.float64)
+        self._arrays: _k.StepArrays | None = None  # (``_step_arrays``)
 
     # ------------------------------------------------------------------------------------------ hooks
     def on_free(self, blocks: np.ndarray) -> None:
@@ -444,6 +446,7 @@ class UvmPrefetchPolicy(Policy):
         if len(self.iter_starts) > 64:  # (bounded: older starts fall out of the trimmed history anyway)
             del self.iter_starts[0]
         self._istarts = np.array(self.iter_starts, dtype=np.int64)
+        self._arrays = None  # (``_istarts`` and ``uses`` are new arrays)
         if self.stats["moved_blocks"]:
             self.remap[:] = np.arange(self.remap.shape[0])  # predictions now come from this iteration's ids
             self.rend[:] = 0
@@ -466,23 +469,21 @@ class UvmPrefetchPolicy(Policy):
             # order as the general path below (``_fast_step`` off: tests compare the two in lock step). It leaves
             # the window monitor, and the rest after a match without a pointer (``_rest``), to the Python.
             blocks = info.blocks
-            res = self._res
-            _k.step(key, name, blocks, info.write_blocks, info.index,
-                    float(info.duration), state.resident, state.in_flight, ids_in_use(state), state.capacity_blocks,
-                    state.used_blocks, state.now, self.monitor.window, self.h_cum._a, self.h_key._a, self.h_name._a,
-                    self.h_sig._a, self.h_soft._a, self.h_ptr._a, self.f_blk._a, self.f_w._a, self.f_next._a,
-                    self._tabs, self._recent, self._istarts, self._bi, self._bb, self.uses, self._mark, self._kp,
-                    self._kf, self._reg, self._regf, self._wbuf, self._pbuf, self._out, res, self._cnt)
-            r = res.tolist()
+            _k.step(key, name, blocks, info.write_blocks, info.index, float(info.duration), state.resident,
+                    state.in_flight, ids_in_use(state), state.capacity_blocks, state.used_blocks, state.now,
+                    self.monitor.window, self._arrays or self._step_arrays())
+            r = self._res.tolist()
             code = r[_k.R_CODE]
             if code == _k.C_DECIDED:  # (counted in the kernel)
                 dec = self._decision(r[_k.R_STATUS], *self._parts(r[_k.R_NPF], r[_k.R_NEV], r[_k.R_NDC]), state,
                                      blocks)
                 return self._advised(dec) if self.pending_advice else dec
+            self._arrays = None  # (the paths below may grow or replace the arrays the step reads)
             if code == _k.C_MONITOR:
                 return self._monitored(info, state, blocks, r[_k.R_AGAIN], r[_k.R_LATE])
             if code == _k.C_REST:
                 return self._rest(info, state, blocks, key, name, r[_k.R_SIG], r[_k.R_STAB])
+        self._arrays = None  # (the general path may grow or replace the arrays the step reads)
         self.stats["launches"] += 1
         blocks = info.blocks if known else EMPTY
         sig = _k.launch_sig(name, blocks) if known else hash((key,))
@@ -497,6 +498,17 @@ class UvmPrefetchPolicy(Policy):
             return self._finish(info, state, blocks, key, name, sig, stab, n,
                                 _k.after_match(*self._after_args(info, state, blocks, self.p, self.soft, n)))
         return self._rest(info, state, blocks, key, name, sig, stab)
+
+    def _step_arrays(self) -> _k.StepArrays:
+        """The arrays ``_uvmkernels.step`` reads, behind one argument (``_k.STEP_ARRAYS``). Built again after any
+        path that may replace one of them: the general path of ``on_launch`` (the history grows and trims), the
+        pending launch's buffer growing, and the end of an iteration."""
+        self._arrays = _k.step_arrays(
+            self.h_cum._a, self.h_key._a, self.h_name._a, self.h_sig._a, self.h_soft._a, self.h_ptr._a, self.f_blk._a,
+            self.f_w._a, self.f_next._a, self._tabs, self._recent, self._istarts, self._bi, self._bb, self.uses,
+            self._mark, self._kp, self._kf, self._reg, self._regf, self._wbuf, self._pbuf, self._out, self._res,
+            self._cnt)
+        return self._arrays
 
     def _rest(self, info: LaunchInfo, state: ResidencyView, blocks: np.ndarray, key: int, name: int, sig: int,
               stab: int) -> Decision | None:
