@@ -313,8 +313,7 @@ def _sift_down(hk, hb, i, n):
 @nb.njit(cache=True, nogil=True)
 def _offer(hk, hb, h, key, x):
     """Offer block ``x`` with ``key`` to the heap of the ``hk.size`` best (largest key, then smallest block).
-    Returns ``(h, out)``: the new fill and the key of the block that
-    is out (offered and refused, or pushed out), -1 if none."""
+    Returns the new fill."""
     if h < hk.shape[0]:
         i = h
         hk[i] = key
@@ -328,24 +327,19 @@ def _offer(hk, hb, h, key, x):
                 i = par
             else:
                 break
-        return h, np.int64(-1)
+        return h
     if _worse(hk[0], hb[0], key, x):  # (with ids offered in increasing order: key > hk[0])
-        out = hk[0]
         hk[0] = key
         hb[0] = x
         _sift_down(hk, hb, 0, h)
-        return h, out
-    return h, key
+    return h
 
 
 @nb.njit(cache=True, nogil=True)
 def _drain(hk, hb, h, keep):
     """Drop the worst of the heap's ``h`` entries down to ``keep``; return the best ``keep`` in order (key
-    descending, equal keys by block) as ``(blocks, keys, out)``, ``out`` the largest key dropped (-1 if none)."""
-    out = np.int64(-1)
+    descending, equal keys by block) as ``(blocks, keys)``."""
     while h > keep:
-        if hk[0] > out:
-            out = hk[0]
         h -= 1
         hk[0] = hk[h]
         hb[0] = hb[h]
@@ -359,7 +353,21 @@ def _drain(hk, hb, h, keep):
         hk[0] = hk[h]
         hb[0] = hb[h]
         _sift_down(hk, hb, 0, h)
-    return ob, ok, out
+    return ob, ok
+
+
+@nb.njit(cache=True, nogil=True)
+def _ranked(dead_b, k_dead, live_b, live_k):
+    """The victims in eviction order with their keys: the dead ones (``dead_b``, all keyed ``k_dead``), then the
+    live ones."""
+    nd = dead_b.shape[0]
+    out_b = np.empty(nd + live_b.shape[0], dtype=np.int64)
+    out_k = np.empty(nd + live_b.shape[0], dtype=np.int64)
+    out_b[:nd] = dead_b
+    out_k[:nd] = k_dead
+    out_b[nd:] = live_b
+    out_k[nd:] = live_k
+    return out_b, out_k
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
@@ -425,7 +433,7 @@ def _scan_victims(resident, dead, nu, dirty, last_use, p, k, mark, inf, k_dead, 
         if is_dead:
             nd += 1
             if hd < k or key > dk[0]:
-                hd, _ = _offer(dk, db, hd, key, x)
+                hd = _offer(dk, db, hd, key, x)
             if unpred:
                 ninf += 1
                 if ninf == k:
@@ -437,21 +445,13 @@ def _scan_victims(resident, dead, nu, dirty, last_use, p, k, mark, inf, k_dead, 
             if nl == cap:
                 nl, t = _keep_best(lk, lb, nl, k)
                 cut = True
-    head, _, _ = _drain(dk, db, hd, hd)
+    head, _ = _drain(dk, db, hd, hd)
     if nd >= k:
         return head, np.full(k, k_dead, dtype=np.int64)
     if nl > k:
         nl, _ = _keep_best(lk, lb, nl, k)
-    order = np.argsort(-lk[:nl], kind="mergesort")  # (stable: equal keys stay in block order)
-    m = min(nl, k - nd)
-    out_b = np.empty(nd + m, dtype=np.int64)
-    out_k = np.empty(nd + m, dtype=np.int64)
-    out_b[:nd] = head
-    out_k[:nd] = k_dead
-    for i in range(m):
-        out_b[nd + i] = lb[order[i]]
-        out_k[nd + i] = lk[order[i]]
-    return out_b, out_k
+    order = np.argsort(-lk[:nl], kind="mergesort")[:k - nd]  # (stable: equal keys stay in block order)
+    return _ranked(head, k_dead, lb[order], lk[order])
 
 
 @nb.njit(cache=True, nogil=True)
@@ -513,7 +513,7 @@ def victims(resident, cur, dead, nu, dirty, last_use, p, k, mark, inf, k_dead, k
         if is_dead:
             nd += 1
             if hd < k or key > dk[0] or (use_ids and key == dk[0] and x < db[0]):  # (the refusal inline)
-                hd, _ = _offer(dk, db, hd, key, x)
+                hd = _offer(dk, db, hd, key, x)
             if unpred and not use_ids:
                 ninf += 1
                 if ninf == k:
@@ -521,19 +521,14 @@ def victims(resident, cur, dead, nu, dirty, last_use, p, k, mark, inf, k_dead, k
                     # after them can come before them, and only dead blocks are returned (nd >= k)
                     break
         elif hl < k or key > lk[0] or (use_ids and key == lk[0] and x < lb[0]):
-            hl, _ = _offer(lk, lb, hl, key, x)
+            hl = _offer(lk, lb, hl, key, x)
     for i in range(cur.shape[0]):
         mark[cur[i]] = 0
-    head, _, _ = _drain(dk, db, hd, hd)
+    head, _ = _drain(dk, db, hd, hd)
     if nd >= k:
         return head, np.full(k, k_dead, dtype=np.int64), kept
-    live, lkeys, _ = _drain(lk, lb, hl, k - nd)
-    out_b = np.empty(nd + live.shape[0], dtype=np.int64)
-    out_k = np.empty(nd + live.shape[0], dtype=np.int64)
-    out_b[:nd] = head
-    out_k[:nd] = k_dead
-    out_b[nd:] = live
-    out_k[nd:] = lkeys
+    live, lkeys = _drain(lk, lb, hl, k - nd)
+    out_b, out_k = _ranked(head, k_dead, live, lkeys)
     return out_b, out_k, kept
 
 
