@@ -471,7 +471,7 @@ class UvmPrefetchPolicy(Policy):
             blocks = info.blocks
             _k.step(key, name, blocks, info.write_blocks, info.index, float(info.duration), state.resident,
                     state.in_flight, ids_in_use(state), state.capacity_blocks, state.used_blocks, state.now,
-                    self.monitor.window, self._arrays or self._step_arrays())
+                    self.monitor.window, self._arrays if self._arrays is not None else self._step_arrays())
             r = self._res.tolist()
             code = r[_k.R_CODE]
             if code == _k.C_DECIDED:  # (counted in the kernel)
@@ -501,8 +501,8 @@ class UvmPrefetchPolicy(Policy):
 
     def _step_arrays(self) -> _k.StepArrays:
         """The arrays ``_uvmkernels.step`` reads, behind one argument (``_k.STEP_ARRAYS``). Built again after any
-        path that may replace one of them: the general path of ``on_launch`` (the history grows and trims), the
-        pending launch's buffer growing, and the end of an iteration."""
+        path that may replace one of them: the general path of ``on_launch`` (where the history buffers grow),
+        the pending launch's buffer growing, and the end of an iteration."""
         self._arrays = _k.step_arrays(
             self.h_cum._a, self.h_key._a, self.h_name._a, self.h_sig._a, self.h_soft._a, self.h_ptr._a, self.f_blk._a,
             self.f_w._a, self.f_next._a, self._tabs, self._recent, self._istarts, self._bi, self._bb, self.uses,
