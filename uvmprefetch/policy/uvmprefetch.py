@@ -478,12 +478,11 @@ class UvmPrefetchPolicy(Policy):
                 dec = self._decision(r[_k.R_STATUS], *self._parts(r[_k.R_NPF], r[_k.R_NEV], r[_k.R_NDC]), state,
                                      blocks)
                 return self._advised(dec) if self.pending_advice else dec
-            self._arrays = None  # (the paths below may grow or replace the arrays the step reads)
             if code == _k.C_MONITOR:
                 return self._monitored(info, state, blocks, r[_k.R_AGAIN], r[_k.R_LATE])
             if code == _k.C_REST:
                 return self._rest(info, state, blocks, key, name, r[_k.R_SIG], r[_k.R_STAB])
-        self._arrays = None  # (the general path may grow or replace the arrays the step reads)
+        self._arrays = None  # (the general path may grow the history buffers the step reads)
         self.stats["launches"] += 1
         blocks = info.blocks if known else EMPTY
         sig = _k.launch_sig(name, blocks) if known else hash((key,))
