@@ -1597,8 +1597,9 @@ def count_plan(cnt, reg, pooled, refilled, status, mis, wasted, n_pf, n_ev, n_dc
         reg[G_LINK] += live
 
 
-# The policy's arrays that ``step`` reads, behind one argument: a call with 25 array arguments costs ~2.4 us warm
-# and ~6 us with the caches cold (as between two launches), against ~1 and ~3 us for this one.
+# The policy's arrays that ``step`` reads, behind one argument: a test call with 29 array arguments cost 2.4 us
+# warm and ~6 us with the caches disturbed (as between two launches), against ~1 and ~3 us with one structref; the
+# step gained ~1.5 us a launch (bench/results/policy-cost-20261124d).
 STEP_ARRAYS = ("h_cum", "h_key", "h_name", "h_sig", "h_soft", "h_ptr", "f_blk", "f_w", "f_next", "tabs", "recent",
                "starts", "bi", "bb", "uses", "mark", "kp", "kf", "reg", "regf", "wbuf", "pbuf", "out", "res", "cnt")
 
