@@ -94,6 +94,11 @@ def _stamp(i):
 '''
 
 
+def slots(n: int) -> dict[str, int]:
+    """Where each part of the counter array starts, for ``n`` stages (the layout the comment above describes)."""
+    return {"calls": n, "rank": 2 * n, "last": 3 * n, "active": 3 * n + 1, "seq": 3 * n + 2, "size": 3 * n + 3}
+
+
 def instrument(src: str) -> tuple[str, list[str]]:
     """The kernels' source with a stamp call at each marker, and the stage names in stamp order."""
     names: list[str] = []
@@ -112,7 +117,7 @@ def instrument(src: str) -> tuple[str, list[str]]:
     if not names:
         raise SystemExit(f"error: no '# stamp:' markers in {KERNELS}: nothing to time")
     n = len(names)
-    prelude = PRELUDE.format(size=3 * n + 3, calls=n, rank=2 * n, last=3 * n, active=3 * n + 1, seq=3 * n + 2)
+    prelude = PRELUDE.format(**slots(n))
     out = "\n".join(lines) + "\n"
     anchor = "import numpy as np\n"
     if anchor not in out:
@@ -173,7 +178,8 @@ def main() -> int:
             return 2
         n = len(names)
         stamps = kernels.STAMPS
-        active = 3 * n + 1
+        at = slots(n)
+        active = at["active"]
 
         def run():
             pol = make_policy("uvmprefetch")
@@ -220,9 +226,11 @@ def main() -> int:
     step_in = inside[took] / per_us
     step_out = us[took] - step_in
     rows = []
-    order = sorted(range(n), key=lambda i: (stamps[n + i] == 0, stamps[2 * n + i] / max(1, stamps[n + i]), i))
+    calls_at, rank_at = at["calls"], at["rank"]
+    order = sorted(range(n), key=lambda i: (stamps[calls_at + i] == 0,
+                                            stamps[rank_at + i] / max(1, stamps[calls_at + i]), i))
     for i in order:
-        calls = int(stamps[n + i])
+        calls = int(stamps[calls_at + i])
         total = float(stamps[i]) / per_us
         rows.append({"stage": names[i], "calls": calls, "us_per_launch": total / launches,
                      "us_per_call": total / calls if calls else None})
