@@ -32,9 +32,10 @@ VARIABLES: dict[str, str] = {
     "UVMPREFETCH_GPU": "dryrun only: the simulated GPU profile, e.g. h100-pcie (default)",
     "UVMPREFETCH_MOVER": "cuda only: sync (default: moves issued from the training thread) or thread "
                          "(prefetches and evictions from a mover thread; experimental)",
-    "UVMPREFETCH_DISCARD": "cuda only: 0/false/off (default: a policy's discards of dead blocks are issued as "
-                           "evictions, which keep the data) or 1/true/on (cudaMemDiscardBatchAsync; experimental: "
-                           "a GPT-2 large run on an H100 ended with a NaN loss with it on)",
+    "UVMPREFETCH_DISCARD": "0/false/off (default: a policy's discards of dead blocks are issued as evictions, "
+                           "which keep the data; dryrun models the same) or 1/true/on (cuda: "
+                           "cudaMemDiscardBatchAsync; experimental: a GPT-2 large run on an H100 ended with a NaN "
+                           "loss with it on; dryrun: dead blocks are dropped for free)",
 }
 MOVERS = ("thread", "sync")
 
@@ -85,7 +86,7 @@ class RuntimeConfig:
     log: str = "warning"
     gpu: str = "h100-pcie"
     mover: str = "sync"
-    discard: bool = False  # cuda: issue discards (else dead blocks are evicted: slower, never loses data)
+    discard: bool = False  # issue discards (else dead blocks are evicted: slower, never loses data); dryrun alike
 
     def __post_init__(self) -> None:
         if self.mover not in MOVERS:

@@ -67,15 +67,19 @@ def predict(run: dict, profile, warmup: int, host=None) -> dict:
     """Replay ``run``'s trace with its policy and budget; the steady-state median iteration time and figures.
 
     ``ideal_s`` (infinite memory) is over the reference's steady iterations (``C.steady_reference``), so the
-    compute error compares the same iterations on both sides."""
+    compute error compares the same iterations on both sides. The replay drops dead data only where the live
+    run did (its report's ``discards_issued``; the cuda backend's default issues discards as evictions), so
+    both sides pay the same write-backs and returns of freed memory."""
     from uvmprefetch.sim.replay import replay
     from uvmprefetch.trace.format import load
     trace = load(run["trace"])
+    discards = bool(((run.get("report") or {}).get("backend_result") or {}).get("discards_issued", True))
     t0 = time.perf_counter()
-    res = replay(trace, run["policy"], gpu=profile, capacity_bytes=int(run["budget"]), host=host)
+    res = replay(trace, run["policy"], gpu=profile, capacity_bytes=int(run["budget"]), host=host,
+                 discards=discards)
     times = res.get("iteration_times_s") or []
     ideal = res.get("ideal_iteration_times_s") or []
-    return {"predicted_s": C.steady_median(times, warmup), "ideal_s": C.steady_reference(ideal, warmup)[0] if ideal
+    return {"discards": discards, "predicted_s": C.steady_median(times, warmup), "ideal_s": C.steady_reference(ideal, warmup)[0] if ideal
             else float("nan"), "replay_iters": len(times), "replay_wall_s":
             time.perf_counter() - t0, **{k: res.get(k) for k in ("faults", "bytes_htod", "bytes_dtoh", "stall_s",
                                                                   "accuracy", "coverage", "oversub",

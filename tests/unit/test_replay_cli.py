@@ -66,12 +66,24 @@ def test_perfetto_and_plot(trace_path, tmp_path, capsys):
     (["--oversub", "2", "--gpu", "tpu"], "unknown GPU profile"),
     (["--oversub", "2", "--block-size", "3MiB"], "block size"),
     (["--oversub", "2", "--gpu-set", "warp=3"], "unknown gpu profile field"),
+    (["--oversub", "2", "--gpus", "2", "--no-discard"], "--no-discard"),
 ])
 def test_bad_input_is_one_line(trace_path, capsys, args, msg):
     rc = main(["replay", str(trace_path), "--policy", "demand", *args] if "--policy" not in args
               else ["replay", str(trace_path), *args])
     err = capsys.readouterr().err
     assert rc != 0 and msg in err and len(err.strip().splitlines()) == 1
+
+
+def test_no_discard_flag_reaches_the_result(trace_path, capsys):
+    """``--no-discard``: the policy's discards are evictions (``refused_discards``), nothing is dropped dead."""
+    args = ["replay", str(trace_path), "--oversub", "2", "--policy", "uvmprefetch", "--json"]
+    assert main(args) == 0
+    on = json.loads(capsys.readouterr().out)
+    assert main([*args, "--no-discard"]) == 0
+    off = json.loads(capsys.readouterr().out)
+    assert on["discards"] > 0 and on["refused_discards"] == 0
+    assert off["discards"] == 0 and off["refused_discards"] > 0 and off["zero_fill_blocks"] == 0
 
 
 def test_missing_trace(tmp_path, capsys):

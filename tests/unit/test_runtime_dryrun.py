@@ -65,6 +65,19 @@ def test_report_shows_working_set_above_budget_served(runs):
     assert ot["op_s"] + ot["after_op_s"] < sum(rep["iter_s"])
 
 
+def test_dead_data_is_dropped_only_with_uvmprefetch_discard(runs, tmp_path):
+    """As on the GPU: by default the policy's discards are evictions (nothing dropped, nothing zero-filled);
+    with ``UVMPREFETCH_DISCARD=1`` the model drops dead blocks. The report says which, for replays."""
+    be, pol = runs[3]["backend_result"], runs[3]["policy_report"]
+    assert be["discards_issued"] is False and be["discards"] == 0 and be["zero_fill_blocks"] == 0
+    assert be["refused_discards"] >= pol["discarded_blocks"] > 0
+    report = tmp_path / "discard.json"
+    _run(tmp_path, "discard", {"UVMPREFETCH": "1", "UVMPREFETCH_BACKEND": "dryrun", "UVMPREFETCH_BUDGET": str(BUDGET),
+                               "UVMPREFETCH_REPORT": str(report), "UVMPREFETCH_DISCARD": "1"})
+    on = json.loads(report.read_text())["backend_result"]
+    assert on["discards_issued"] is True and on["discards"] > 0 and on["bytes_dtoh"] < be["bytes_dtoh"]
+
+
 def test_live_trace_is_a_valid_trace_of_the_run(runs):
     _, _, _, rep, trace = runs
     t = load(trace)  # validates

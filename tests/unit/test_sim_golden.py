@@ -117,6 +117,15 @@ def test_dead_block_is_dropped_not_written_back():
     assert r["time_s"] == pytest.approx(2 * (LAT + TF + D) + max(LAT, TD) + TF + D, rel=1e-12)
 
 
+def test_without_discards_a_dead_block_is_written_back():
+    """``discards=False`` (the live cuda backend's default): no runtime drops dead data, so the freed A of
+    the case above is written back even under a policy that learns of frees: the dirty case's numbers."""
+    t = three_blocks(WRITE, free_a=True)
+    r = replay(t, Quiet(), GPU, capacity_bytes=4 * MiB, check=True, discards=False)
+    assert r["bytes_dtoh"] == 2 * MiB and r["drops"] == 0
+    assert r["time_s"] == pytest.approx(2 * (LAT + TF + D) + max(LAT, TD) + TF + D, rel=1e-12)
+
+
 def test_oracle_prefetch_timing():
     """Capacity 2 blocks, L0 reads A, L1 reads B. The oracle prefetches A then B at t=0 (FIFO on H2D):
     A arrives at T, B at 2T. L0 starts at T (late-prefetch stall T), ends T + d; L1 starts at

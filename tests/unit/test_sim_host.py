@@ -147,3 +147,27 @@ def test_a_discard_of_live_data_is_refused_and_written_back():
     dead = replay(two_tensors(free_x=True), DiscardAtTwo(), GPU, capacity_bytes=8 * MiB, check=True)
     assert live["refused_discards"] == 1 and live["discards"] == 0 and live["bytes_dtoh"] == 2 * MiB
     assert dead["refused_discards"] == 0 and dead["discards"] == 1 and dead["bytes_dtoh"] == 0
+    # without discards (the live default) the freed block is written back like the live one
+    off = replay(two_tensors(free_x=True), DiscardAtTwo(), GPU, capacity_bytes=8 * MiB, check=True, discards=False)
+    assert off["refused_discards"] == 1 and off["discards"] == 0 and off["bytes_dtoh"] == 2 * MiB
+
+
+def test_without_discards_freed_memory_moves_like_live_data():
+    """The shipped GPT-2 small trace at 1.5x: with discards ``uvmprefetch`` drops freed blocks and brings
+    reused memory back zero-filled; without them (``discards=False``, the live cuda default) no freed
+    block is dropped or zero-filled, every discard it asks for is an eviction, and it moves more bytes both ways.
+    ``demand`` never learns of frees, so it runs the same either way."""
+    from pathlib import Path
+
+    from uvmprefetch.trace.format import load
+    t = load(Path(__file__).resolve().parents[2] / "traces" / "gpt2-small-b2s128.uvmt")
+    on = replay(t, "uvmprefetch", "h100-pcie", oversub=1.5)
+    off = replay(t, "uvmprefetch", "h100-pcie", oversub=1.5, discards=False)
+    assert on["discards"] > 0 and on["zero_fill_blocks"] > 0
+    assert off["discards"] == 0 and off["zero_fill_blocks"] == 0
+    assert off["refused_discards"] >= off["policy_report"]["discarded_blocks"] > 0
+    assert off["bytes_htod"] > on["bytes_htod"] and off["bytes_dtoh"] > on["bytes_dtoh"]
+    d_on = replay(t, "demand", "h100-pcie", oversub=1.5)
+    d_off = replay(t, "demand", "h100-pcie", oversub=1.5, discards=False)
+    assert (d_on["time_s"], d_on["bytes_htod"], d_on["bytes_dtoh"]) == (d_off["time_s"], d_off["bytes_htod"],
+                                                                          d_off["bytes_dtoh"])

@@ -44,7 +44,8 @@ def live(request, tmp_path_factory):
     rep = json.loads(report.read_text())
     assert rep["policy"] == request.param and rep["errors"] == [] and not rep["degraded"]
     t = load(trace)
-    res = replay(t, rep["policy"], gpu=rep["gpu"], capacity_bytes=rep["capacity_bytes"])
+    res = replay(t, rep["policy"], gpu=rep["gpu"], capacity_bytes=rep["capacity_bytes"],
+                 discards=rep["backend_result"]["discards_issued"])
     return rep, t, res
 
 

@@ -55,10 +55,11 @@ def run(args) -> int:
     traces = B.load_traces(args.traces) if args.traces else B.standard_trace_set(progress=not args.no_progress)
     t0 = time.perf_counter()
     rows = B.run_bench(traces, policies, oversubs, gpu, block_size=bs, writeback_clean=args.writeback_clean,
-                       progress=not args.no_progress, n_gpus=n_gpus, shared_link=not args.own_links, host=host)
+                       progress=not args.no_progress, n_gpus=n_gpus, shared_link=not args.own_links, host=host,
+                       discards=args.discards)
     wall = time.perf_counter() - t0
     out = Path(args.out) if args.out else Path("bench/results") / f"replay-{time.strftime('%Y%m%d', time.gmtime())}"
-    files = B.save_outputs(rows, oversubs, out, B.bench_meta(gpu, bs, wall, host))
+    files = B.save_outputs(rows, oversubs, out, B.bench_meta(gpu, bs, wall, host, args.discards))
     if args.json:
         from . import emit_json
         emit_json(rows)

@@ -20,7 +20,7 @@ examples:
 
 
 def add_gpu_arguments(p) -> None:
-    """--gpu / --gpu-set / --block-size / --writeback-clean / --host, shared with ``bench``."""
+    """--gpu / --gpu-set / --block-size / --writeback-clean / --no-discard / --host, shared with ``bench``."""
     from ..gpus import DEFAULT_GPU, PROFILES
     p.add_argument("--gpu", default=DEFAULT_GPU, metavar="NAME",
                    help=f"GPU profile ({', '.join(PROFILES)}; default {DEFAULT_GPU})")
@@ -33,6 +33,10 @@ def add_gpu_arguments(p) -> None:
                    help="simulated block: 2MiB (the driver's VA block, default) or 64KiB (its big page)")
     p.add_argument("--writeback-clean", action="store_true",
                    help="model a driver without dirty tracking: every evicted live block is written back")
+    p.add_argument("--no-discard", dest="discards", action="store_false",
+                   help="model the live GPU runtime's default (UVMPREFETCH_DISCARD unset): dead data is never "
+                        "dropped, so a policy's discards are evictions and freed memory is written back and "
+                        "moved back like live data (default: discards drop dead blocks for free)")
     p.add_argument("--host", default=None, metavar="MODEL",
                    help="model the host thread that issues the launches (docs/simulator.md 'Host clock'): "
                         "live-sync (what the live runtime cost on an H100: measured decision time, evictions "
@@ -137,8 +141,9 @@ def run(args) -> int:
     trace = load(args.trace)
     want_tl = bool(args.perfetto or args.plot)
     if n_gpus > 1:
-        if want_tl or args.writeback_clean or args.host:
-            raise ConfigError("--perfetto, --plot, --writeback-clean and --host work with one GPU only (drop --gpus)")
+        if want_tl or args.writeback_clean or args.host or not args.discards:
+            raise ConfigError("--perfetto, --plot, --writeback-clean, --no-discard and --host work with one GPU only "
+                              "(drop --gpus)")
         from ..sim.multigpu import replay_multi
         res = replay_multi(trace, args.policy, gpu, n_gpus, capacity_bytes=cap, oversub=args.oversub,
                            block_size=bs, shared_link=not args.own_links, allocator=args.allocator)
@@ -151,7 +156,7 @@ def run(args) -> int:
         return 0
     host = host_from_args(args)
     res = replay(trace, policy, gpu, capacity_bytes=cap, oversub=args.oversub, block_size=bs, timeline=want_tl,
-                 writeback_clean=args.writeback_clean, allocator=args.allocator, host=host)
+                 writeback_clean=args.writeback_clean, allocator=args.allocator, host=host, discards=args.discards)
     res["trace"] = str(args.trace)
     if args.perfetto:
         from ..sim.timeline import write_perfetto

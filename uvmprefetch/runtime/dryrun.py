@@ -32,7 +32,9 @@ class DryrunBackend:
     ----------
     cfg
         The runtime config: ``gpu`` names the modelled profile; ``budget`` (bytes or a fraction of the
-        profile's memory) is the model's capacity; none = the profile's whole memory.
+        profile's memory) is the model's capacity; none = the profile's whole memory. ``discard``: as on the
+        GPU, dead data is dropped only with ``UVMPREFETCH_DISCARD=1``; by default the model's discards are
+        evictions (``GpuModel(discards=False)``), so the report says what the cuda backend's default would cost.
     policy
         The policy; ``GpuModel`` calls its hooks.
     """
@@ -50,7 +52,9 @@ class DryrunBackend:
         self.capacity_bytes = max(self.capacity_bytes, self.block_size)
         # Virtual addresses grow with the peak of live bytes (first fit reuses holes); host memory bounds it.
         self.max_blocks = max(_host_memory_bytes(), 4 * self.capacity_bytes) // self.block_size + 1
-        self.model = GpuModel(self.gpu, self.capacity_bytes, self.block_size, self.max_blocks, policy)
+        self.discards = bool(cfg.discard)
+        self.model = GpuModel(self.gpu, self.capacity_bytes, self.block_size, self.max_blocks, policy,
+                              discards=self.discards)
         self.last: dict = {}
 
     def block_ids(self, start: int, length: int) -> np.ndarray:
@@ -89,6 +93,7 @@ class DryrunBackend:
         cap = self.capacity_bytes // self.block_size  # what replay divides by, ideal policies included
         r["oversub"] = fp / cap if cap else None
         r["gpu"] = self.gpu.name
+        r["discards_issued"] = self.discards  # the key the cuda backend reports: a replay needs it to agree
         return r
 
     def close(self) -> None:

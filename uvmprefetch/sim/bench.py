@@ -82,18 +82,21 @@ def parse_oversub_list(text: str) -> list[float]:
 
 def run_bench(traces: list[tuple[str, Trace]], policies: list[str], oversubs: list[float], gpu: GpuProfile,
               block_size: int = 2 << 20, writeback_clean: bool = False, progress: bool = True, n_gpus: int = 1,
-              shared_link: bool = True, host=None) -> list[dict]:
+              shared_link: bool = True, host=None, discards: bool = True) -> list[dict]:
     """Replay every trace under every policy at every oversubscription level.
 
     A combination the capacity cannot hold (a launch wider than the capacity) becomes a row with ``error``
     set instead of stopping the benchmark. With ``n_gpus`` > 1 every replay but ``ideal`` runs ``n_gpus``
     data-parallel GPUs on one host link (``sim/multigpu.py``; ``shared_link=False``: a link each). ``host``:
-    the host clock of ``replay`` (one GPU only; the ``ideal`` reference runs without it). Each row
+    the host clock of ``replay`` (one GPU only; the ``ideal`` reference runs without it); ``discards=False``: no
+    dead data is dropped (``replay``; one GPU only). Each row
     says whether its policy is ``offline`` (sees the whole trace in advance) and its ``planning_s``.
     """
     from .multigpu import replay_multi
     if writeback_clean and n_gpus > 1:
         raise ConfigError("--writeback-clean is not supported with --gpus > 1")
+    if not discards and n_gpus > 1:
+        raise ConfigError("--no-discard is not supported with --gpus > 1")
     if host is not None and n_gpus > 1:
         raise ConfigError("--host is not supported with --gpus > 1")
     from tqdm import tqdm
@@ -123,7 +126,7 @@ def run_bench(traces: list[tuple[str, Trace]], policies: list[str], oversubs: li
                                                  shared_link=shared_link)
                             else:
                                 r = replay(t, p, gpu, oversub=ov, layout=lay, durations=dur,
-                                           writeback_clean=writeback_clean, host=host)
+                                           writeback_clean=writeback_clean, host=host, discards=discards)
                         except ConfigError as e:
                             r = {"policy": p, "gpu": gpu.name, "oversub": ov, "error": str(e),
                                  "ideal_s": ideal["ideal_s"]}
@@ -274,7 +277,7 @@ def load_traces(paths: list[str]) -> list[tuple[str, Trace]]:
     return [(Path(p).stem, load(p)) for p in paths]
 
 
-def bench_meta(gpu: GpuProfile, block_size: int, wall: float, host=None) -> dict:
+def bench_meta(gpu: GpuProfile, block_size: int, wall: float, host=None, discards: bool = True) -> dict:
     import os
     import platform
     import subprocess
@@ -288,4 +291,4 @@ def bench_meta(gpu: GpuProfile, block_size: int, wall: float, host=None) -> dict
     return {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "gpu": gpu.name, "block_size": block_size,
             "uvmprefetch": __version__, "commit": commit, "python": platform.python_version(),
             "machine": platform.machine(), "cpus": os.cpu_count(), "wall_s": wall,
-            "host": dataclasses.asdict(host) if host is not None else None}
+            "host": dataclasses.asdict(host) if host is not None else None, "discards": bool(discards)}

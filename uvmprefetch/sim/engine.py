@@ -25,6 +25,9 @@ launch, and the live runtime's ``dryrun`` backend feeds it live observations thr
   on D2H; a clean or dead one is dropped for free (``writeback_clean=True`` models a driver without dirty
   tracking: every live non-read-mostly block is written back).
 - A dead block (its memory was freed) comes back without a transfer (zero-filled), but still faults.
+  ``discards=False`` models the live cuda backend's default (``UVMPREFETCH_DISCARD`` unset): the driver is
+  never told that memory died, so nothing is dead, a Decision's discards are evictions (written back when
+  dirty) and freed memory comes back with a transfer.
 - ``Advice.READ_MOSTLY``: a write to such a block invalidates the host copy (one fault-batch latency per
   launch that writes any). ``Advice.PREFER_HOST``: the block stays in host memory and the kernel reads it
   over the link: ``blocks * block_size / remote_bw`` is added to the launch's duration.
@@ -208,6 +211,10 @@ class GpuModel:
         Given to the policy's context when it is ``offline`` (planners, the oracle).
     writeback_clean
         Model a driver without dirty tracking: evicting any live block that is not read-mostly writes it back.
+    discards
+        The runtime may drop dead data (the live cuda backend with ``UVMPREFETCH_DISCARD=1``). ``False`` is
+        that backend's default: frees make no block dead (evicting freed memory writes it back, bringing it
+        back moves it) and a Decision's discards are evictions, counted in ``refused_discards``.
     check
         Verify invariants after every launch (capacity, counters): for tests; O(max_blocks) per launch.
     link
@@ -221,7 +228,8 @@ class GpuModel:
 
     def __init__(self, gpu: GpuProfile, capacity_bytes: int, block_size: int, max_blocks: int, policy: Policy,
                  *, timeline: bool = False, trace=None, layout=None, writeback_clean: bool = False,
-                 check: bool = False, link: Link | None = None, host: HostModel | None = None) -> None:
+                 discards: bool = True, check: bool = False, link: Link | None = None,
+                 host: HostModel | None = None) -> None:
         if block_size <= 0:
             raise ConfigError(f"block size must be positive, got {block_size}")
         self.gpu = gpu
@@ -234,7 +242,9 @@ class GpuModel:
         self.max_blocks = int(max_blocks)
         self.policy = policy
         # The naive driver never learns that PyTorch freed memory; a policy says so with invalidates_frees=False.
-        self.invalidate_frees = bool(getattr(policy, "invalidates_frees", True))
+        # Without discards (the live default) no runtime tells it either, whatever the policy would do.
+        self.discards = bool(discards)
+        self.invalidate_frees = bool(getattr(policy, "invalidates_frees", True)) and self.discards
         self.writeback_clean = writeback_clean
         self.check = check
         self._timeline = timeline
@@ -652,10 +662,11 @@ class GpuModel:
         if dec.discard.size:
             b = np.unique(self._ids(dec.discard, "Decision.discard"))
             b = b[~self._protect[b] & ~self.in_flight[b]]
-            live = ~self.freed[b] & self.touched[b]
+            live = ~self.freed[b] & self.touched[b] if self.discards else np.ones(b.shape[0], dtype=bool)
             if live.any():
                 # A block some live allocation still uses: its data must survive, so it is evicted (written
                 # back if dirty) instead of dropped, as the live runtime does (docs/simulator.md "Discards").
+                # Without discards every block is: the runtime issues them all as evictions.
                 lb = b[live]
                 m["refused_discards"] += lb.size
                 b = b[~live]

@@ -66,7 +66,7 @@ def capacity_for(layout: Layout, capacity_bytes: int | None, oversub: float | No
 def replay(trace: Trace, policy: Policy | str, gpu: GpuProfile | str = "h100-pcie", capacity_bytes: int | None = None,
            oversub: float | None = None, block_size: int = DEFAULT_BLOCK, timeline: bool = False, *,
            layout: Layout | None = None, durations: np.ndarray | None = None, writeback_clean: bool = False,
-           check: bool = False, allocator: str = "auto", host=None) -> dict:
+           check: bool = False, allocator: str = "auto", host=None, discards: bool = True) -> dict:
     """Replay ``trace`` under ``policy`` on a simulated ``gpu`` with the given capacity or oversubscription.
 
     Parameters
@@ -88,6 +88,9 @@ def replay(trace: Trace, policy: Policy | str, gpu: GpuProfile | str = "h100-pci
         reuses them across policies).
     writeback_clean
         Model a driver without dirty tracking (every live evicted block is written back).
+    discards
+        ``False``: the live cuda backend's default (``UVMPREFETCH_DISCARD`` unset), where no dead data is
+        dropped: discards become evictions and freed memory is written back and moved back like live data.
     check
         Verify the engine's invariants after every launch (tests).
     allocator
@@ -131,7 +134,7 @@ def replay(trace: Trace, policy: Policy | str, gpu: GpuProfile | str = "h100-pci
                           f"(oversub at most {layout.footprint_blocks / max(widest, 1):.2f})")
     dur = launch_durations(trace, gpu) if durations is None else durations
     eng = GpuModel(gpu, cap, bs, layout.max_blocks, policy, timeline=timeline, trace=trace, layout=layout,
-                   writeback_clean=writeback_clean, check=check, host=parse_host(host))
+                   writeback_clean=writeback_clean, discards=discards, check=check, host=parse_host(host))
     L = trace.n_launches
     its = trace.launch_iter.tolist()
     exec_ids = trace.launch_exec_id.tolist()
