@@ -151,16 +151,19 @@ def test_overhead_dry_run(tmp_path):
 
 
 def test_diagnose_dry_run_runs_each_policy_spec(tmp_path):
-    """Each ';'-separated spec reaches the runtime as UVMPREFETCH_POLICY (invalidate=false really discards
-    nothing); a bad spec is one line naming --policies."""
-    proc = _run([str(GPU / "diagnose.py"), "--dry-run", "--policies", "uvmprefetch;uvmprefetch:invalidate=false",
+    """Each ';'-separated spec reaches the runtime as UVMPREFETCH_POLICY, with the runtime variables after '|'
+    (UVMPREFETCH_DISCARD=1 really discards; invalidate=false asks for no discard); a bad spec is one line naming
+    --policies."""
+    specs = ["uvmprefetch|UVMPREFETCH_DISCARD=1", "uvmprefetch:invalidate=false"]
+    proc = _run([str(GPU / "diagnose.py"), "--dry-run", "--policies", ";".join(specs),
                  "--out", str(tmp_path), *SCRIPT_LIMITS])
     res = _result(tmp_path, "diagnose", proc)
     _skip_if_runtime_missing(res)
     assert res["passed"], proc.stdout[-3000:]
-    assert [r["spec"] for r in res["runs"]] == ["uvmprefetch", "uvmprefetch:invalidate=false"]
+    assert [r["spec"] for r in res["runs"]] == specs
     discards = [r["report"]["backend_result"]["discards"] for r in res["runs"]]
-    assert discards[0] > 0 and discards[1] == 0
+    asked = [r["report"]["policy_report"]["discarded_blocks"] for r in res["runs"]]
+    assert discards[0] > 0 and discards[1] == 0 and asked[1] == 0
     bad = _run([str(GPU / "diagnose.py"), "--dry-run", "--policies", "uvmprefetch:warp=9", "--out", str(tmp_path)])
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--policies" in bad.stderr
 
