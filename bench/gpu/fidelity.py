@@ -79,12 +79,12 @@ def predict(run: dict, profile, warmup: int, host=None) -> dict:
                  discards=discards)
     times = res.get("iteration_times_s") or []
     ideal = res.get("ideal_iteration_times_s") or []
-    return {"discards": discards, "predicted_s": C.steady_median(times, warmup), "ideal_s": C.steady_reference(ideal, warmup)[0] if ideal
-            else float("nan"), "replay_iters": len(times), "replay_wall_s":
-            time.perf_counter() - t0, **{k: res.get(k) for k in ("faults", "bytes_htod", "bytes_dtoh", "stall_s",
-                                                                  "accuracy", "coverage", "oversub",
-                                                                  "footprint_bytes", "allocator", "host_stall_s",
-                                                                  "host_decision_s", "host_blocked_s")}}
+    keep = ("faults", "bytes_htod", "bytes_dtoh", "stall_s", "accuracy", "coverage", "oversub", "footprint_bytes",
+            "allocator", "host_stall_s", "host_decision_s", "host_blocked_s")
+    return {"predicted_s": C.steady_median(times, warmup),
+            "ideal_s": C.steady_reference(ideal, warmup)[0] if ideal else float("nan"),
+            "replay_iters": len(times), "replay_wall_s": time.perf_counter() - t0, "discards": discards,
+            **{k: res.get(k) for k in keep}}
 
 
 def main(argv=None) -> int:
