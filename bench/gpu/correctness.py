@@ -4,6 +4,8 @@ GPT-2 (random init, fixed seed, random token batches from a seeded generator) tr
 processes: plain PyTorch twice (the second run tells whether the kernels are deterministic on this machine),
 managed memory without prefetch, uvmprefetch with no budget, and uvmprefetch under a budget of half the
 working set (so that eviction and re-fetch happen between the optimizer reading a tensor and writing it).
+With ``--discard``, uvmprefetch also runs under that budget with ``UVMPREFETCH_DISCARD=1``: dead data
+discarded instead of written back (the run that ended with a NaN loss on the H100 in the third GPU session).
 
 Target: losses bitwise equal to plain PyTorch when the two plain runs are bitwise equal (deterministic kernels:
 ``--deterministic`` is the default and uses torch.use_deterministic_algorithms, eager attention, no TF32);
@@ -26,6 +28,7 @@ examples:
   python bench/gpu/correctness.py                       # GPT-2 small, 20 iterations, on the GPU
   python bench/gpu/correctness.py --config medium --iters 10
   python bench/gpu/correctness.py --dry-run             # tiny GPT-2 on the CPU, runtime dryrun backend
+  python bench/gpu/correctness.py --discard             # + a run under the budget with UVMPREFETCH_DISCARD=1
 """
 
 
@@ -50,9 +53,14 @@ def main(argv=None) -> int:
     p.add_argument("--rtol", type=float, default=1e-4, help="tolerance when kernels are not deterministic")
     p.add_argument("--pressure", type=float, default=2.0,
                    help="also run uvmprefetch with budget = working set / PRESSURE (0 = skip; default 2)")
+    p.add_argument("--discard", action="store_true",
+                   help="also run uvmprefetch under the budget with UVMPREFETCH_DISCARD=1 (dead data discarded, "
+                        "not written back; the check fails if the runtime did not issue discards)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds allowed per training run")
     args = p.parse_args(argv)
     C.require_gpu(args, NAME)
+    if args.discard and not args.pressure:
+        C.fail(NAME, "--discard runs under the budget: it needs --pressure > 1, not 0")
     if args.iters < 2 or args.batch <= 0 or args.seq <= 0:
         C.fail(NAME, "--iters must be >= 2 and --batch/--seq positive")
     if args.pressure and args.pressure <= 1.0:
@@ -77,6 +85,9 @@ def main(argv=None) -> int:
         budget = int(ws / args.pressure) if ws else None
         if budget:
             runs.append(run("uvmprefetch", "uvmprefetch-budget", budget=budget))
+            if args.discard:
+                runs.append(run("uvmprefetch", "uvmprefetch-budget-discard", budget=budget,
+                                extra_env={"UVMPREFETCH_DISCARD": "1"}))
 
     ref = runs[0]
     ref_ok, ref_why = C.run_ok(ref)
@@ -99,6 +110,12 @@ def main(argv=None) -> int:
                      "yes" if r["runtime_active"] else "no", why])
         if r is ref or r is runs[1]:
             continue
+        if r["case"].endswith("-discard") and ok:
+            # (the cuda backend issues none without the batch API; a run without them tested nothing new)
+            issued = C.report_get(r.get("report"), "backend_result.discards_issued", default=False)
+            n = C.report_get(r.get("report"), "backend_result.discards", default=0)
+            checks.append(C.Check(f"{r['case']} discards issued", f"{'on' if issued else 'off'}, {n} blocks",
+                                  "on (UVMPREFETCH_DISCARD=1 and the batch API)", bool(issued)))
         if not ok:
             checks.append(C.Check(f"{r['case']} losses", why, "runs, runtime active", False))
             continue

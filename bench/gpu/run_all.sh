@@ -6,6 +6,8 @@
 #                                  # oversub, without and with the live-sync host clock (~8 min, at most ~9.5)
 #   bench/gpu/run_all.sh part2b    # the same at 2x, into bench/results/oversub-2x/  (~8 min, at most ~9.5)
 #   bench/gpu/run_all.sh part3     # overhead                                      (~3 min, at most ~3.5)
+#   bench/gpu/run_all.sh discard   # UVMPREFETCH_DISCARD=1: the probe + correctness --discard (at most ~6.5 min)
+#   bench/gpu/run_all.sh discard2  # diagnose at 1.5x, uvmprefetch with and without discards (at most ~6.5 min)
 #   bench/gpu/run_all.sh fidelity  # fidelity alone, its own runs (if part2 ran out of time)
 #   bench/gpu/run_all.sh summary   # gpu-summary.md from whatever results exist
 #   bench/gpu/run_all.sh dry-run   # every script with --dry-run, on any machine (CPU)
@@ -90,6 +92,28 @@ part3)
     step overhead 200 "$PY" bench/gpu/overhead.py --iters 20 --warmup 5 --rounds 2 --timeout 60
     collect overhead.json
     ;;
+discard)
+    # the discard order of docs/runtime.md section 4 on a GPU: the probe (a discard behind an eviction of the
+    # same range, then its memory reused), then the losses with discards on (the third session's NaN)
+    setup
+    mkdir -p "$RES/discard"
+    step tests-gpu-discard 90 "$PY" -m pytest -q -p no:cacheprovider tests/gpu -k discard -rs
+    step correctness-discard 290 "$PY" bench/gpu/correctness.py --discard --iters 20 --timeout 60 \
+        --out "$RES/discard"
+    [ -n "${OUT:-}" ] && cp "$RES/discard/correctness.json" "$OUT/correctness-discard.json" 2>/dev/null
+    save
+    ;;
+discard2)
+    # where the time goes with discards on: GPT-2 large at the 1.5x budget oversub.py measured (docs/gpu-validation.md)
+    setup
+    mkdir -p "$RES/discard"
+    step numba-warm 120 "$PY" -c "from uvmprefetch.sim.replay import replay; from uvmprefetch.trace import load
+replay(load('traces/gpt2-small-b2s128.uvmt'), 'uvmprefetch', oversub=1.5)"
+    step diagnose-discard 300 "$PY" bench/gpu/diagnose.py --budget "${BUDGET:-34636562432}" --timeout 120 \
+        --deadline 150 --out "$RES/discard" --policies 'uvmprefetch;uvmprefetch|UVMPREFETCH_DISCARD=1'
+    [ -n "${OUT:-}" ] && cp "$RES/discard/diagnose.json" "$OUT/diagnose-discard.json" 2>/dev/null
+    save
+    ;;
 part2 | part2b)
     setup
     # One ratio per device command: managed, uvmprefetch and deepum at 5 iterations each (3 steady; demand@2x
@@ -136,7 +160,7 @@ dry-run)
     "$PY" bench/gpu/summarize.py --dry-run | tail -n 12
     ;;
 *)
-    echo "usage: bench/gpu/run_all.sh part1|part2|part2b|part3|fidelity|summary|dry-run" >&2
+    echo "usage: bench/gpu/run_all.sh part1|part2|part2b|part3|discard|discard2|fidelity|summary|dry-run" >&2
     exit 2
     ;;
 esac

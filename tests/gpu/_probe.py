@@ -56,9 +56,13 @@ def main(what):
         if mv.can_discard:
             dead = torch.ones(1 << 22, device="cuda")
             p, n = dead.data_ptr(), dead.numel() * 4
+            mv.prefetch([(p, n)], to_device=False)  # an eviction still on the move stream when it dies
+            moved = mv.mark_moves()
             del dead
-            mv.discard([(p, n)])  # ordered after the queued kernels, before the next ones
+            # ordered after the queued kernels and that eviction, before the next kernels
+            d = mv.discard([(p, n)], after=moved)
             z = torch.full((1 << 22,), 3.0, device="cuda")  # reuses the discarded memory
+            mv.prefetch([(p, n)], to_device=True, after=d)  # a move of it after the discard
             out["discard_reuse_ok"] = z.data_ptr() == p and z.sum().item() == 3.0 * (1 << 22)
         out["cuda_calls"] = mv.calls
     print(json.dumps(out))

@@ -131,13 +131,22 @@ def test_fault_model_matches_the_simulator(nblocks):
 
 @pytest.mark.slow
 def test_correctness_dry_run(tmp_path):
-    proc = _run([str(GPU / "correctness.py"), "--dry-run", "--out", str(tmp_path)])
+    proc = _run([str(GPU / "correctness.py"), "--dry-run", "--discard", "--out", str(tmp_path)])
     res = _result(tmp_path, "correctness", proc)
     plain = [r for r in res["runs"] if r["mode"] == "plain"]
     assert len(plain) == 2 and plain[0]["losses_hex"] == plain[1]["losses_hex"]  # CPU kernels: deterministic
     assert res["deterministic_kernels"] is True
     _skip_if_runtime_missing(res)
     assert res["passed"], proc.stdout[-3000:]
+    # --discard: one more run under the budget, whose runtime really discarded (dryrun follows the variable)
+    issued = [c for c in res["checks"] if c["name"] == "uvmprefetch-budget-discard discards issued"]
+    assert len(issued) == 1 and issued[0]["ok"] is True, issued
+    assert not issued[0]["value"].endswith(" 0 blocks")
+
+
+def test_correctness_discard_needs_a_budget(tmp_path):
+    proc = _run([str(GPU / "correctness.py"), "--dry-run", "--discard", "--pressure", "0", "--out", str(tmp_path)])
+    assert proc.returncode != 0 and "--discard" in proc.stderr and "Traceback" not in proc.stderr
 
 
 @pytest.mark.slow

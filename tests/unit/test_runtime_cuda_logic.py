@@ -31,19 +31,31 @@ class FakeShim:
 
 
 class FakeMover:
+    """The Mover's interface, logging each call; marks are numbered as the real one numbers them (1, 2, ...
+    for the moves' and the discards' apart), and the ``after`` a call was given is logged last."""
+
     batch = can_discard = True
     calls = 0
 
     def __init__(self):
         self.log = []
+        self.n_moves = self.n_discards = 0
 
-    def discard(self, ranges):
-        if ranges:
-            self.log.append(("discard", ranges))
+    def discard(self, ranges, after=0):
+        if not ranges:
+            return 0
+        self.n_discards += 1
+        self.log.append(("discard", ranges, after))
+        return self.n_discards
 
-    def prefetch(self, ranges, to_device):
+    def prefetch(self, ranges, to_device, after=0):
         if ranges:
-            self.log.append(("to_gpu" if to_device else "to_host", ranges))
+            self.log.append(("to_gpu" if to_device else "to_host", ranges, after))
+
+    def mark_moves(self):
+        self.n_moves += 1
+        self.log.append(("mark", self.n_moves))
+        return self.n_moves
 
     def advise(self, ranges, advice):
         self.log.append(("advise", ranges, advice))
@@ -92,6 +104,7 @@ def backend(policy, cap_blocks, segments, discard=True):
     be = object.__new__(CudaBackend)  # no CUDA: fill in what __init__ would have found
     be.block_size, be.max_blocks = BS, 256
     be.discard_on, be.dead = discard, np.zeros(be.max_blocks, dtype=bool)  # (UVMPREFETCH_DISCARD=1 unless told)
+    be._marks_for(be.max_blocks)
     be.discards_as_evictions = be.refused_discards = 0
     be.res = Residency(cap_blocks, be.max_blocks, BS)
     be.res.n_ids = 0  # as __init__: block_ids numbers blocks densely and keeps this up to date
@@ -159,7 +172,7 @@ def test_moves_in_contract_order_and_budget_spares_queued_launches():
     Event.done = 2  # the GPU has finished launches 0..2; launch 3 is still queued
     be.free(np.array([BASE // BS + 1]))  # block 1's tensors died: it may be discarded
     be.launch(info(4, be, BASE + 4 * BS, BS))
-    kinds = [e[0] for e in be.mover.log]
+    kinds = [e[0] for e in be.mover.log if e[0] != "mark"]
     assert kinds == ["discard", "to_host", "advise", "to_gpu"]  # discard, evict, advise, prefetch
     assert be.mover.log[0][1] == [(BASE + BS, BS)]
     evicted = be.mover.log[1][1]
@@ -167,6 +180,7 @@ def test_moves_in_contract_order_and_budget_spares_queued_launches():
     assert evicted == [(BASE, BS), (BASE + 2 * BS, BS)]
     assert ("evict", [2]) in pol.events  # budget evictions are reported like the driver's
     assert be.mover.log[3][1] == [(BASE + 5 * BS, 2 * BS)]  # prefetches merged, in order
+    assert be.mover.log[4] == ("mark", 1)  # (with discards on: an event after the launch's moves)
     assert be.res.n_resident <= 4
     assert ("fault", 4, [4]) in pol.events  # block 4 was neither resident nor prefetched
 
@@ -186,7 +200,7 @@ def test_discards_are_evictions_unless_on_and_the_runtime_saw_the_block_die():
         # (launch 3 touches block 1 again when told: the allocator handed its memory to a new tensor)
         be.launch(info(3, be, BASE + (1 if touch_again else 3) * BS, BS))
         be.launch(info(4, be, BASE + 4 * BS, BS))
-        return be, [(k, r) for k, r, *_ in be.mover.log]
+        return be, [(k, r) for k, r, *_ in be.mover.log if k != "mark"]
 
     # WHEN discards are off (the default): the discard is issued as an eviction (the data kept)
     be, log = run(discard=False, free_first=True)
@@ -227,8 +241,8 @@ def test_host_time_charges_a_blocking_call_to_its_stage():
     import time
 
     class SlowEvict(FakeMover):
-        def prefetch(self, ranges, to_device):
-            super().prefetch(ranges, to_device)
+        def prefetch(self, ranges, to_device, after=0):
+            super().prefetch(ranges, to_device, after)
             if ranges and not to_device:
                 time.sleep(0.03)
 
@@ -238,7 +252,7 @@ def test_host_time_charges_a_blocking_call_to_its_stage():
     for i in range(3):
         Event.done = i - 1  # launches before this one are done on the GPU: block 0 may leave at launch 2
         be.launch(info(i, be, BASE + i * BS, BS))
-    assert ("to_host", [(BASE, BS)]) in be.mover.log
+    assert ("to_host", [(BASE, BS)], 0) in be.mover.log
     r = be.host.result()
     assert r["launches"] == 3
     assert r["total_s"]["evict"] >= 0.03 and r["max_ms"]["evict"] >= 30
@@ -332,20 +346,44 @@ class FakeStream:
     def wait_stream(self, other):
         self.log.append(("wait", self.cuda_stream, other.cuda_stream))
 
+    def wait_event(self, ev):
+        self.log.append(("wait_event", self.cuda_stream, ev.name))
+
     def synchronize(self):
         pass
+
+
+class FakeCudaEvent:
+    """torch.cuda.Event at the boundary: logs its record; ``done`` says whether the GPU passed it (an event
+    never recorded reports itself complete, as CUDA's does)."""
+
+    def __init__(self, log, name):
+        self.log, self.name, self.recorded, self.done = log, name, False, False
+
+    def record(self, stream):
+        self.recorded = True
+        self.log.append(("record", stream.cuda_stream, self.name))
+
+    def query(self):
+        return not self.recorded or self.done
 
 
 def mover(batch, fail=None):
     import types
 
-    from uvmprefetch.runtime.cuda_backend import Mover
+    from uvmprefetch.runtime.cuda_backend import Mover, StreamMarks
     m = object.__new__(Mover)
     m.rt, m.device, m.calls, m.thread = FakeCudart(fail), 0, 0, None
     log = []
     m.stream, m.discard_stream = FakeStream(11, log), FakeStream(12, log)
     compute = FakeStream(0, log)
-    m.torch = types.SimpleNamespace(cuda=types.SimpleNamespace(current_stream=lambda dev: compute))
+    m.events = []
+
+    def event():  # named by creation order: ev0, ev1, ...
+        m.events.append(FakeCudaEvent(log, f"ev{len(m.events)}"))
+        return m.events[-1]
+    m.torch = types.SimpleNamespace(cuda=types.SimpleNamespace(current_stream=lambda dev: compute, Event=event))
+    m.moves, m.discards = StreamMarks(), StreamMarks()
     m.dev_loc = m._loc(m.rt.cudaMemLocationType.cudaMemLocationTypeDevice, 0)
     m.host_loc = m._loc(m.rt.cudaMemLocationType.cudaMemLocationTypeHost, 0)
     m.batch = m.can_discard = batch
@@ -363,9 +401,8 @@ def test_mover_calls_match_the_cuda13_signatures():
     assert m.rt.calls[0][1] == ((BASE, BASE + 4 * BS), (BS, 2 * BS), 1, 0, 11)  # device location, prefetch stream
     assert m.rt.calls[1][1][2] == 2  # host location for an eviction
     assert m.rt.calls[2][1][3] == 12  # discards on their own stream ...
-    # ... ordered after and before the compute stream and the move stream (CUDA: a prefetch that runs during a
-    # discard of the same range is undefined behaviour)
-    assert log == [("wait", 12, 0), ("wait", 12, 11), ("wait", 0, 12), ("wait", 11, 12)]
+    # ... after the kernels queued so far and before the later ones; no move was marked, so no move waits
+    assert log == [("wait", 12, 0), ("record", 12, "ev0"), ("wait_event", 0, "ev0")]
     assert m.rt.calls[3][1][2:] == (3, 2) and m.rt.calls[4][1][2:] == (5, 1)  # preferred=host, accessed_by=gpu
     s, _ = mover(batch=False)
     s.prefetch([(BASE, BS), (BASE + 2 * BS, BS)], to_device=True)
@@ -381,6 +418,106 @@ def test_mover_errors_raise_cuda_call_error():
     m, _ = mover(batch=True, fail="prefetch_batch")
     with pytest.raises(CudaCallError, match="cudaMemPrefetchBatchAsync to GPU failed: cudaErrorInvalidValue"):
         m.prefetch([(BASE, BS)], to_device=True)
+
+
+def test_discard_waits_for_the_moves_of_its_blocks_only():
+    """CUDA makes a prefetch of a range during its discard undefined behaviour. The discard must wait for the
+    moves of its own blocks already issued, and a later move of them must wait for it; but a discard must not
+    make the kernels wait for every queued prefetch (on the H100 that kept a run at 1.5x from finishing)."""
+    m, log = mover(batch=True)
+    a, b = [(BASE, BS)], [(BASE + BS, BS)]
+    # GIVEN a move of A, then of B, each followed by a move mark
+    m.prefetch(a, to_device=True)
+    ma = m.mark_moves()
+    m.prefetch(b, to_device=True)
+    mb = m.mark_moves()
+    assert (ma, mb) == (1, 2) and log == [("record", 11, "ev0"), ("record", 11, "ev1")]
+    # WHEN A is discarded after its move (mark ma)
+    del log[:]
+    d = m.discard(a, after=ma)
+    # THEN it waits for the queued kernels and for A's mark (not B's, not the whole move stream), and the kernels
+    # after it wait for the discard's own mark
+    assert d == 1
+    assert log == [("wait", 12, 0), ("wait_event", 12, "ev0"), ("record", 12, "ev2"), ("wait_event", 0, "ev2")]
+    # AND a later move of B is not held by the discard; a later move of A waits for it
+    del log[:]
+    m.prefetch(b, to_device=False)
+    assert log == []
+    m.prefetch(a, to_device=True, after=d)
+    assert log == [("wait_event", 11, "ev2")] and m.rt.calls[-1][1][0] == (BASE,)
+    # WHEN the GPU has passed A's move mark and the discard: neither is waited for any more
+    m.events[0].done = m.events[2].done = True
+    del log[:]
+    m.discard(a, after=ma)
+    m.prefetch(a, to_device=True, after=d)
+    assert log == [("wait", 12, 0), ("record", 12, "ev3"), ("wait_event", 0, "ev3")]
+    assert len(m.moves.q) == 1 and len(m.discards.q) == 1  # completed marks are dropped, pending ones kept
+
+
+def test_stream_marks_never_take_an_unrecorded_event_for_completed():
+    """With the mover thread a move mark's event is recorded in the thread, later than it is numbered; CUDA
+    reports an event never recorded as complete, so such a mark must stay pending."""
+    from uvmprefetch.runtime.cuda_backend import StreamMarks
+    marks, log = StreamMarks(), []
+    e1, e2 = FakeCudaEvent(log, "e1"), FakeCudaEvent(log, "e2")
+    entry1 = marks.add(e1, recorded=False)
+    marks.add(e2)
+    e2.record(FakeStream(11, log))
+    e2.done = True
+    assert marks.pending(1) is entry1 and marks.pending(2) is not None  # (e2 waits behind e1)
+    assert marks.pending(0) is None
+    e1.record(FakeStream(11, log))
+    entry1[1] = True
+    assert marks.pending(1) is not None  # recorded, not yet passed
+    e1.done = True
+    assert marks.pending(1) is None and marks.pending(2) is None and not marks.q
+
+
+def test_discard_with_the_mover_thread_waits_until_the_move_mark_is_recorded():
+    """The move mark is recorded by the mover thread after the moves queued before it; a discard that must
+    wait for it drains the thread first (a wait on an unrecorded event would be a no-op: the race again)."""
+    import threading
+    m, log = mover(batch=True)
+    m.start_thread(max_pending=64 * BS)
+    gate = threading.Event()
+    m.thread.submit(0, gate.wait, 5)  # holds the thread
+    m.prefetch([(BASE, BS)], to_device=True)
+    ma = m.mark_moves()
+    threading.Timer(0.2, gate.set).start()
+    d = m.discard([(BASE, BS)], after=ma)
+    assert log.index(("record", 11, "ev0")) < log.index(("wait_event", 12, "ev0"))
+    # AND a move of the discarded block goes through the thread, behind a wait for the discard
+    m.prefetch([(BASE, BS)], to_device=True, after=d)
+    m.synchronize()
+    assert log[-1] == ("wait_event", 11, "ev1") and [c[0] for c in m.rt.calls][-1] == "prefetch_batch"
+    m.thread.close()
+
+
+def test_backend_orders_each_discard_with_the_moves_of_its_blocks():
+    # GIVEN discards on, a policy that prefetches block 5 (launch 0), discards block 2, never moved (launch 2),
+    # discards block 5 (launch 3), then prefetches blocks 5 and 6 (launch 4: the allocator reused block 5)
+    seg = [(BASE, 16 * BS)]
+    decisions = [Decision(prefetch=np.array([5])), None, Decision(discard=np.array([2])),
+                 Decision(discard=np.array([5])), Decision(prefetch=np.array([5, 6]))]
+    log = {}
+    for on in (True, False):
+        be = backend(Scripted(list(decisions)), 8, seg, discard=on)
+        be.block_ids(BASE, 8 * BS)
+        Event.done = 100
+        for i in range(5):
+            if i == 2:
+                be.free(np.array([BASE // BS + 2, BASE // BS + 5]))  # their tensors died
+            be.launch(info(i, be, BASE + (i % 2) * BS, BS))
+        log[on] = be.mover.log
+    # THEN each call carries the last mark of its blocks: the discard of 5 the move of launch 0 (mark 1), the
+    # prefetch of 5 the discard of launch 3 (discard mark 2); block 2 never moved
+    assert log[True] == [("to_gpu", [(BASE + 5 * BS, BS)], 0), ("mark", 1),
+                         ("discard", [(BASE + 2 * BS, BS)], 0),
+                         ("discard", [(BASE + 5 * BS, BS)], 1),
+                         ("to_gpu", [(BASE + 5 * BS, 2 * BS)], 2), ("mark", 2)]
+    # AND with discards off: evictions, no marks, nothing to wait for
+    assert log[False] == [("to_gpu", [(BASE + 5 * BS, BS)], 0), ("to_host", [(BASE + 5 * BS, BS)], 0),
+                          ("to_gpu", [(BASE + 5 * BS, 2 * BS)], 0)]
 
 
 def test_live_clock_advances_for_pacing_policies():

@@ -10,13 +10,17 @@ moves blocks with cuda-python (``cuda.bindings.runtime``, CUDA 13 ``cudaMemLocat
   thread with ``UVMPREFETCH_MOVER=thread`` (``MoveThread``);
 - discards (dead data, no write-back) are off by default: a Decision's discards are issued as evictions,
   which free the same room and keep the data. With ``UVMPREFETCH_DISCARD=1`` they use
-  ``cudaMemDiscardBatchAsync`` on a second stream ordered both ways with the compute stream (after every
-  queued kernel that may still read the dead tensor, before any later kernel that reuses its memory) and with
-  the move stream (CUDA: a prefetch that runs during a discard of the same range is undefined behaviour), and
-  only for blocks the runtime saw freed and no launch touched since. Off because on the H100 a GPT-2 large run
-  at 1.5x with discards ended with a NaN loss (bench/results/gpu-20261123c/). The ordering with the move
-  stream came after that run: it is a documented hazard the runtime had, and the likely cause, but no GPU run
-  has shown that it was. The discards also held the training thread longer than the write-backs they saved;
+  ``cudaMemDiscardBatchAsync`` on a second stream, only for blocks the runtime saw freed and no launch touched
+  since, ordered (``Mover.discard``): after every queued kernel (one may still read the dead tensor) and
+  before every later one (it may reuse the memory), since the hook runs after its launch is queued and cannot
+  put a wait before the next; and, per block, after the moves of the same blocks already issued and before
+  any later move of them (CUDA: a prefetch that runs during a discard of the same range is undefined
+  behaviour). Moves of other blocks are not ordered with it: a discard no longer makes the compute stream
+  wait for every queued prefetch, which had kept a GPT-2 large run at 1.5x from finishing 4 iterations in
+  120 s (bench/results/gpu-20261124/, section 5). Off because on the H100 a GPT-2 large run at 1.5x with
+  discards ended with a NaN loss (bench/results/gpu-20261123c/). The ordering with the moves came after that
+  run: it is a documented hazard the runtime had, and the likely cause, but no GPU run has shown that it was.
+  The discards also held the training thread longer than the write-backs they saved;
 - the budget (``Residency``) evicts the least recently migrated blocks, never those of the running launch
   or of launches still queued on the GPU (``GpuProgress``).
 
@@ -161,8 +165,45 @@ class MoveThread:
                     self._cv.notify_all()
 
 
+class StreamMarks:
+    """Events recorded on one stream, numbered 1, 2, ... in order: which have completed, and the event of one
+    that has not (to wait on). Completed events are dropped from the front, so only those still pending are
+    held. An event the mover thread has not recorded yet is never taken for completed: CUDA reports an
+    unrecorded event as complete, and a wait on it as a no-op."""
+
+    def __init__(self) -> None:
+        self.q: deque = deque()  # [event, recorded] of numbers first, first + 1, ...
+        self.first = 1
+        self.n = 0
+
+    def add(self, event, recorded: bool = True) -> list:
+        """Number the next mark; returns its entry (the mover thread sets ``entry[1]`` once it recorded it)."""
+        self.n += 1
+        entry = [event, recorded]
+        self.q.append(entry)
+        return entry
+
+    def pending(self, number: int) -> list | None:
+        """The ``[event, recorded]`` entry of mark ``number`` if it may not have completed; ``None`` if it has
+        (or ``number`` is 0: no mark)."""
+        q = self.q
+        while q and q[0][1] and q[0][0].query():
+            q.popleft()
+            self.first += 1
+        if number < self.first:
+            return None
+        return q[number - self.first]
+
+
 class Mover:
-    """Prefetch / evict / discard / advise calls over cuda-python on dedicated streams."""
+    """Prefetch / evict / discard / advise calls over cuda-python on dedicated streams.
+
+    Ordering of discards (with ``UVMPREFETCH_DISCARD=1``; the backend keeps the numbers per block):
+    ``mark_moves`` records an event on the move stream after a launch's moves and returns its number;
+    ``discard(ranges, after=m)`` waits for the compute stream and for move mark ``m`` (the last move of those
+    blocks), and makes the compute stream wait for it; it returns the discard's own mark, and a later
+    ``prefetch(ranges, to_device, after=d)`` of any of those blocks makes the move stream wait for it.
+    """
 
     thread: MoveThread | None = None  # set by start_thread(): prefetches and evictions off the training thread
 
@@ -183,6 +224,8 @@ class Mover:
         self.batch = batch_prefetch and batch_api and hasattr(cudart, "cudaMemPrefetchBatchAsync")
         self.can_discard = batch_api and hasattr(cudart, "cudaMemDiscardBatchAsync")
         self.calls = 0
+        self.moves = StreamMarks()  # events after moves (``mark_moves``)
+        self.discards = StreamMarks()  # events after discards
 
     def _loc(self, typ, ident: int):
         loc = self.rt.cudaMemLocation()
@@ -205,9 +248,17 @@ class Mover:
             self._check(self.rt.cudaSetDevice(dev), "cudaSetDevice (mover thread)")
         self.thread = MoveThread(self.device, max_pending, set_device)
 
-    def prefetch(self, ranges: list[tuple[int, int]], to_device: bool) -> None:
+    def prefetch(self, ranges: list[tuple[int, int]], to_device: bool, after: int = 0) -> None:
+        """Move ``ranges`` to the GPU (``to_device``) or to the host on the move stream; ``after``: a discard
+        mark (``discard``) the moves must wait for, 0 for none."""
         if not ranges:
             return
+        entry = self.discards.pending(after) if after else None
+        if entry is not None:  # (discard marks are recorded on this thread: always recorded)
+            if self.thread is not None:
+                self.thread.submit(0, self.stream.wait_event, entry[0])
+            else:
+                self.stream.wait_event(entry[0])
         if self.thread is not None:
             self.thread.submit(sum(s for _, s in ranges), self._prefetch_now, ranges, to_device)
         else:
@@ -225,21 +276,45 @@ class Mover:
             for p, s in ranges:
                 self._check(self.rt.cudaMemPrefetchAsync(p, s, loc, 0, handle), what)
 
-    def discard(self, ranges: list[tuple[int, int]]) -> None:
-        """Discard ``ranges``, ordered both ways with the compute stream and with the move stream: CUDA makes any
-        read, write *or prefetch* of a range that runs while it is discarded undefined behaviour
-        (``cuMemDiscardBatchAsync``), and prefetches and evictions of the same memory run on ``self.stream``."""
+    def mark_moves(self) -> int:
+        """Record an event on the move stream after the moves issued so far; returns its number (for
+        ``discard``'s ``after``)."""
+        ev = self.torch.cuda.Event()
+        if self.thread is None:
+            ev.record(self.stream)
+            self.moves.add(ev)
+            return self.moves.n
+        entry = self.moves.add(ev, recorded=False)
+
+        def record() -> None:  # in the mover thread, after the moves submitted before it
+            ev.record(self.stream)
+            entry[1] = True
+        self.thread.submit(0, record)
+        return self.moves.n
+
+    def discard(self, ranges: list[tuple[int, int]], after: int = 0) -> int:
+        """Discard ``ranges``; returns the discard's mark (0 if nothing was issued). CUDA makes any read, write
+        *or prefetch* of a range that runs while it is discarded undefined behaviour
+        (``cuMemDiscardBatchAsync``), so the discard runs after every kernel queued so far and before every
+        later one (the compute stream), and after move mark ``after`` (the last move of these blocks; 0: none).
+        Later moves of these blocks wait for the returned mark (``prefetch(..., after=)``); other moves are not
+        ordered with it."""
         if not ranges or not self.can_discard:
-            return
-        if self.thread is not None:
-            self.thread.drain()  # moves still queued in the thread are not on the move stream yet
+            return 0
         compute = self.torch.cuda.current_stream(self.device)
         self.discard_stream.wait_stream(compute)  # after every queued kernel that may still read the data
-        self.discard_stream.wait_stream(self.stream)  # after every prefetch / eviction already issued
+        entry = self.moves.pending(after) if after else None
+        if entry is not None:
+            if not entry[1]:
+                self.thread.drain()  # the mover thread records it after the moves still queued there
+            self.discard_stream.wait_event(entry[0])  # after the moves of these blocks already issued
         self._check(self.rt.cudaMemDiscardBatchAsync([p for p, _ in ranges], [s for _, s in ranges], len(ranges), 0,
                                                      self.discard_stream.cuda_stream), "cudaMemDiscardBatchAsync")
-        compute.wait_stream(self.discard_stream)  # before any later kernel that reuses the memory
-        self.stream.wait_stream(self.discard_stream)  # before any later move of it (a prefetch for the next tensor)
+        ev = self.torch.cuda.Event()
+        ev.record(self.discard_stream)
+        self.discards.add(ev)
+        compute.wait_event(ev)  # before any later kernel that reuses the memory
+        return self.discards.n
 
     def advise(self, ranges: list[tuple[int, int]], advice: Advice) -> None:
         rt = self.rt
@@ -356,6 +431,7 @@ class CudaBackend:
         # no launch touched since (``dead``) may be discarded: a policy's stale dead flag never loses data.
         self.discard_on = bool(cfg.discard and self.mover.can_discard)
         self.dead = np.zeros(self.max_blocks, dtype=bool)
+        self._marks_for(self.max_blocks)
         self.discards_as_evictions = 0
         self.refused_discards = 0
         self._ids: dict[int, int] = {}
@@ -501,15 +577,23 @@ class CudaBackend:
         res.apply(EMPTY, EMPTY, pf)
         t2 = clock()
         mv = self.mover
-        mv.discard(self.ranges(discard))
+        out = np.union1d(evict, victims)
+        on = self.discard_on  # each block's last move and discard (see Mover); no discard is left when off
+        if discard.size:
+            self._disc_mark[discard] = mv.discard(self.ranges(discard), after=int(self._move_mark[discard].max()))
         t3 = clock()
-        mv.prefetch(self.ranges(np.union1d(evict, victims)), to_device=False)
+        mv.prefetch(self.ranges(out), to_device=False, after=self._after_discards(out) if on else 0)
         t4 = clock()
         if dec is not None:
             for blocks, advice in dec.advise:
                 mv.advise(self.ranges(np.asarray(blocks, dtype=np.int64)), Advice(advice))
         t5 = clock()
-        mv.prefetch(self.ranges(pf, keep_order=True), to_device=True)  # the policy's order: soonest-needed first
+        # the policy's order: soonest-needed first
+        mv.prefetch(self.ranges(pf, keep_order=True), to_device=True, after=self._after_discards(pf) if on else 0)
+        if on and (out.size or pf.size):
+            m = mv.mark_moves()
+            self._move_mark[out] = m
+            self._move_mark[pf] = m
         t6 = clock()
         missing = res.touch(info.blocks)
         if missing.size:
@@ -518,6 +602,16 @@ class CudaBackend:
             self.policy.on_evict(victims)  # budget evictions are "the driver's" from the policy's point of view
         self.progress.record(info.index, info.blocks)
         self.host.add(t0, t1, t2, t3, t4, t5, t6, clock())
+
+    def _marks_for(self, n: int) -> None:
+        """Per block id: the number of the last ``Mover.mark_moves`` after a move of it, and of the last discard
+        of it (0: none); read only with discards on."""
+        self._move_mark = np.zeros(n, dtype=np.int64)
+        self._disc_mark = np.zeros(n, dtype=np.int64)
+
+    def _after_discards(self, blocks: np.ndarray) -> int:
+        """The last discard of any of ``blocks`` (a move of them must wait for it), 0 for none."""
+        return int(self._disc_mark[blocks].max()) if blocks.size else 0
 
     def _safe_discards(self, discard: np.ndarray, evict: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The discards to issue, and the evictions with the rest: with discards off every one becomes an
@@ -586,4 +680,4 @@ class CudaBackend:
             self.cupti.close()
 
 
-__all__ = ["CudaBackend", "CudaCallError", "HostTime", "MoveThread", "Mover", "profile_for", "EMPTY"]
+__all__ = ["CudaBackend", "CudaCallError", "HostTime", "MoveThread", "Mover", "StreamMarks", "profile_for", "EMPTY"]
