@@ -50,6 +50,42 @@ def test_policy_cost_rejects_zero_rounds(small_trace, tmp_path):
     assert r.returncode == 2 and "--rounds" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_policy_cost_disturbs_the_caches_before_each_launch_outside_the_timing():
+    """--disturb reads other memory before each on_launch (as a live run's own work does between two hooks),
+    never before the other hooks, and never inside the timed span."""
+    import importlib.util
+    import time
+    spec = importlib.util.spec_from_file_location("policy_cost", ROOT / "bench" / "policy_cost.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    class Reads:
+        calls = 0
+
+        def sum(self):
+            self.calls += 1
+            time.sleep(0.05)
+
+    class Hooks:
+        def on_launch(self, info, state):
+            return None
+
+        on_fault = on_free = on_evict = on_iteration = on_launch
+
+    pol, reads = Hooks(), Reads()
+    ns = mod.timed(pol, reads)
+    for _ in range(3):
+        pol.on_launch(None, None)
+    pol.on_fault(None, None)
+    assert reads.calls == 3 and len(ns["on_launch"]) == 3 and len(ns["on_fault"]) == 1
+    assert max(ns["on_launch"]) < 0.05e9  # the 50 ms read is not in the launch's time
+
+
+def test_policy_cost_rejects_a_bad_disturb(small_trace, tmp_path):
+    r = run(["bench/policy_cost.py", str(small_trace), "--out", str(tmp_path), "--disturb", "-1"])
+    assert r.returncode == 2 and "--disturb" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_policy_cost_bad_policy_is_one_line_error(small_trace, tmp_path):
     r = run(["bench/policy_cost.py", str(small_trace), "--out", str(tmp_path), "--policies", "nope"])
     assert r.returncode == 2 and "unknown policy" in r.stderr and "Traceback" not in r.stderr
