@@ -140,8 +140,14 @@ def main() -> int:
     ap.add_argument("--gpu", default="h100-pcie", help="GPU profile of the replay (default h100-pcie)")
     ap.add_argument("--from-iteration", type=int, default=-1,
                     help="count launches from this iteration on (default: the last iteration, the steady state)")
+    ap.add_argument("--disturb", type=float, default=0.0, metavar="MIB",
+                    help="read this many MiB of other memory before each on_launch, untimed, as a live run's own "
+                         "work does between two hooks (as bench/policy_cost.py --disturb; default 0)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args()
+    if not 0 <= args.disturb <= 4096:
+        print(f"error: --disturb must be between 0 and 4096 MiB, got {args.disturb:g}", file=sys.stderr)
+        return 2
     if not Path(args.trace).is_file():
         print(f"error: no trace at {args.trace}", file=sys.stderr)
         return 2
@@ -177,6 +183,7 @@ def main() -> int:
                   file=sys.stderr)
             return 2
         n = len(names)
+        disturb = np.ones(int(args.disturb * (1 << 20)) // 8) if args.disturb else None
         stamps = kernels.STAMPS
         at = slots(n)
         active = at["active"]
@@ -192,6 +199,8 @@ def main() -> int:
                     stamps[:] = 0
                 stamps[active] = 0
                 before = int(stamps[:n].sum()) if counting else 0
+                if disturb is not None:
+                    disturb.sum()
                 t0 = time.perf_counter_ns()
                 dec = hook(info, state)
                 t = time.perf_counter_ns() - t0
@@ -238,6 +247,7 @@ def main() -> int:
     mean = float(us.mean())
     out = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "trace": Path(args.trace).stem,
            "oversub": args.oversub, "gpu": args.gpu, "from_iteration": first, "launches": launches,
+           "disturb_mib": args.disturb,
            "stepped_launches": stepped, "on_launch_mean_us": mean, "on_launch_median_us": float(np.median(us)),
            "stamped_us_per_launch": stamped, "outside_stamps_us_per_launch": mean - stamped,
            "stepped_on_launch_median_us": float(np.median(us[took])) if stepped else None,
@@ -252,7 +262,8 @@ def main() -> int:
     path.write_text(json.dumps(out, indent=1))
 
     print(f"{out['trace']} at {args.oversub}x ({args.gpu}), launches from iteration {first}: {launches}, "
-          f"{stepped} of them in the one-kernel step")
+          f"{stepped} of them in the one-kernel step" + (f"; {args.disturb:g} MiB read before each (--disturb)"
+                                                          if args.disturb else ""))
     print(f"on_launch: mean {mean:.1f} us, median {out['on_launch_median_us']:.1f} us; "
           f"cycle counter {per_us:.0f} per us")
     print("| stage (ends at its stamp; in the order they run) | calls | us per launch | us per call "

@@ -115,9 +115,12 @@ def test_kernel_profile_times_every_marked_stage(tmp_path):
     marked = set(re.findall(r"^\s*# stamp: (.+?)\s*$", src, flags=re.M))
     assert {"commit_step", "match", "launch_marks", "window pass"} <= marked
     # WHEN the profiler replays the shipped small trace with a stamped copy of the kernels
-    r = run(["bench/kernel_profile.py", str(ROOT / "traces" / "gpt2-small-b2s128.uvmt"), "--out", str(tmp_path)])
+    # (reading 1 MiB of other memory before each launch, as between two live hooks)
+    r = run(["bench/kernel_profile.py", str(ROOT / "traces" / "gpt2-small-b2s128.uvmt"), "--disturb", "1",
+             "--out", str(tmp_path)])
     assert r.returncode == 0, r.stderr
     data = json.loads(next(tmp_path.glob("kernel-profile-*.json")).read_text())
+    assert data["disturb_mib"] == 1 and "1 MiB read before each" in r.stdout
     # THEN every marked stage has a row, the launches of the steady state went through the stamped step, and the
     # stamped time is a part of on_launch's
     stages = {x["stage"]: x for x in data["stages"]}
@@ -134,6 +137,8 @@ def test_kernel_profile_bad_input_is_one_line_error(tmp_path):
     r = run(["bench/kernel_profile.py", str(ROOT / "traces" / "gpt2-small-b2s128.uvmt"), "--from-iteration", "99",
              "--out", str(tmp_path)])
     assert r.returncode == 2 and "--from-iteration 99" in r.stderr and "Traceback" not in r.stderr
+    r = run(["bench/kernel_profile.py", "--disturb", "-5", "--out", str(tmp_path)])
+    assert r.returncode == 2 and "--disturb" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_kernel_profile_needs_markers():
