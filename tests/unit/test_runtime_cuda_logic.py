@@ -471,6 +471,13 @@ def test_stream_marks_never_take_an_unrecorded_event_for_completed():
     assert marks.pending(1) is not None  # recorded, not yet passed
     e1.done = True
     assert marks.pending(1) is None and marks.pending(2) is None and not marks.q
+    # AND a run of marks the GPU keeps up with holds no events: each new mark drops those completed before it
+    for i in range(100):
+        ev = FakeCudaEvent(log, f"m{i}")
+        ev.record(FakeStream(11, log))
+        marks.add(ev)
+        ev.done = True
+    assert len(marks.q) == 1 and marks.n == 102 and marks.pending(102) is None
 
 
 def test_discard_with_the_mover_thread_waits_until_the_move_mark_is_recorded():

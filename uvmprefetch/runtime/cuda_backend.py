@@ -177,22 +177,28 @@ class StreamMarks:
         self.n = 0
 
     def add(self, event, recorded: bool = True) -> list:
-        """Number the next mark; returns its entry (the mover thread sets ``entry[1]`` once it recorded it)."""
+        """Number the next mark; returns its entry (the mover thread sets ``entry[1]`` once it recorded it). The
+        completed marks at the front are dropped first, so the queue holds only what the GPU has not passed
+        (one event per launch with moves would otherwise pile up over a run)."""
+        self._drop_completed()
         self.n += 1
         entry = [event, recorded]
         self.q.append(entry)
         return entry
 
-    def pending(self, number: int) -> list | None:
-        """The ``[event, recorded]`` entry of mark ``number`` if it may not have completed; ``None`` if it has
-        (or ``number`` is 0: no mark)."""
+    def _drop_completed(self) -> None:
         q = self.q
         while q and q[0][1] and q[0][0].query():
             q.popleft()
             self.first += 1
+
+    def pending(self, number: int) -> list | None:
+        """The ``[event, recorded]`` entry of mark ``number`` if it may not have completed; ``None`` if it has
+        (or ``number`` is 0: no mark)."""
+        self._drop_completed()
         if number < self.first:
             return None
-        return q[number - self.first]
+        return self.q[number - self.first]
 
 
 class Mover:
