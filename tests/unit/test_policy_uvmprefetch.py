@@ -850,7 +850,8 @@ def _lockstep(tr, spec, oversub):
                 assert _same(d1, d2), f"launch {a[0].index}: decisions differ"
                 count[0] += 1
             # (scratch; counts below; ``_arrays`` holds the step's arrays by reference, built by the step's path only)
-            skip = set(hooks) | {"_fast_step", "stats", "_cnt", "_wbuf", "_out", "_res", "_arrays"}
+            skip = set(hooks) | {"_fast_step", "stats", "_cnt", "_wbuf", "_out", "_res", "_arrays", "_step_ep",
+                                 "_ep_arrays", "_ep_res", "_ep_infl"}
             bad = [k for k in one.__dict__ if k not in skip and not _same(one.__dict__[k], gen.__dict__[k])]
             fused = ("one_kernel_steps", "one_kernel_inexact", "fused_after_match")
             st = {k: v for k, v in one.stats.items() if k not in fused}
@@ -888,6 +889,68 @@ def test_one_kernel_step_leaves_the_general_paths_state(name, spec):
         # THEN (checked after every hook) the same decisions and the same state, bit for bit; the step served
         # exact matches and others (soft matches, resyncs)
         assert n == len(tr.launch_iter) and one.stats["one_kernel_steps"] > one.stats["one_kernel_inexact"] > 0
+
+
+def test_the_steps_entry_point_takes_only_arrays_of_the_types_it_was_kept_for(monkeypatch):
+    from pathlib import Path
+
+    from uvmprefetch.policy import _uvmkernels as _k
+    from uvmprefetch.policy import uvmprefetch as U
+    from uvmprefetch.sim.replay import replay
+    from uvmprefetch.trace.format import load
+
+    tr = load(Path(__file__).resolve().parents[2] / "traces" / "gpt2-small-b2s128.uvmt")
+    ref, _, _ = _decisions(tr, "uvmprefetch", 1.5, True)
+    # GIVEN a replay in which every third launch hands its blocks as a strided view and every third (another)
+    # its written blocks read-only: the same values, other types than the step's entry point was kept for
+    real_entry, real_step = _k.entry_point, _k.step
+    seen = {"entry": 0, "entry_other": 0, "dispatcher_other": 0}
+
+    def plain(a):
+        return a.dtype == np.int64 and a.ndim == 1 and a.flags.carray
+
+    def entry_point(kernel, args):
+        ep = real_entry(real_step if kernel is step else kernel, args)
+
+        def checked(*a):  # (the entry point must only ever see the types it was compiled for)
+            seen["entry"] += 1
+            if not (plain(a[2]) and plain(a[3])):
+                seen["entry_other"] += 1
+            return ep(*a)
+
+        return checked if ep is not None else None
+
+    def step(*a):  # (the dispatcher: hands the kernel plain copies, so that no other type is compiled here)
+        if not (plain(a[2]) and plain(a[3])):
+            seen["dispatcher_other"] += 1
+        a = list(a)
+        a[2], a[3] = np.ascontiguousarray(a[2]).copy(), np.ascontiguousarray(a[3]).copy()
+        return real_step(*a)
+
+    monkeypatch.setattr(_k, "entry_point", entry_point)
+    monkeypatch.setattr(U._k, "step", step)
+    pol = make_policy("uvmprefetch")
+    launch, log = pol.on_launch, []
+
+    def on_launch(info, state):
+        if info.index % 3 == 1:
+            info.blocks = np.repeat(info.blocks, 2)[::2]
+        elif info.index % 3 == 2:
+            info.write_blocks = info.write_blocks.copy()
+            info.write_blocks.setflags(write=False)
+        d = launch(info, state)
+        log.append(None if d is None else tuple(np.asarray(a).tolist() for a in (d.prefetch, d.evict, d.discard)))
+        return d
+
+    pol.on_launch = on_launch
+    replay(tr, pol, "h100-pcie", oversub=1.5)
+    # THEN those launches went through the dispatcher, the entry point served the others and saw only its types,
+    # and every decision is the one the plain replay made
+    assert seen["entry"] > len(log) // 4 and seen["entry_other"] == 0
+    assert seen["dispatcher_other"] > len(log) // 2
+    assert log == ref
+    # ... and for types a kernel was never called with there is no entry point (the caller keeps the dispatcher)
+    assert real_entry(_k.missing, (np.zeros(3, np.int32), np.zeros(3, np.int8), np.zeros(3, np.int8))) is None
 
 
 def test_learn_moves_kernel_matches_numpy():

@@ -1604,6 +1604,17 @@ STEP_ARRAYS = ("h_cum", "h_key", "h_name", "h_sig", "h_soft", "h_ptr", "f_blk", 
                "starts", "bi", "bb", "uses", "mark", "kp", "kf", "reg", "regf", "wbuf", "pbuf", "out", "res", "cnt")
 
 
+def entry_point(kernel, args: tuple):
+    """The compiled entry point of ``kernel`` (a Numba dispatcher already called with ``args``) for the types of
+    ``args``, or None where this Numba keeps it elsewhere. Calling it skips the dispatcher's type resolution and
+    checks no argument type: the caller passes only arguments of the same types
+    (``UvmPrefetchPolicy._step_entry``)."""
+    try:
+        return kernel.overloads[tuple(kernel.typeof_pyval(a) for a in args)].entry_point
+    except (AttributeError, KeyError, TypeError):
+        return None
+
+
 @structref.register
 class StepArraysType(_nbtypes.StructRef):
     def preprocess_fields(self, fields):

@@ -46,7 +46,9 @@ us for each array handed back): the per-block state in two arrays whose rows the
 launch's blocks in ``_pbuf``), the counts in ``_cnt`` (``stats`` is a mapping over it), the correlation tables
 compiled (``_tabs``), and the decision written into scratch arrays (``_wbuf``, ``_out``). So the hook's Python
 is the call and the ``Decision``: the exact signature is hashed inside (``launch_sig``; deterministic, unlike
-Python's salted ``hash`` of bytes), and nothing is copied back but the decision.
+Python's salted ``hash`` of bytes), and nothing is copied back but the decision. The call skips Numba's
+dispatcher (its type lookup, ~10 us with cold caches) through the step's compiled entry point, kept while the
+arrays it gets are checked to be of the types it was compiled for (``_step_entry``).
 
 State is bounded: ``history_launches`` launches of history and ``table_entries`` entries per correlation
 table (``report()['state_bytes']``).
@@ -73,6 +75,15 @@ _NO_W = np.zeros(0, dtype=np.int8)  # (no write flags: the history's f_w keeps i
 _K_DEAD, _K_CLEAN, _K_DIRTY = 3 * INF, 2 * INF, INF + 1
 _MASK63 = (1 << 63) - 1
 _AGE = 1 << 40  # launch-index span of the LRU tie-break (added inside a victim class)
+_ND = np.ndarray
+_I64 = np.dtype(np.int64)
+_BOOL = np.dtype(np.bool_)
+
+
+def _plain(a, dtype: np.dtype) -> bool:
+    """``a`` is a 1-d, C-contiguous, aligned, writeable ndarray of ``dtype`` (exactly: ``dtype`` is NumPy's own
+    object for it): the argument type the step's entry point is kept for (``UvmPrefetchPolicy._step_entry``)."""
+    return type(a) is _ND and a.dtype is dtype and a.ndim == 1 and a.flags.carray
 
 
 @dataclass(frozen=True)
@@ -350,6 +361,8 @@ class UvmPrefetchPolicy(Policy):
             P.deadline or P.guard_soft or P.whole or P.fault_late))
         # ... and a launch that matches the next recorded one exactly takes one kernel for the whole hook
         self._fast_step = self._fast_plan
+        self._step_ep = None  # (``_step_entry``: the entry point, and the arrays it was kept for)
+        self._ep_arrays = self._ep_res = self._ep_infl = None
         self.margin_blocks = int(P.margin * ctx.capacity_blocks)
         # The victim pool (``_uvmkernels.plan_paced``): the blocks of the last full victim scan plus every block
         # whose eviction key may have risen since (used, freed, prefetched, or recorded at a position the pointer
@@ -469,9 +482,23 @@ class UvmPrefetchPolicy(Policy):
             # order as the general path below (``_fast_step`` off: tests compare the two in lock step). It leaves
             # the window monitor, and the rest after a match without a pointer (``_rest``), to the Python.
             blocks = info.blocks
-            _k.step(key, name, blocks, info.write_blocks, info.index, float(info.duration), state.resident,
-                    state.in_flight, ids_in_use(state), state.capacity_blocks, state.used_blocks, state.now,
-                    self.monitor.window, self._arrays if self._arrays is not None else self._step_arrays())
+            writes = info.write_blocks
+            arrays = self._arrays if self._arrays is not None else self._step_arrays()
+            resident = state.resident
+            in_flight = state.in_flight
+            args = (key, name, blocks, writes, info.index, float(info.duration), resident, in_flight,
+                    ids_in_use(state), state.capacity_blocks, state.used_blocks, float(state.now), self.monitor.window,
+                    arrays)
+            # (the step's compiled entry point, without the dispatcher's type resolution, when every array is
+            # of the type it was compiled for: ``_step_entry``)
+            ep = self._step_ep
+            if (ep is not None and arrays is self._ep_arrays and resident is self._ep_res and in_flight is self._ep_infl
+                    and type(blocks) is _ND and type(writes) is _ND and blocks.dtype is _I64 and writes.dtype is _I64
+                    and blocks.ndim == 1 and writes.ndim == 1 and blocks.flags.carray and writes.flags.carray):
+                ep(*args)  # (the checks are ``_plain``'s, inline)
+            else:
+                _k.step(*args)
+                self._step_entry(args)
             r = self._res.tolist()
             code = r[_k.R_CODE]
             if code == _k.C_DECIDED:  # (counted in the kernel)
@@ -497,6 +524,22 @@ class UvmPrefetchPolicy(Policy):
             return self._finish(info, state, blocks, key, name, sig, stab, n,
                                 _k.after_match(*self._after_args(info, state, blocks, self.p, self.soft, n)))
         return self._rest(info, state, blocks, key, name, sig, stab)
+
+    def _step_entry(self, args: tuple) -> None:
+        """Keep the compiled entry point of the ``_uvmkernels.step`` call just made (``args``), for the next
+        calls with the same ``StepArrays`` and residency arrays and blocks of the same type (``on_launch`` checks).
+        A call with arrays of other types leaves the one kept before.
+
+        Numba's dispatcher reads the type of each argument and looks the compiled function up on every call:
+        ~1 us of ~2 warm, and ~10 us of ~20 with the caches cold as between two live hooks
+        (bench/results/policy-cost-20261124g). The entry point takes the arguments as the compiled types say
+        without checking them, and an array of another dtype or dimension would be read as if it were one (memory
+        errors). So it is used only where each array is checked (``_plain``) or is the very object it was checked
+        as; the scalars it converts itself (an int as a float, or the reverse, is converted, not misread)."""
+        _, _, blocks, writes, _, _, resident, in_flight = args[:8]
+        if _plain(blocks, _I64) and _plain(writes, _I64) and _plain(resident, _BOOL) and _plain(in_flight, _BOOL):
+            self._step_ep = _k.entry_point(_k.step, args)
+            self._ep_arrays, self._ep_res, self._ep_infl = args[-1], resident, in_flight
 
     def _step_arrays(self) -> _k.StepArrays:
         """The arrays ``_uvmkernels.step`` reads, behind one argument (``_k.STEP_ARRAYS``). Built again after any
