@@ -763,9 +763,10 @@ def test_replay_figures_unchanged_by_the_victims_kernel(spec):
     assert figures[0][4] + figures[0][5] > 0
 
 
-def _decisions(tr, spec, oversub, fast, step=None):
+def _decisions(tr, spec, oversub, fast, step=None, alter=None):
     """Every on_launch decision of a replay, with the one-kernel plan on or off (the Python reference), and the
-    one-kernel step of exact matches on or off (default: as the plan)."""
+    one-kernel step of exact matches on or off (default: as the plan); ``alter(info)``, if given, runs on each
+    launch's ``LaunchInfo`` before the policy sees it."""
     from uvmprefetch.sim.replay import replay
 
     pol = make_policy(spec)
@@ -778,6 +779,8 @@ def _decisions(tr, spec, oversub, fast, step=None):
         pol._fast_step = pol._fast_step and (fast if step is None else step)
 
     def on_launch(info, state):
+        if alter is not None:
+            alter(info)
         d = launch(info, state)
         log.append(None if d is None else tuple(np.asarray(a).tolist() for a in (d.prefetch, d.evict, d.discard)))
         return d
@@ -896,7 +899,6 @@ def test_the_steps_entry_point_takes_only_arrays_of_the_types_it_was_kept_for(mo
 
     from uvmprefetch.policy import _uvmkernels as _k
     from uvmprefetch.policy import uvmprefetch as U
-    from uvmprefetch.sim.replay import replay
     from uvmprefetch.trace.format import load
 
     tr = load(Path(__file__).resolve().parents[2] / "traces" / "gpt2-small-b2s128.uvmt")
@@ -929,21 +931,15 @@ def test_the_steps_entry_point_takes_only_arrays_of_the_types_it_was_kept_for(mo
 
     monkeypatch.setattr(_k, "entry_point", entry_point)
     monkeypatch.setattr(U._k, "step", step)
-    pol = make_policy("uvmprefetch")
-    launch, log = pol.on_launch, []
 
-    def on_launch(info, state):
+    def alter(info):
         if info.index % 3 == 1:
             info.blocks = np.repeat(info.blocks, 2)[::2]
         elif info.index % 3 == 2:
             info.write_blocks = info.write_blocks.copy()
             info.write_blocks.setflags(write=False)
-        d = launch(info, state)
-        log.append(None if d is None else tuple(np.asarray(a).tolist() for a in (d.prefetch, d.evict, d.discard)))
-        return d
 
-    pol.on_launch = on_launch
-    replay(tr, pol, "h100-pcie", oversub=1.5)
+    log, _, _ = _decisions(tr, "uvmprefetch", 1.5, True, alter=alter)
     # THEN those launches went through the dispatcher, the entry point served the others and saw only its types,
     # and every decision is the one the plain replay made
     assert seen["entry"] > len(log) // 4 and seen["entry_other"] == 0
