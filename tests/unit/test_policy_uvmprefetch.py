@@ -190,6 +190,26 @@ def test_a_dead_address_about_to_be_reused_is_not_the_first_victim(dead_reuse):
     assert vict[1] == ref[1] == (1 if dead_reuse else 0)
 
 
+def test_of_dead_blocks_with_no_predicted_use_the_highest_address_leaves_first():
+    # GIVEN dead resident blocks with no predicted use, and a live one used again soon. The caching allocator
+    # hands out free space best fit by (size, address), so of equal holes the lowest is taken first; without
+    # discards (the live default) a dead block that leaves and is taken again comes back over the link.
+    pol = UvmPrefetchPolicy(advice=False)
+    pol.on_start(ctx(8, 8))
+    view = FakeView(8, 8)
+    view.resident[[1, 3, 4, 6, 7]] = True
+    pol.p = 10
+    pol.nu[[1, 3, 4, 6]] = [INF, 5, INF, INF]  # (5: a predicted use that the pointer has passed)
+    pol.nu[7] = 12
+    pol.on_free(np.array([1, 3, 4, 6]))
+    for k in (3, 5):
+        # WHEN k victims are chosen (by the kernel, from the highest block down, and by the NumPy reference)
+        vict, _ = pol._victims(view, np.zeros(0, dtype=np.int64), k)
+        ref, _ = pol._victims_ref(view, np.zeros(0, dtype=np.int64), k)
+        # THEN the dead blocks leave from the highest address down, then the live block
+        assert vict.tolist() == ref.tolist() == [6, 4, 3, 1, 7][:k]
+
+
 def test_without_known_accesses_it_learns_from_faults():
     pol = UvmPrefetchPolicy(window=2, adaptive_window=False, advice=False)
     view = FakeView(16, 16)

@@ -289,7 +289,7 @@ def _cand_entries(f_blk, a, b, t, m, lim, out_b, out_p, resident, in_flight, rem
 
 @nb.njit(cache=True, nogil=True)
 def _worse(ka, ba, kb, bb):
-    return ka < kb or (ka == kb and ba > bb)
+    return ka < kb or (ka == kb and ba < bb)
 
 
 @nb.njit(cache=True, nogil=True)
@@ -312,7 +312,7 @@ def _sift_down(hk, hb, i, n):
 
 @nb.njit(cache=True, nogil=True)
 def _offer(hk, hb, h, key, x):
-    """Offer block ``x`` with ``key`` to the heap of the ``hk.size`` best (largest key, then smallest block).
+    """Offer block ``x`` with ``key`` to the heap of the ``hk.size`` best (largest key, then largest block).
     Returns the new fill."""
     if h < hk.shape[0]:
         i = h
@@ -328,7 +328,7 @@ def _offer(hk, hb, h, key, x):
             else:
                 break
         return h
-    if _worse(hk[0], hb[0], key, x):  # (with ids offered in increasing order: key > hk[0])
+    if _worse(hk[0], hb[0], key, x):
         hk[0] = key
         hb[0] = x
         _sift_down(hk, hb, 0, h)
@@ -338,7 +338,7 @@ def _offer(hk, hb, h, key, x):
 @nb.njit(cache=True, nogil=True)
 def _drain(hk, hb, h, keep):
     """Drop the worst of the heap's ``h`` entries down to ``keep``; return the best ``keep`` in order (key
-    descending, equal keys by block) as ``(blocks, keys)``."""
+    descending, equal keys by block, the highest first) as ``(blocks, keys)``."""
     while h > keep:
         h -= 1
         hk[0] = hk[h]
@@ -375,7 +375,7 @@ def _vkey(x, dead, nu, dirty, last_use, p, inf, k_dirty, k_clean, age0, dead_reu
     """Block ``x``'s rank as a victim: ``(dead, key, unpredicted)``. A dead block (with ``dead_reuse``, one with no
     predicted use ahead) ranks before every live one, among them by ``key`` (``inf``: no reuse predicted); a live
     one by ``key``: its predicted next use, or above every prediction when it has none (clean above dirty, least
-    recently used first)."""
+    recently used first). Equal keys: the highest block first (``UvmPrefetchPolicy._victims_ref``)."""
     v = nu[x]
     unpred = v >= inf or v <= p
     if dead[x] and (unpred or not dead_reuse):
@@ -389,8 +389,8 @@ _SCAN_K = 32
 
 @nb.njit(cache=True, nogil=True)
 def _keep_best(lk, lb, n, k):
-    """Keep the best ``k`` of the ``n`` entries ``lk[:n]`` (keys) / ``lb[:n]`` (blocks, ascending), in place and in
-    their order: the larger key first, equal keys by block. Returns ``(k, key of the k-th)``."""
+    """Keep the best ``k`` of the ``n`` entries ``lk[:n]`` (keys) / ``lb[:n]`` (blocks, descending), in place and in
+    their order: the larger key first, equal keys by block (the highest first). Returns ``(k, key of the k-th)``."""
     t = np.partition(lk[:n].copy(), n - k)[n - k]
     need = k
     for i in range(n):
@@ -410,11 +410,12 @@ def _keep_best(lk, lb, n, k):
 
 @nb.njit(cache=True, nogil=True)
 def _scan_victims(resident, dead, nu, dirty, last_use, p, k, mark, inf, k_dead, k_dirty, k_clean, age0, dead_reuse):
-    """``victims`` over every block (marked ones left out): the dead ones in a heap as there, the live ones in a
-    buffer of ``4 k`` cut back to its best ``k`` whenever it fills; a live block that ranks no better than the
-    ``k``-th kept then is left out at once. The blocks come in id order, so a later block with the same key
-    ranks after the kept one. Same result as the heap (``_offer`` per live block), with far fewer moves: the heap
-    took ~50-90 us of a ~75-120 us scan of GPT-2-large's ~14 000 resident blocks for ``k`` = 256."""
+    """``victims`` over every block (marked ones left out), from the highest down: the dead ones in a heap as
+    there, the live ones in a buffer of ``4 k`` cut back to its best ``k`` whenever it fills; a live block that
+    ranks no better than the ``k``-th kept then is left out at once. The blocks come in descending order, so a
+    later block with the same key ranks after the kept one. Same result as the heap (``_offer`` per live block),
+    with far fewer moves: the heap took ~50-90 us of a ~75-120 us scan of GPT-2-large's ~14 000 resident blocks
+    for ``k`` = 256."""
     dk = np.empty(k, dtype=np.int64)
     db = np.empty(k, dtype=np.int64)
     cap = max(4 * k, 64)
@@ -426,7 +427,7 @@ def _scan_victims(resident, dead, nu, dirty, last_use, p, k, mark, inf, k_dead, 
     ninf = 0
     cut = False
     t = np.int64(0)
-    for x in range(resident.shape[0]):
+    for x in range(resident.shape[0] - 1, -1, -1):
         if not resident[x] or mark[x] != 0:
             continue
         is_dead, key, unpred = _vkey(x, dead, nu, dirty, last_use, p, inf, k_dirty, k_clean, age0, dead_reuse)
@@ -460,11 +461,12 @@ def victims(resident, cur, dead, nu, dirty, last_use, p, k, mark, inf, k_dead, k
     """Up to ``k`` resident blocks not in ``cur``, in eviction order, with their keys (see ``_victims_ref``);
     with ``ids`` (distinct block ids, any order), among those only.
 
-    Dead blocks first (by predicted reuse, none or farthest first, then by block id: the reference's stable
-    sort), then the live ones by key, largest first, equal keys by block id (as the reference). One pass with
-    two bounded heaps: O(blocks + resident log k); a full scan for ``k >= _SCAN_K`` keeps the live ones in a
-    buffer instead (``_scan_victims``, the same result). With ``dead_reuse`` a dead block whose
-    next use is predicted ranks as a live one (the policy's ``_victim_dead``).
+    Dead blocks first (by predicted reuse, none or farthest first), then the live ones by key, largest first;
+    equal keys by block, the highest first (as the reference). One pass, from the highest block down (or over
+    ``ids``), with two bounded heaps:
+    O(blocks + resident log k); a full scan for ``k >= _SCAN_K`` keeps the live ones in a buffer instead
+    (``_scan_victims``, the same result). With ``dead_reuse`` a dead block whose next use is predicted ranks as a
+    live one (the policy's ``_victim_dead``).
 
     With ``in_pool`` (the victim pool: ``ids`` is its buffer, ``in_pool`` its membership flags) the live blocks
     among ``ids`` whose key is not above ``floor`` leave the pool: ``ids`` keeps the others at its front, in their
@@ -497,7 +499,7 @@ def victims(resident, cur, dead, nu, dirty, last_use, p, k, mark, inf, k_dead, k
     use_ids = ids is not None
     m = ids.shape[0] if use_ids else resident.shape[0]
     for t in range(m):
-        x = ids[t] if use_ids else t
+        x = ids[t] if use_ids else m - 1 - t
         if not resident[x] or mark[x] != 0:
             if in_pool is not None:
                 ids[kept] = x
@@ -512,15 +514,15 @@ def victims(resident, cur, dead, nu, dirty, last_use, p, k, mark, inf, k_dead, k
             kept += 1
         if is_dead:
             nd += 1
-            if hd < k or key > dk[0] or (use_ids and key == dk[0] and x < db[0]):  # (the refusal inline)
+            if hd < k or key > dk[0] or (use_ids and key == dk[0] and x > db[0]):  # (the refusal inline)
                 hd = _offer(dk, db, hd, key, x)
             if unpred and not use_ids:
                 ninf += 1
                 if ninf == k:
-                    # k dead blocks with the largest possible dead key, the first k by id: no block
-                    # after them can come before them, and only dead blocks are returned (nd >= k)
+                    # k dead blocks with the largest possible dead key, the highest k: no block after
+                    # them (lower) can come before them, and only dead blocks are returned (nd >= k)
                     break
-        elif hl < k or key > lk[0] or (use_ids and key == lk[0] and x < lb[0]):
+        elif hl < k or key > lk[0] or (use_ids and key == lk[0] and x > lb[0]):
             hl = _offer(lk, lb, hl, key, x)
     for i in range(cur.shape[0]):
         mark[cur[i]] = 0

@@ -1233,7 +1233,7 @@ class UvmPrefetchPolicy(Policy):
     def _victims(self, state: ResidencyView, cur: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Up to ``k`` resident blocks in eviction order, with their keys (larger = evict first): one pass of
         ``_uvmkernels.victims`` with bounded heaps, the same blocks in the same order as ``_victims_ref``
-        (equal keys go by block id, lowest first, in both)."""
+        (equal keys go by block id, highest first, in both)."""
         p = self.p if self.p is not None else -1
         vict, vkey, _ = _k.victims(state.resident[:ids_in_use(state)], cur, self.dead, self.nu, self.dirty,
                                    self.last_use, p, k, self._mark, INF, _K_DEAD, _K_DIRTY, _K_CLEAN, _AGE,
@@ -1261,6 +1261,11 @@ class UvmPrefetchPolicy(Policy):
             res = np.flatnonzero(state.resident)
         if not res.size:
             return EMPTY, EMPTY
+        # Equal keys: the highest address leaves first (``res`` descends; the sorts are stable). The caching
+        # allocator hands out free space best fit by (size, address), the dryrun runtime the lowest hole that
+        # fits, so of equal holes the lowest is taken first; without discards (the live default) a dead block
+        # that leaves and is taken again comes back over the link.
+        res = res[::-1]
         p = self.p if self.p is not None else -1
         dead = self._victim_dead(p)[res]
         nd = int(dead.sum())
@@ -1281,7 +1286,7 @@ class UvmPrefetchPolicy(Policy):
         # Ties inside a class (nothing predicted, e.g. the first iteration): least recently used first.
         age = _AGE - self.last_use[res]
         key = np.where(unpred, np.where(self.dirty[res], _K_DIRTY, _K_CLEAN) + age, nu)
-        order = np.argsort(-key, kind="stable")[:need]  # equal keys by block id (``res`` ascends)
+        order = np.argsort(-key, kind="stable")[:need]  # equal keys: the highest block first (``res`` descends)
         return (np.concatenate([head, res[order]]),
                 np.concatenate([np.full(nd, _K_DEAD, dtype=np.int64), key[order]]))
 
