@@ -451,7 +451,7 @@ def _scan_victims(resident, dead, nu, dirty, last_use, p, k, mark, inf, k_dead, 
         return head, np.full(k, k_dead, dtype=np.int64)
     if nl > k:
         nl, _ = _keep_best(lk, lb, nl, k)
-    order = np.argsort(-lk[:nl], kind="mergesort")[:k - nd]  # (stable: equal keys stay in block order)
+    order = np.argsort(-lk[:nl], kind="mergesort")[:k - nd]  # (stable: equal keys stay highest block first)
     return _ranked(head, k_dead, lb[order], lk[order])
 
 
@@ -463,9 +463,8 @@ def victims(resident, cur, dead, nu, dirty, last_use, p, k, mark, inf, k_dead, k
 
     Dead blocks first (by predicted reuse, none or farthest first), then the live ones by key, largest first;
     equal keys by block, the highest first (as the reference). One pass, from the highest block down (or over
-    ``ids``), with two bounded heaps:
-    O(blocks + resident log k); a full scan for ``k >= _SCAN_K`` keeps the live ones in a buffer instead
-    (``_scan_victims``, the same result). With ``dead_reuse`` a dead block whose next use is predicted ranks as a
+    ``ids``), with two bounded heaps: O(blocks + resident log k); a full scan for ``k >= _SCAN_K`` keeps the live
+    ones in a buffer instead (``_scan_victims``, the same result). With ``dead_reuse`` a dead block whose next use is predicted ranks as a
     live one (the policy's ``_victim_dead``).
 
     With ``in_pool`` (the victim pool: ``ids`` is its buffer, ``in_pool`` its membership flags) the live blocks
