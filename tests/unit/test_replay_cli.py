@@ -139,3 +139,22 @@ def test_bad_allocator_is_one_line(trace_path, capsys):
     rc = main(["replay", str(trace_path), "--oversub", "2", "--policy", "demand", "--allocator", "best-fit"])
     err = capsys.readouterr().err
     assert rc != 0 and "--allocator 'best-fit'" in err and len(err.strip().splitlines()) == 1
+
+
+def test_per_iteration_traffic_adds_up_to_the_totals(trace_path, capsys):
+    # GIVEN a trace whose launches all belong to an iteration, replayed under memory pressure
+    assert main(["replay", str(trace_path), "--oversub", "2", "--policy", "uvmprefetch", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    # THEN each per-iteration counter has one entry per iteration, and they add up to the run's total
+    for f in ("bytes_htod", "bytes_dtoh", "stall_s", "faults"):
+        per = r["iteration_" + f]
+        assert len(per) == len(r["iteration_times_s"]) == 2, f
+        assert sum(per) == pytest.approx(r[f], rel=1e-12, abs=1e-12), f
+        assert min(per) >= 0, f
+    assert r["bytes_htod"] > 0 and r["iteration_bytes_htod"][0] > 0
+    # AND the human output prints them under the iteration times
+    assert main(["replay", str(trace_path), "--oversub", "2", "--policy", "uvmprefetch"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    i = next(k for k, line in enumerate(out) if line.startswith("iterations "))
+    assert out[i + 1].startswith(" H2D") and out[i + 1].endswith("GiB") and len(out[i + 1].split()) == 4
+    assert out[i + 2].startswith(" D2H") and out[i + 3].startswith(" stall") and out[i + 4].startswith(" faults")

@@ -206,7 +206,17 @@ def format_result(r: dict) -> str:
                      f"{r['host_decision_s'] * 1e3:.3f} ms; host held by evictions {r['host_blocked_s'] * 1e3:.3f} ms")
     its = r.get("iteration_times_s") or []
     if its:
-        lines.append("iterations " + "  ".join(f"{t * 1e3:.3f}" for t in its) + " ms")
+        cols = [f"{t * 1e3:.3f}" for t in its]
+        lines.append("iterations " + "  ".join(cols) + " ms")
+        # (per iteration, under each time: where warm-up iterations lose time against the steady state)
+        for label, f, fmt, unit in ((" H2D", "iteration_bytes_htod", lambda v: f"{v / 2**30:.2f}", "GiB"),
+                                    (" D2H", "iteration_bytes_dtoh", lambda v: f"{v / 2**30:.2f}", "GiB"),
+                                    (" stall", "iteration_stall_s", lambda v: f"{v * 1e3:.3f}", "ms"),
+                                    (" faults", "iteration_faults", str, "blocks")):
+            vals = r.get(f)
+            if vals and len(vals) == len(cols):
+                lines.append(f"{label:<11s}" + "  ".join(fmt(v).rjust(len(c)) for c, v in zip(cols, vals))
+                             + f" {unit}")
     lines.append(f"replay     {r['wall_s']:.2f} s wall, {_fmt(r['events_per_s'])} launches/s, "
                  f"{_fmt(r['block_accesses_per_s'])} block accesses/s")
     return "\n".join(lines)

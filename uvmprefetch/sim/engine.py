@@ -60,6 +60,8 @@ DENSITY = 0.51  # nvidia-uvm tree prefetcher threshold (uvm_perf_prefetch.c, def
 REGION = 2 << 20  # the driver's VA block: the density prefetcher's scope
 _READ_MOSTLY = int(Advice.READ_MOSTLY)  # plain ints: enum attribute lookups are slow in the per-launch path
 _PREFER_HOST = int(Advice.PREFER_HOST)
+# Counters also reported per iteration (``result()``: ``iteration_<name>``, from one ``end_iteration`` to the next)
+_PER_ITERATION = ("bytes_htod", "bytes_dtoh", "stall_s", "faults")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -315,6 +317,7 @@ class GpuModel:
                           host_to_ssd_bytes=0, host_reclaimed_blocks=0, peak_host_blocks=0,
                           host_capacity_blocks=self.host_cap if self.host_cap is not None else -1)
         self.iter_ends: list[tuple[int, float]] = []
+        self._iter_counts: list[tuple] = []  # the counters of ``_PER_ITERATION`` at each ``end_iteration``
         self.events: dict[str, list] = {"compute": [], "h2d": [], "d2h": [], "fault": [], "resident": [], "block": []}
         self._since = np.full(n, np.nan) if timeline else None  # when each block landed on the GPU
         ctx = PolicyContext(block_size=bs, capacity_blocks=self.capacity_blocks, max_blocks=n, gpu=gpu,
@@ -487,6 +490,8 @@ class GpuModel:
     def end_iteration(self, k: int) -> None:
         """Iteration ``k`` ended with the last launch given; calls ``policy.on_iteration(k)``."""
         self.iter_ends.append((int(k), self.now))
+        m = self.m
+        self._iter_counts.append(tuple(m[f] for f in _PER_ITERATION))
         self.policy.on_iteration(int(k))
 
     def result(self) -> dict:
@@ -505,6 +510,14 @@ class GpuModel:
             times.append(t - prev)
             prev = t
         m["iteration_times_s"] = times
+        prev = (0,) * len(_PER_ITERATION)
+        per = {f: [] for f in _PER_ITERATION}
+        for c in self._iter_counts:
+            for f, a, b in zip(_PER_ITERATION, c, prev):
+                per[f].append(a - b)
+            prev = c
+        for f, v in per.items():
+            m["iteration_" + f] = v
         return m
 
     def timeline(self) -> dict:
