@@ -464,8 +464,8 @@ def victims(resident, cur, dead, nu, dirty, last_use, p, k, mark, inf, k_dead, k
     Dead blocks first (by predicted reuse, none or farthest first), then the live ones by key, largest first;
     equal keys by block, the highest first (as the reference). One pass, from the highest block down (or over
     ``ids``), with two bounded heaps: O(blocks + resident log k); a full scan for ``k >= _SCAN_K`` keeps the live
-    ones in a buffer instead (``_scan_victims``, the same result). With ``dead_reuse`` a dead block whose next use is predicted ranks as a
-    live one (the policy's ``_victim_dead``).
+    ones in a buffer instead (``_scan_victims``, the same result). With ``dead_reuse`` a dead block whose next
+    use is predicted ranks as a live one (the policy's ``_victim_dead``).
 
     With ``in_pool`` (the victim pool: ``ids`` is its buffer, ``in_pool`` its membership flags) the live blocks
     among ``ids`` whose key is not above ``floor`` leave the pool: ``ids`` keeps the others at its front, in their
