@@ -153,3 +153,45 @@ def test_kernel_profile_needs_markers():
     assert "STAMPS = np.zeros(6" in src
     with pytest.raises(SystemExit, match="no '# stamp:' markers"):
         kernel_profile.instrument("import numpy as np\n")
+
+
+def _module(name):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_decision_budget_is_the_largest_cost_before_the_first_one_over_the_tolerance():
+    budget = _module("decision_budget").budget
+    # (a cost past the first one over is not counted, even back within the tolerance: the budget has no gaps)
+    assert budget([0, 10, 20, 40], [1.0, 1.004, 1.02, 1.003], 0.01) == (10, 20)
+    assert budget([0, 10, 20], [1.0, 1.0, 1.009], 0.01) == (20, None)
+    assert budget([0, 10], [1.0, 1.5], 0.01) == (0, 10)
+
+
+def test_decision_budget_replays_each_cost_and_the_measured_one(small_trace, tmp_path):
+    out = tmp_path / "res"
+    r = run(["bench/decision_budget.py", str(small_trace), "--out", str(out), "--costs", "50,5000", "--oversub",
+             "1.5", "--no-progress"])
+    assert r.returncode == 0, r.stderr
+    data = json.loads(next(out.glob("decision-budget-*.json")).read_text())
+    assert next(out.glob("decision-budget-*.png")).stat().st_size > 0
+    assert data["meta"]["host"]["blocking_evict"] and data["meta"]["host"]["sync_iterations"]
+    (x,) = data["results"]
+    assert x["costs_us"] == [0.0, 50.0, 5000.0] and x["ratios"][0] == 1.0 and len(x["time_s"]) == 3
+    # 5 ms of host time per launch outruns any kernel of this trace: the host bounds the run
+    assert x["ratios"][2] > 1.5 and x["host_stall_s"][2] > x["host_stall_s"][0]
+    assert x["first_over_us"] is not None and x["budget_us"] < x["first_over_us"]
+    m = x["measured"]
+    assert 0 < m["median_us"] <= m["p90_us"] and m["host_decision_s"] > 0 and m["ratio"] >= 1.0
+    assert "| budget (<= +1%) |" in r.stdout and "small" in r.stdout
+
+
+@pytest.mark.parametrize("flag, value, says", [("--costs", "a,b", "--costs"), ("--costs", "-5", "--costs"),
+                                              ("--tolerance", "0", "--tolerance"), ("--oversub", "0.5", "--oversub"),
+                                              ("--launch-us", "-1", "--launch-us")])
+def test_decision_budget_names_a_bad_argument(small_trace, tmp_path, flag, value, says):
+    r = run(["bench/decision_budget.py", str(small_trace), "--out", str(tmp_path), flag, value])
+    assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr

@@ -49,6 +49,31 @@ def test_host_bound_launches_wait_for_the_host():
     assert r["host_stall_s"] == pytest.approx(r["time_s"] - free["time_s"], rel=1e-9)
 
 
+def two_iterations(n=3):
+    """``resident_trace`` over two iterations of ``n`` launches each (one tensor: only the first launch faults)."""
+    b = TraceBuilder()
+    x = b.alloc(2 * MiB, "activation")
+    for i in range(2 * n):
+        b.launch("w" if i == 0 else f"r{i % n}", [(x, 0, 2 * MiB, WRITE if i == 0 else READ)], duration=D,
+                 iteration=i // n)
+    return b.build()
+
+
+def test_a_host_ahead_of_the_gpu_loses_its_lead_at_each_synchronised_iteration_end():
+    """0.1 ms of host time per launch against 1 ms kernels: the host runs ahead and only the first launch waits
+    for it. With ``sync_iterations`` the host waits for the GPU after iteration 0, so the first launch of
+    iteration 1 waits for its 0.1 ms of host time as well: the run is exactly that much longer."""
+    t = two_iterations()
+    free = replay(t, "demand", GPU, capacity_bytes=8 * MiB, check=True)
+    ahead = replay(t, "demand", GPU, capacity_bytes=8 * MiB, check=True, host="decision_s=1e-4")
+    synced = replay(t, "demand", GPU, capacity_bytes=8 * MiB, check=True, host="decision_s=1e-4,sync_iterations=true")
+    assert ahead["time_s"] == pytest.approx(free["time_s"] + 1e-4, rel=1e-9)
+    assert ahead["host_stall_s"] == pytest.approx(1e-4, rel=1e-9)
+    assert synced["time_s"] == pytest.approx(free["time_s"] + 2e-4, rel=1e-9)
+    assert synced["host_stall_s"] == pytest.approx(2e-4, rel=1e-9)
+    assert synced["host"]["sync_iterations"] is True and ahead["host"]["sync_iterations"] is False
+
+
 class EvictAfterUse(Policy):
     """Evicts the written block right after launch 0 (at launch 1's decision) and discards nothing."""
 
@@ -127,7 +152,7 @@ def test_measured_decision_time_is_charged():
 def test_parse_host_presets_overrides_and_errors():
     assert parse_host(None) is None and parse_host("none") is None
     live = parse_host("live-sync")
-    assert live == HOST_PRESETS["live-sync"] and live.blocking_evict and live.measure_decision
+    assert live == HOST_PRESETS["live-sync"] and live.blocking_evict and live.measure_decision and live.sync_iterations
     assert parse_host("live-sync:decision_scale=0.5").decision_scale == 0.5
     assert parse_host("live-sync:decision_scale=0.5").blocking_evict  # the preset's other fields stay
     assert parse_host("decision_s=2e-5") == HostModel(decision_s=2e-5)

@@ -36,7 +36,8 @@ launch, and the live runtime's ``dryrun`` backend feeds it live observations thr
   per-launch cost, the policy's decision (fixed, or its measured ``on_launch`` wall time), a cost per discarded
   block, and, with ``blocking_evict``, waits until the D2H engine has written back what the decision evicted
   (the live cuda backend's eviction calls held the training thread on the H100:
-  bench/results/gpu-20261123b/README.md). See ``docs/simulator.md`` "Host clock".
+  bench/results/gpu-20261123b/README.md); with ``sync_iterations`` it waits for the GPU at each iteration's end.
+  See ``docs/simulator.md`` "Host clock".
 - A policy with ``ideal = True`` gets infinite memory: every launch starts when the previous one ends.
 - Optional SSD tier (``gpu.ssd_bw > 0``; off by default, and then none of its code runs): bounded host memory
   (``host_capacity_bytes``) with an SSD behind it, reached over a direct GPU<->SSD path (link + SSD queue);
@@ -72,7 +73,9 @@ class HostModel:
     ``decision_s``: a fixed decision cost per launch; ``measure_decision``: add the policy's own ``on_launch``
     wall time on this machine times ``decision_scale`` (not reproducible run to run; for benchmarks);
     ``discard_block_s``: per block a decision discards; ``blocking_evict``: the host waits until the D2H engine has
-    finished the write-backs its decision queued (the live cuda backend's synchronous eviction calls).
+    finished the write-backs its decision queued (the live cuda backend's synchronous eviction calls);
+    ``sync_iterations``: at each iteration's end the host waits for the GPU to finish (a training loop that reads
+    its loss, ``loss.item()``), so no lead the host built up in one iteration carries into the next.
     """
 
     launch_s: float = 0.0
@@ -81,6 +84,7 @@ class HostModel:
     decision_scale: float = 1.0
     discard_block_s: float = 0.0
     blocking_evict: bool = False
+    sync_iterations: bool = False
 
     def __post_init__(self) -> None:
         for f in ("launch_s", "decision_s", "decision_scale", "discard_block_s"):
@@ -94,8 +98,10 @@ HOST_PRESETS = {
     "none": None,
     # What the live cuda backend did on the H100 (bench/results/gpu-20261123b/): decisions on the training
     # thread, synchronous evictions, ~10 us of PyTorch dispatch + observation per launch (assumed, not measured),
-    # discards that held the thread 159 us per block (9.82 s for 61 739 blocks, GPT-2 large at 1.5x).
-    "live-sync": HostModel(launch_s=10e-6, measure_decision=True, blocking_evict=True, discard_block_s=159e-6),
+    # discards that held the thread 159 us per block (9.82 s for 61 739 blocks, GPT-2 large at 1.5x), and the
+    # loss read at each iteration's end (bench/gpu/train_worker.py: ``loss.item()``).
+    "live-sync": HostModel(launch_s=10e-6, measure_decision=True, blocking_evict=True, discard_block_s=159e-6,
+                           sync_iterations=True),
 }
 
 
@@ -490,6 +496,8 @@ class GpuModel:
     def end_iteration(self, k: int) -> None:
         """Iteration ``k`` ended with the last launch given; calls ``policy.on_iteration(k)``."""
         self.iter_ends.append((int(k), self.now))
+        if self.host is not None and self.host.sync_iterations:
+            self.host_t = max(self.host_t, self.now)  # (the host waited for the GPU: the next launch starts from here)
         m = self.m
         self._iter_counts.append(tuple(m[f] for f in _PER_ITERATION))
         self.policy.on_iteration(int(k))
