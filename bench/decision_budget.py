@@ -87,13 +87,13 @@ def budget(costs_us: list[float], ratios: list[float], tol: float) -> tuple[floa
     return best, None
 
 
-def plot(rows: list[dict], path: Path, tol: float) -> None:
+def plot(rows: list[dict], path: Path, tol: float, setting: str = "") -> None:
     """Extra run time (%) against the decision cost, log-log, one line per trace; a star at each trace's measured
-    median for its run with measured costs."""
+    median for its run with measured costs. ``setting``: the host model and replay settings, for the title."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    fig, ax = plt.subplots(figsize=(7.5, 5.0))
     floor = 1e-3  # (%: a run no slower than at cost 0 is drawn here on the log axis)
     for k, r in enumerate(x for x in rows if "error" not in x):
         pts = [(c, max((q - 1) * 100, floor)) for c, q in zip(r["costs_us"], r["ratios"]) if c > 0]
@@ -110,8 +110,10 @@ def plot(rows: list[dict], path: Path, tol: float) -> None:
     ax.text(ax.get_xlim()[0], tol * 100, f" {tol:.0%}: the budget's tolerance", va="bottom", fontsize=8, color="grey")
     ax.set_xlabel("decision time per launch (us)")
     ax.set_ylabel("extra run time over free decisions (%)")
-    ax.set_title("End-to-end cost of the decision on the host clock\n(star: each launch charged its own measured "
-                 "time, drawn at the median)", fontsize=10)
+    import textwrap
+    setting = textwrap.fill(setting, 90)
+    ax.set_title("End-to-end cost of the decision on the host clock" + (f"\n{setting}" if setting else "")
+                 + "\n(star: each launch charged its own measured time, drawn at the median)", fontsize=9)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -215,11 +217,12 @@ def main() -> int:
     path = out / f"decision-budget-{stamp}.json"
     path.write_text(json.dumps({"meta": meta, "results": rows}, indent=1))
     png = out / f"decision-budget-{stamp}.png"
-    plot(rows, png, args.tolerance)
     blocking = "blocking" if host_kw["blocking_evict"] else "asynchronous"
-    print(f"{args.policy} at {args.oversub:g}x on {args.gpu}; host: {args.launch_us:g} us per launch, {blocking} "
-          f"evictions, {'a sync at each iteration end' if host_kw['sync_iterations'] else 'no syncs'}, "
-          f"{'discards' if args.discards else 'no discards'}")
+    setting = (f"{args.policy} at {args.oversub:g}x on {args.gpu}; host: {args.launch_us:g} us per launch, {blocking} "
+               f"evictions, {'a sync at each iteration end' if host_kw['sync_iterations'] else 'no syncs'}, "
+               f"{'discards' if args.discards else 'no discards'}")
+    plot(rows, png, args.tolerance, setting)
+    print(setting)
     head = " | ".join(f"{c:g} us" for c in costs[1:])
     print(f"| trace | launches | GPU time per launch | run time at cost 0 | {head} | budget (<= +{args.tolerance:.0%}) "
           f"| measured median / mean | run with measured costs |")
