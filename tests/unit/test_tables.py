@@ -82,6 +82,21 @@ def test_grow_array_extend_and_drop_front():
     assert np.array_equal(g.view(), np.arange(30, 100)) and len(g) == 70
 
 
+@pytest.mark.parametrize("fill", [0, -1, 7])
+def test_grow_array_room_past_its_length_holds_the_fill_after_growing(fill):
+    """``reserve`` hands kernels the whole buffer, whose entries past the length must hold the fill value
+    (``extend_fill`` relies on it), through every growth and after a drop of the front."""
+    g = GrowArray(np.int64, fill=fill, initial=16)
+    g.extend(np.arange(1, 11))
+    for k in (17, 40, 200, 1000):
+        a = g.reserve(k)
+        assert a.shape[0] >= k and np.array_equal(a[:10], np.arange(1, 11)) and (a[10:] == fill).all()
+    g.drop_front(4)
+    g.extend_fill(3)
+    assert np.array_equal(g.view(), np.r_[np.arange(5, 11), [fill] * 3])
+    assert (g.reserve(5000)[9:] == fill).all()
+
+
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True])
 def test_bad_sizes_raise_config_error(bad):
     with pytest.raises(ConfigError):
