@@ -24,6 +24,15 @@ def run(args):
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, cwd=ROOT)
 
 
+def _module(name):
+    """``bench/<name>.py`` loaded as a module."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def test_policy_cost_reports_microseconds_per_launch(small_trace, tmp_path):
     out = tmp_path / "res"
     r = run(["bench/policy_cost.py", str(small_trace), "--out", str(out), "--policies", "uvmprefetch,deepum",
@@ -53,11 +62,8 @@ def test_policy_cost_rejects_zero_rounds(small_trace, tmp_path):
 def test_policy_cost_disturbs_the_caches_before_each_launch_outside_the_timing():
     """--disturb reads other memory before each on_launch (as a live run's own work does between two hooks),
     never before the other hooks, and never inside the timed span."""
-    import importlib.util
     import time
-    spec = importlib.util.spec_from_file_location("policy_cost", ROOT / "bench" / "policy_cost.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _module("policy_cost")
 
     class Reads:
         calls = 0
@@ -153,14 +159,6 @@ def test_kernel_profile_needs_markers():
     assert "STAMPS = np.zeros(6" in src
     with pytest.raises(SystemExit, match="no '# stamp:' markers"):
         kernel_profile.instrument("import numpy as np\n")
-
-
-def _module(name):
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_decision_budget_is_the_largest_cost_before_the_first_one_over_the_tolerance():
