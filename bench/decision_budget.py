@@ -50,7 +50,7 @@ from uvmprefetch.errors import UvmPrefetchError  # noqa: E402
 from uvmprefetch.policy import make_policy  # noqa: E402
 from uvmprefetch.sim.engine import HostModel  # noqa: E402
 from uvmprefetch.sim.replay import replay  # noqa: E402
-from uvmprefetch.trace.format import load  # noqa: E402
+from uvmprefetch.sim.bench import load_traces, standard_trace_set  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
 from policy_cost import timed  # noqa: E402
@@ -68,10 +68,7 @@ def parse_costs(text: str) -> list[float]:
 
 def traces(paths: list[str], progress: bool) -> list[tuple[str, object]]:
     """The traces given, else the standard set (recorded once per machine)."""
-    if paths:
-        return [(Path(p).stem, load(p)) for p in paths]
-    from uvmprefetch.sim.bench import standard_trace_set
-    return standard_trace_set(progress=progress)
+    return load_traces(paths) if paths else standard_trace_set(progress=progress)
 
 
 def budget(costs_us: list[float], ratios: list[float], tol: float) -> tuple[float, float | None]:
