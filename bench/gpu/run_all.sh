@@ -8,6 +8,8 @@
 #   bench/gpu/run_all.sh part3     # overhead                                      (~3 min, at most ~3.5)
 #   bench/gpu/run_all.sh discard   # UVMPREFETCH_DISCARD=1: the probe + correctness --discard (at most ~6.5 min)
 #   bench/gpu/run_all.sh discard2  # diagnose at 1.5x, uvmprefetch with and without discards (at most ~6.5 min)
+#   bench/gpu/run_all.sh discard3  # one command for a 15-minute lease: the discard probe, diagnose at 1.5x
+#                                  # (uvmprefetch with discards, demand, uvmprefetch), then calibrate (<= ~9.7 min)
 #   bench/gpu/run_all.sh fidelity  # fidelity alone, its own runs (if part2 ran out of time)
 #   bench/gpu/run_all.sh summary   # gpu-summary.md from whatever results exist
 #   bench/gpu/run_all.sh dry-run   # every script with --dry-run, on any machine (CPU)
@@ -114,6 +116,22 @@ replay(load('traces/gpt2-small-b2s128.uvmt'), 'uvmprefetch', oversub=1.5)"
     [ -n "${OUT:-}" ] && cp "$RES/discard/diagnose.json" "$OUT/diagnose-discard.json" 2>/dev/null
     save
     ;;
+discard3)
+    # a lease of 15 device minutes holds one ~9-minute command: the most useful checks first, each saved at once
+    setup
+    mkdir -p "$RES/discard"
+    step tests-gpu-discard 80 "$PY" -m pytest -q -p no:cacheprovider tests/gpu -k discard -rs
+    save
+    step numba-warm 120 "$PY" -c "from uvmprefetch.sim.replay import replay; from uvmprefetch.trace import load
+replay(load('traces/gpt2-small-b2s128.uvmt'), 'uvmprefetch', oversub=1.5)"
+    # three runs of <= 110 s each; the discard run first, so that a cut command still has it
+    step diagnose-discard 350 "$PY" bench/gpu/diagnose.py --budget "${BUDGET:-34636562432}" --timeout 110 \
+        --deadline 230 --out "$RES/discard" --policies 'uvmprefetch|UVMPREFETCH_DISCARD=1;demand;uvmprefetch'
+    [ -n "${OUT:-}" ] && cp "$RES/discard/diagnose.json" "$OUT/diagnose-discard.json" 2>/dev/null
+    save
+    step calibrate 100 "$PY" bench/gpu/calibrate.py --quiet
+    save calibrate.json
+    ;;
 part2 | part2b)
     setup
     # One ratio per device command: managed, uvmprefetch and deepum at 5 iterations each (3 steady; demand@2x
@@ -160,7 +178,7 @@ dry-run)
     "$PY" bench/gpu/summarize.py --dry-run | tail -n 12
     ;;
 *)
-    echo "usage: bench/gpu/run_all.sh part1|part2|part2b|part3|discard|discard2|fidelity|summary|dry-run" >&2
+    echo "usage: bench/gpu/run_all.sh part1|part2|part2b|part3|discard|discard2|discard3|fidelity|summary|dry-run" >&2
     exit 2
     ;;
 esac
