@@ -36,6 +36,9 @@ VARIABLES: dict[str, str] = {
                            "which keep the data; dryrun models the same) or 1/true/on (cuda: "
                            "cudaMemDiscardBatchAsync; experimental: a GPT-2 large run on an H100 ended with a NaN "
                            "loss with it on; dryrun: dead blocks are dropped for free)",
+    "UVMPREFETCH_DISCARD_AUDIT": "0/false/off (default) or 1/true/on (cuda, with UVMPREFETCH_DISCARD=1: check each "
+                                 "discard against the caching allocator's snapshot and refuse blocks a live "
+                                 "allocation holds; a diagnosis, milliseconds per discarding launch)",
 }
 MOVERS = ("thread", "sync")
 
@@ -87,6 +90,7 @@ class RuntimeConfig:
     gpu: str = "h100-pcie"
     mover: str = "sync"
     discard: bool = False  # issue discards (else dead blocks are evicted: slower, never loses data); dryrun alike
+    discard_audit: bool = False  # cuda: check each discard against the allocator's snapshot (runtime/discard_audit.py)
 
     def __post_init__(self) -> None:
         if self.mover not in MOVERS:
@@ -103,7 +107,8 @@ class RuntimeConfig:
         env = {"UVMPREFETCH": "1" if self.enabled else "0", "UVMPREFETCH_BACKEND": self.backend,
                "UVMPREFETCH_LOG": self.log, "UVMPREFETCH_GPU": self.gpu,
                "UVMPREFETCH_WINDOW": "auto" if self.window is None else str(self.window),
-               "UVMPREFETCH_MOVER": self.mover, "UVMPREFETCH_DISCARD": "1" if self.discard else "0"}
+               "UVMPREFETCH_MOVER": self.mover, "UVMPREFETCH_DISCARD": "1" if self.discard else "0",
+               "UVMPREFETCH_DISCARD_AUDIT": "1" if self.discard_audit else "0"}
         if self.budget is not None:
             env["UVMPREFETCH_BUDGET"] = (str(self.budget.nbytes) if self.budget.nbytes is not None
                                          else repr(self.budget.fraction))
@@ -240,7 +245,8 @@ def from_env(environ=None, *, check_policy: bool = True) -> RuntimeConfig:
     if mover not in MOVERS:
         raise _bad("UVMPREFETCH_MOVER", get("UVMPREFETCH_MOVER"))
     discard = parse_bool("UVMPREFETCH_DISCARD", get("UVMPREFETCH_DISCARD"))
+    discard_audit = parse_bool("UVMPREFETCH_DISCARD_AUDIT", get("UVMPREFETCH_DISCARD_AUDIT"))
     return RuntimeConfig(enabled=enabled, backend=backend, budget=budget, policy=policy, window=window, mover=mover,
-                         discard=discard,
+                         discard=discard, discard_audit=discard_audit,
                          report=_parse_path("UVMPREFETCH_REPORT", get("UVMPREFETCH_REPORT")),
                          trace=_parse_path("UVMPREFETCH_TRACE", get("UVMPREFETCH_TRACE")), log=log, gpu=gpu)

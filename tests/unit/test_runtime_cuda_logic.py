@@ -106,6 +106,7 @@ def backend(policy, cap_blocks, segments, discard=True):
     be.discard_on, be.dead = discard, np.zeros(be.max_blocks, dtype=bool)  # (UVMPREFETCH_DISCARD=1 unless told)
     be._marks_for(be.max_blocks)
     be.discards_as_evictions = be.refused_discards = 0
+    be.audit = None
     be.res = Residency(cap_blocks, be.max_blocks, BS)
     be.res.n_ids = 0  # as __init__: block_ids numbers blocks densely and keeps this up to date
     be.mover, be.shim, be.policy = FakeMover(), FakeShim(segments), policy
@@ -610,3 +611,71 @@ def test_mover_thread_backpressure_blocks_the_submitter():
     from uvmprefetch.runtime.cuda_backend import CudaCallError
     with pytest.raises(CudaCallError, match="after close"):  # never queued silently with nobody to issue it
         t.submit(BS, done.append, 3)
+
+
+def test_discard_audit_refuses_blocks_a_live_allocation_holds():
+    from uvmprefetch.runtime.discard_audit import DiscardAudit
+    seg = [(BASE, 16 * BS)]
+
+    def run(state):
+        # GIVEN block 1 freed as far as the runtime saw, a policy that discards it, and the caching allocator's
+        # snapshot holding one allocation of 100 bytes in block 1 in ``state``
+        pol = Scripted([None, None, None, None, Decision(discard=np.array([1]))])
+        be = backend(pol, 8, seg, discard=True)
+        snap = [{"address": BASE, "total_size": 16 * BS, "blocks": [
+            {"address": BASE, "size": BS + 4096, "requested_size": BS + 4096, "state": "inactive"},
+            {"address": BASE + BS + 4096, "size": 512, "requested_size": 100, "state": state},
+            {"address": BASE + BS + 4608, "size": 14 * BS, "requested_size": 14 * BS, "state": "inactive"}]}]
+        be.audit = DiscardAudit(snapshot=lambda: snap)
+        be.audit.known = lambda addr: f"nothing at {addr}"
+        for i in range(3):
+            be.launch(info(i, be, BASE + i * BS, BS))
+        Event.done = 10
+        be.free(np.array([BASE // BS + 1]))
+        be.launch(info(3, be, BASE + 3 * BS, BS))
+        be.launch(info(4, be, BASE + 4 * BS, BS))
+        return be, [(k, r) for k, r, *_ in be.mover.log if k != "mark"]
+
+    # WHEN the allocation is live: the block is evicted (data kept), not discarded, and the case is recorded
+    be, log = run("active_allocated")
+    assert log == [("to_host", [(BASE + BS, BS)])]
+    res = be.audit.result()
+    assert res["refused_blocks"] == 1 and res["checked_blocks"] == 1 and be.refused_discards == 1
+    case = res["cases"][0]
+    assert case["launch"] == 4 and case["block_address"] == BASE + BS and case["alloc_requested"] == 100
+    assert case["tracker"] == f"nothing at {BASE + BS + 4096}" and not be.dead[1]
+    # WHEN it is freed but another stream may still use it: refused as well
+    be, log = run("active_awaiting_free")
+    assert log == [("to_host", [(BASE + BS, BS)])]
+    # WHEN the allocator holds nothing there: discarded
+    be, log = run("inactive")
+    assert log == [("discard", [(BASE + BS, BS)])] and be.audit.result()["refused_blocks"] == 0
+
+
+def test_audit_overlap_search_matches_a_pairwise_check():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from uvmprefetch.runtime.discard_audit import live_intervals, overlapping
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.lists(st.tuples(st.integers(1, 5000), st.integers(0, 3000), st.booleans()), max_size=12),
+           st.lists(st.integers(0, 40000), max_size=20), st.integers(1, 4096))
+    def check(parts, addrs, length):
+        # GIVEN allocator blocks laid end to end (each with a size, a requested part and a live/free state)
+        blocks, a = [], 0
+        for size, req, live in parts:
+            blocks.append({"address": a, "size": size, "requested_size": min(req, size),
+                           "state": "active_allocated" if live else "inactive"})
+            a += size
+        starts, ends, found = live_intervals([{"address": 0, "blocks": blocks[::-1]}])
+        addrs = np.asarray(addrs, dtype=np.int64)
+        hit = overlapping(starts, ends, addrs, length)
+        # THEN a range is reported overlapped exactly when some live requested extent overlaps it
+        for x, h in zip(addrs.tolist(), hit.tolist()):
+            want = [b for b in blocks if b["state"] != "inactive" and b["requested_size"] > 0
+                    and b["address"] < x + length and x < b["address"] + b["requested_size"]]
+            assert (h >= 0) == bool(want)
+            if h >= 0:
+                assert found[h] in want
+    check()

@@ -53,6 +53,7 @@ from ..errors import DeviceError, UvmPrefetchError
 from ..gpus import PROFILES
 from ..policy.base import EMPTY, Advice, LaunchInfo, Policy, PolicyContext
 from ..units import format_size
+from .discard_audit import DiscardAudit
 from .residency import Residency
 
 BLOCK_SIZE = 2 << 20
@@ -436,6 +437,8 @@ class CudaBackend:
         # as evictions (same room freed, the data kept). Either way only blocks the runtime itself saw freed and
         # no launch touched since (``dead``) may be discarded: a policy's stale dead flag never loses data.
         self.discard_on = bool(cfg.discard and self.mover.can_discard)
+        # UVMPREFETCH_DISCARD_AUDIT=1: each discard checked against the caching allocator (discard_audit.py)
+        self.audit = DiscardAudit() if self.discard_on and cfg.discard_audit else None
         self.dead = np.zeros(self.max_blocks, dtype=bool)
         self._marks_for(self.max_blocks)
         self.discards_as_evictions = 0
@@ -575,7 +578,7 @@ class CudaBackend:
             return mask
         discard, evict, pf = res.plan(dec, protected)
         if discard.size:
-            discard, evict = self._safe_discards(discard, evict)
+            discard, evict = self._safe_discards(discard, evict, info.index)
         res.apply(discard, evict, EMPTY)  # books first: what the Decision frees counts for the budget
         incoming = int((~res.resident[info.blocks]).sum()) if info.blocks.size else 0
         victims = res.victims(incoming + pf.size, protected)
@@ -619,10 +622,17 @@ class CudaBackend:
         """The last discard of any of ``blocks`` (a move of them must wait for it), 0 for none."""
         return int(self._disc_mark[blocks].max()) if blocks.size else 0
 
-    def _safe_discards(self, discard: np.ndarray, evict: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _safe_discards(self, discard: np.ndarray, evict: np.ndarray, launch: int = -1) -> tuple[np.ndarray, np.ndarray]:
         """The discards to issue, and the evictions with the rest: with discards off every one becomes an
-        eviction; with them on, those the runtime does not know dead (freed, untouched since) do."""
+        eviction; with them on, those the runtime does not know dead (freed, untouched since) do, and with the
+        audit on, those a live allocation of the caching allocator overlaps (no longer counted dead)."""
         ok = self.dead[discard] if self.discard_on else np.zeros(discard.shape[0], dtype=bool)
+        if self.audit is not None and ok.any():
+            cand = np.flatnonzero(ok)
+            fine = self.audit.check(discard[cand], self._addr[discard[cand]], self.block_size, launch)
+            if not fine.all():
+                ok[cand[~fine]] = False
+                self.dead[discard[cand[~fine]]] = False
         rest = discard[~ok]
         if rest.size:
             if self.discard_on:
@@ -672,6 +682,7 @@ class CudaBackend:
                  batch_prefetch=self.mover.batch, discard_api=self.mover.can_discard, cuda_calls=self.mover.calls,
                  discards_issued=self.discard_on, discards_as_evictions=self.discards_as_evictions,
                  refused_discards=self.refused_discards,
+                 discard_audit=self.audit.result() if self.audit is not None else None,
                  captured_launches_skipped=self.captured_launches, host_time=self.host.result(),
                  driver_version=self.driver.version, gpu_iter_s_between_steps=times,
                  note="faults: CUPTI GPU page-fault groups (null without cupti-python); expected_faults counts "

@@ -123,6 +123,9 @@ class Session:
         self.backend = backend if backend is not None else make_backend(cfg, self.policy)
         self.block_size = self.backend.block_size
         self.tracker = StorageTracker(self.block_size, virtual=self.backend.virtual_addresses)
+        audit = getattr(self.backend, "audit", None)  # UVMPREFETCH_DISCARD_AUDIT: say what the tracker knew
+        if audit is not None:
+            audit.known = self._tracker_at
         self.device_type = self.backend.device_type
         self.gpu = getattr(self.backend, "gpu", None)
         self.active = False
@@ -242,6 +245,13 @@ class Session:
                 self.builder.iteration = self.iteration
         except Exception as e:  # noqa: BLE001
             self.fail("end of iteration", e)
+
+    def _tracker_at(self, address: int) -> str:
+        """What the tracker knows of a storage at ``address`` (the discard audit's cases)."""
+        s = self.tracker.live.get(address)
+        if s is None:
+            return "no live storage at this address in the tracker"
+        return f"live storage {s.id} ({s.nbytes} B) in the tracker"
 
     def _drain_frees(self) -> None:
         died, freed = self.tracker.drain_dead()
