@@ -41,7 +41,7 @@ def live_intervals(segments: list[dict]) -> tuple[np.ndarray, np.ndarray, list[d
         for b in seg.get("blocks", ()):
             if b.get("state") == FREE_STATE:
                 continue
-            size = int(b.get("requested_size") or b.get("size") or 0)
+            size = int(b["requested_size"] if "requested_size" in b else b.get("size", 0))
             if size > 0:
                 found.append((int(b["address"]), int(b["address"]) + size, b))
     found.sort(key=lambda t: t[0])
