@@ -106,7 +106,7 @@ def backend(policy, cap_blocks, segments, discard=True):
     be.discard_on, be.dead = discard, np.zeros(be.max_blocks, dtype=bool)  # (UVMPREFETCH_DISCARD=1 unless told)
     be._marks_for(be.max_blocks)
     be.discards_as_evictions = be.refused_discards = 0
-    be.audit = None
+    be.guard = None
     be.res = Residency(cap_blocks, be.max_blocks, BS)
     be.res.n_ids = 0  # as __init__: block_ids numbers blocks densely and keeps this up to date
     be.mover, be.shim, be.policy = FakeMover(), FakeShim(segments), policy
@@ -613,21 +613,27 @@ def test_mover_thread_backpressure_blocks_the_submitter():
         t.submit(BS, done.append, 3)
 
 
-def test_discard_audit_refuses_blocks_a_live_allocation_holds():
-    from uvmprefetch.runtime.discard_audit import DiscardAudit
+def _snap(state, requested=100, at=BASE + BS + 4096):
+    """An allocator snapshot of one segment over blocks 0..15 holding one allocation at ``at`` in ``state``."""
+    return [{"address": BASE, "total_size": 16 * BS, "blocks": [
+        {"address": BASE, "size": at - BASE, "requested_size": at - BASE, "state": "inactive"},
+        {"address": at, "size": 512, "requested_size": requested, "state": state},
+        {"address": at + 512, "size": BASE + 16 * BS - at - 512, "requested_size": 0, "state": "inactive"}]}]
+
+
+def test_discard_guard_refuses_blocks_a_live_allocation_holds():
+    from uvmprefetch.runtime.discard_guard import DiscardGuard
     seg = [(BASE, 16 * BS)]
 
-    def run(state):
+    def run(state, strict=True):
         # GIVEN block 1 freed as far as the runtime saw, a policy that discards it, and the caching allocator's
-        # snapshot holding one allocation of 100 bytes in block 1 in ``state``
+        # snapshot holding one allocation of 100 bytes in block 1 in ``state`` that the runtime never saw
         pol = Scripted([None, None, None, None, Decision(discard=np.array([1]))])
         be = backend(pol, 8, seg, discard=True)
-        snap = [{"address": BASE, "total_size": 16 * BS, "blocks": [
-            {"address": BASE, "size": BS + 4096, "requested_size": BS + 4096, "state": "inactive"},
-            {"address": BASE + BS + 4096, "size": 512, "requested_size": 100, "state": state},
-            {"address": BASE + BS + 4608, "size": 14 * BS, "requested_size": 14 * BS, "state": "inactive"}]}]
-        be.audit = DiscardAudit(snapshot=lambda: snap)
-        be.audit.known = lambda addr: f"nothing at {addr}"
+        be.guard = DiscardGuard(snapshot=lambda: _snap(state), stats=lambda: (1, 100), strict=strict)
+        be.guard.known = lambda addr: f"nothing at {addr}"
+        if not strict:
+            be.guard.explained, be.guard.is_known = (lambda: (0, 0)), (lambda addr, n: False)
         for i in range(3):
             be.launch(info(i, be, BASE + i * BS, BS))
         Event.done = 10
@@ -636,28 +642,73 @@ def test_discard_audit_refuses_blocks_a_live_allocation_holds():
         be.launch(info(4, be, BASE + 4 * BS, BS))
         return be, [(k, r) for k, r, *_ in be.mover.log if k != "mark"]
 
-    # WHEN the allocation is live: the block is evicted (data kept), not discarded, and the case is recorded
-    be, log = run("active_allocated")
-    assert log == [("to_host", [(BASE + BS, BS)])]
-    res = be.audit.result()
-    assert res["refused_blocks"] == 1 and res["checked_blocks"] == 1 and be.refused_discards == 1
-    case = res["cases"][0]
-    assert case["launch"] == 4 and case["block_address"] == BASE + BS and case["alloc_requested"] == 100
-    assert case["tracker"] == f"nothing at {BASE + BS + 4096}" and not be.dead[1]
-    # WHEN it is freed but another stream may still use it: refused as well
-    be, log = run("active_awaiting_free")
-    assert log == [("to_host", [(BASE + BS, BS)])]
-    # WHEN the allocator holds nothing there: discarded
-    be, log = run("inactive")
-    assert log == [("discard", [(BASE + BS, BS)])] and be.audit.result()["refused_blocks"] == 0
+    for strict in (True, False):
+        # WHEN the allocation is live: the block is evicted (data kept), not discarded, and the case is recorded
+        be, log = run("active_allocated", strict)
+        assert log == [("to_host", [(BASE + BS, BS)])]
+        res = be.guard.result()
+        assert res["refused_blocks"] == 1 and res["checked_blocks"] == 1 and be.refused_discards == 1
+        case = res["cases"][0]
+        assert case["launch"] == 4 and case["block_address"] == BASE + BS and case["alloc_requested"] == 100
+        assert case["tracker"] == f"nothing at {BASE + BS + 4096}" and not be.dead[1]
+        # WHEN it is freed but another stream may still use it: refused as well
+        be, log = run("active_awaiting_free", strict)
+        assert log == [("to_host", [(BASE + BS, BS)])]
+        # WHEN the allocator holds nothing there: discarded
+        be, log = run("inactive", strict)
+        assert log == [("discard", [(BASE + BS, BS)])] and be.guard.result()["refused_blocks"] == 0
+
+
+def test_discard_guard_snapshots_only_when_the_allocator_counts_disagree_with_the_runtime():
+    from uvmprefetch.runtime.discard_guard import DiscardGuard
+    # GIVEN an allocator holding a foreign 100-byte allocation in block 1, and a runtime that knows 5 storages
+    state = {"snap": _snap("active_allocated"), "stats": (6, 1100), "explained": (5, 1000)}
+    g = DiscardGuard(snapshot=lambda: state["snap"], stats=lambda: state["stats"])
+    g.explained = lambda: state["explained"]
+    g.is_known = lambda addr, n: addr == BASE + 9 * BS
+    blocks = np.array([1, 2]), np.array([BASE + BS, BASE + 2 * BS])
+    # WHEN checked: one snapshot, block 1 refused
+    assert g.check(*blocks, BS, 0).tolist() == [False, True] and g.snapshots == 1
+    # WHEN the runtime learns of a new storage the allocator holds too (both sides +1): no new snapshot
+    state["stats"], state["explained"] = (7, 1300), (6, 1200)
+    assert g.check(*blocks, BS, 1).tolist() == [False, True] and g.snapshots == 1 and g.stat_checks == 2
+    # WHEN the foreign allocation is freed (the allocator's counts drop, the runtime's do not): a new snapshot
+    state["snap"], state["stats"] = _snap("inactive"), (6, 1200)
+    assert g.check(*blocks, BS, 2).tolist() == [True, True] and g.snapshots == 2
+    # WHEN a storage the runtime knows lies in a block: not the guard's business (the tracker's refs keep it)
+    state["snap"], state["stats"] = _snap("active_allocated", at=BASE + 9 * BS), (7, 1300)
+    assert g.check(np.array([9]), np.array([BASE + 9 * BS]), BS, 3).tolist() == [True] and g.snapshots == 3
+    assert g.result()["strict"] is False and g.refused_blocks == 2
+
+
+def test_session_tells_the_discard_guard_what_the_tracker_knows():
+    import torch
+
+    from uvmprefetch.config import RuntimeConfig
+    from uvmprefetch.runtime.discard_guard import DiscardGuard
+    from uvmprefetch.runtime.session import Session
+
+    class GuardedBackend:  # the cuda backend's attributes the session reads, with a guard
+        block_size, virtual_addresses, device_type, gpu = BS, False, "cpu", None
+        guard = DiscardGuard(snapshot=lambda: [], stats=lambda: (0, 0))
+
+    # GIVEN a session over a backend with a discard guard, and one storage the tracker has seen
+    s = Session(RuntimeConfig(enabled=True, backend="dryrun"), backend=GuardedBackend())
+    t = torch.zeros(1000)
+    s.tracker.lookup(t.untyped_storage())
+    g = GuardedBackend.guard
+    addr = t.untyped_storage().data_ptr()
+    # THEN the guard sees the tracker's live storages, by address and size
+    assert g.explained() == (1, 4000)
+    assert g.is_known(addr, 4000) and not g.is_known(addr, 8) and not g.is_known(addr + 64, 4000)
+    assert "4000 B" in g.known(addr) and "no live storage" in g.known(addr + 64)
 
 
 def test_audit_overlap_search_matches_a_pairwise_check():
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from uvmprefetch.runtime.discard_audit import live_intervals, overlapping
-
+    from uvmprefetch.runtime.discard_guard import live_intervals, overlapping
     @settings(max_examples=200, deadline=None)
     @given(st.lists(st.tuples(st.integers(1, 5000), st.integers(0, 3000), st.booleans()), max_size=12),
            st.lists(st.integers(0, 40000), max_size=20), st.integers(1, 4096))

@@ -53,7 +53,7 @@ from ..errors import DeviceError, UvmPrefetchError
 from ..gpus import PROFILES
 from ..policy.base import EMPTY, Advice, LaunchInfo, Policy, PolicyContext
 from ..units import format_size
-from .discard_audit import DiscardAudit
+from .discard_guard import DiscardGuard
 from .residency import Residency
 
 BLOCK_SIZE = 2 << 20
@@ -437,8 +437,10 @@ class CudaBackend:
         # as evictions (same room freed, the data kept). Either way only blocks the runtime itself saw freed and
         # no launch touched since (``dead``) may be discarded: a policy's stale dead flag never loses data.
         self.discard_on = bool(cfg.discard and self.mover.can_discard)
-        # UVMPREFETCH_DISCARD_AUDIT=1: each discard checked against the caching allocator (discard_audit.py)
-        self.audit = DiscardAudit() if self.discard_on and cfg.discard_audit else None
+        # every discard checked against the caching allocator (discard_guard.py): a library's workspace that no
+        # observed op touched lay in blocks the runtime counted dead (H200, 2026-11-27); strict with
+        # UVMPREFETCH_DISCARD_AUDIT=1
+        self.guard = DiscardGuard(strict=cfg.discard_audit) if self.discard_on else None
         self.dead = np.zeros(self.max_blocks, dtype=bool)
         self._marks_for(self.max_blocks)
         self.discards_as_evictions = 0
@@ -624,12 +626,12 @@ class CudaBackend:
 
     def _safe_discards(self, discard: np.ndarray, evict: np.ndarray, launch: int = -1) -> tuple[np.ndarray, np.ndarray]:
         """The discards to issue, and the evictions with the rest: with discards off every one becomes an
-        eviction; with them on, those the runtime does not know dead (freed, untouched since) do, and with the
-        audit on, those a live allocation of the caching allocator overlaps (no longer counted dead)."""
+        eviction; with them on, those the runtime does not know dead (freed, untouched since) do, and those the
+        guard finds a live allocation of the caching allocator in (no longer counted dead)."""
         ok = self.dead[discard] if self.discard_on else np.zeros(discard.shape[0], dtype=bool)
-        if self.audit is not None and ok.any():
+        if self.guard is not None and ok.any():
             cand = np.flatnonzero(ok)
-            fine = self.audit.check(discard[cand], self._addr[discard[cand]], self.block_size, launch)
+            fine = self.guard.check(discard[cand], self._addr[discard[cand]], self.block_size, launch)
             if not fine.all():
                 ok[cand[~fine]] = False
                 self.dead[discard[cand[~fine]]] = False
@@ -682,7 +684,7 @@ class CudaBackend:
                  batch_prefetch=self.mover.batch, discard_api=self.mover.can_discard, cuda_calls=self.mover.calls,
                  discards_issued=self.discard_on, discards_as_evictions=self.discards_as_evictions,
                  refused_discards=self.refused_discards,
-                 discard_audit=self.audit.result() if self.audit is not None else None,
+                 discard_guard=self.guard.result() if self.guard is not None else None,
                  captured_launches_skipped=self.captured_launches, host_time=self.host.result(),
                  driver_version=self.driver.version, gpu_iter_s_between_steps=times,
                  note="faults: CUPTI GPU page-fault groups (null without cupti-python); expected_faults counts "

@@ -123,9 +123,12 @@ class Session:
         self.backend = backend if backend is not None else make_backend(cfg, self.policy)
         self.block_size = self.backend.block_size
         self.tracker = StorageTracker(self.block_size, virtual=self.backend.virtual_addresses)
-        audit = getattr(self.backend, "audit", None)  # UVMPREFETCH_DISCARD_AUDIT: say what the tracker knew
-        if audit is not None:
-            audit.known = self._tracker_at
+        guard = getattr(self.backend, "guard", None)  # discards (cuda): what the runtime knows is live
+        if guard is not None:
+            tr = self.tracker
+            guard.explained = lambda: (len(tr.live), tr.live_bytes)
+            guard.is_known = lambda addr, nbytes: (s := tr.live.get(addr)) is not None and s.nbytes == nbytes
+            guard.known = self._tracker_at
         self.device_type = self.backend.device_type
         self.gpu = getattr(self.backend, "gpu", None)
         self.active = False
@@ -247,7 +250,7 @@ class Session:
             self.fail("end of iteration", e)
 
     def _tracker_at(self, address: int) -> str:
-        """What the tracker knows of a storage at ``address`` (the discard audit's cases)."""
+        """What the tracker knows of a storage at ``address`` (the discard guard's cases)."""
         s = self.tracker.live.get(address)
         if s is None:
             return "no live storage at this address in the tracker"
