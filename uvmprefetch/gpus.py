@@ -157,6 +157,21 @@ for _base in ("h100-pcie", "h100-sxm"):
         calibrated="2026-11-23 bench/gpu/calibrate.py on NVIDIA H100 80GB HBM3 (driver 580.159.04), fitted by hand",
     )
 
+# ``h200-cal``: the H200 board's compute with the unified-memory costs bench/gpu/calibrate.py measured on a lent
+# H200 (bench/results/gpu-20261127/run1-discard3/calibrate.json, 2026-11-27, driver 580.159.04), fitted by hand
+# as the H100's were (the automatic atan fit fails here too: managed prefetches carry ~60 us per call):
+# - a dense touch of host-resident managed memory costs ~300 us per 2 MiB block (H100: 320-400): one block per
+#   fault batch (17 entries) at 280 us + the transfer fits the dense touch within -7..+22 % and the sparse
+#   touch within -24..+16 %;
+# - eviction (cudaMemPrefetchAsync to the host) 7.3 GB/s for 2 MiB, 9-11 GB/s for 8 MiB-1 GiB: 9 GB/s fits
+#   2 MiB-1 GiB within -19..+25 %; to the GPU 49 GB/s for >= 128 MiB (within 0.1 %).
+PROFILES["h200-cal"] = dataclasses.replace(
+    PROFILES["h200"], name="h200-cal", link_htod_bw=49 * GB, link_dtoh_bw=9 * GB,
+    fault_batch_size=17, fault_batch_latency_s=280e-6,
+    sources=PROFILES["h200"].sources + "; link and fault costs measured on an H200 (bench/results/gpu-20261127/)",
+    calibrated="2026-11-27 bench/gpu/calibrate.py on NVIDIA H200 (driver 580.159.04), fitted by hand",
+)
+
 DEFAULT_GPU = "h100-pcie"
 
 # SSD tiers for ``GpuProfile.with_overrides(**SSD_PRESETS[name])`` (``--ssd NAME`` in replay/bench). The host

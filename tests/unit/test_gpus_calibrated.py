@@ -1,43 +1,54 @@
-"""The calibrated profile (``h100-pcie-cal``) against the H100 measurement it was fitted to
-(``bench/results/calibrate.json``): the simulator's own fault and link formulas must reproduce the measured
-times within the tolerances its comment in ``uvmprefetch/gpus.py`` states."""
+"""The calibrated profiles (``h100-pcie-cal``, ``h200-cal``) against the measurements they were fitted to
+(``bench/results/calibrate.json`` on an H100, ``bench/results/gpu-20261127/run1-discard3/calibrate.json`` on an
+H200): the simulator's own fault and link formulas must reproduce the measured times within the tolerances
+their comments in ``uvmprefetch/gpus.py`` state."""
 
 import json
 import sys
 from pathlib import Path
+
+import pytest
 
 from uvmprefetch.gpus import PROFILES
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench" / "gpu"))
 
+# profile, measurement, device name, tolerance of the fault model (dense, sparse touch), of the eviction bandwidth
+CASES = [
+    ("h100-pcie-cal", "bench/results/calibrate.json", "H100", (0.18, 0.15), 0.35),
+    ("h200-cal", "bench/results/gpu-20261127/run1-discard3/calibrate.json", "H200", (0.25, 0.25), 0.26),
+]
 
-def measured():
-    return json.loads((REPO / "bench" / "results" / "calibrate.json").read_text())
+
+def measured(path: str, device: str) -> dict:
+    cal = json.loads((REPO / path).read_text())
+    assert device in cal["env"]["device"] and not cal["env"]["dry_run"]
+    return cal["raw"]
 
 
-def test_fault_model_fits_the_measured_touches():
+@pytest.mark.parametrize("name,path,device,fault_tol,_", CASES)
+def test_fault_model_fits_the_measured_touches(name, path, device, fault_tol, _):
     from calibrate import fault_model
-    g = PROFILES["h100-pcie-cal"]
-    cal = measured()
-    raw = cal["raw"]
-    assert "H100" in cal["env"]["device"] and not cal["env"]["dry_run"]
-    for pattern, tol in (("full", 0.18), ("sparse", 0.15)):
+    g = PROFILES[name]
+    raw = measured(path, device)
+    for pattern, tol in zip(("full", "sparse"), fault_tol):
         for nb, t_fault, t_resident in raw["touch"][pattern]:
             batches, link = fault_model(nb, pattern, g.link_htod_bw, g.fault_batch_size)
             pred, y = batches * g.fault_batch_latency_s + link, t_fault - t_resident
             assert abs(pred - y) / y <= tol, (pattern, nb, pred, y)
 
 
-def test_eviction_and_large_prefetch_bandwidths_fit():
-    g = PROFILES["h100-pcie-cal"]
-    raw = measured()["raw"]
+@pytest.mark.parametrize("name,path,device,_,evict_tol", CASES)
+def test_eviction_and_large_prefetch_bandwidths_fit(name, path, device, _, evict_tol):
+    g = PROFILES[name]
+    raw = measured(path, device)
     for n, t in raw["prefetch"]["dtoh"]:
         if n >= 2 << 20:  # the eviction path: blocks of 2 MiB and up
-            assert abs(g.transfer_time(n, "dtoh") - t) / t <= 0.35, n
+            assert abs(g.transfer_time(n, "dtoh") - t) / t <= evict_tol, n
     for n, t in raw["prefetch"]["htod"]:
         if n >= 128 << 20:  # large prefetches; small ones carry ~60 us per call that the profile leaves out
             assert abs(g.transfer_time(n, "htod") - t) / t <= 0.05, n
     # the point of the calibration: faults and evictions are far dearer than the literature profile says
-    lit = PROFILES["h100-pcie"]
+    lit = PROFILES[name.removesuffix("-cal")]
     assert g.transfer_time(2 << 20, "dtoh") > 5 * lit.transfer_time(2 << 20, "dtoh")
