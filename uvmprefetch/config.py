@@ -34,8 +34,9 @@ VARIABLES: dict[str, str] = {
                          "(prefetches and evictions from a mover thread; experimental)",
     "UVMPREFETCH_DISCARD": "0/false/off (default: a policy's discards of dead blocks are issued as evictions, "
                            "which keep the data; dryrun models the same) or 1/true/on (cuda: "
-                           "cudaMemDiscardBatchAsync; experimental: a GPT-2 large run on an H100 ended with a NaN "
-                           "loss with it on; dryrun: dead blocks are dropped for free)",
+                           "cudaMemDiscardBatchAsync where the caching allocator holds nothing; experimental: GPT-2 "
+                           "large runs on an H100 and an H200 ended with a NaN loss with it on, before that check; "
+                           "dryrun: dead blocks are dropped for free)",
     "UVMPREFETCH_DISCARD_AUDIT": "0/false/off (default: with UVMPREFETCH_DISCARD=1 the caching allocator is "
                                  "snapshotted when its counts disagree with the runtime's) or 1/true/on (a "
                                  "snapshot before every discarding launch: strict, ~3 ms each on GPT-2 large)",

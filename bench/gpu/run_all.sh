@@ -7,9 +7,9 @@
 #   bench/gpu/run_all.sh part2b    # the same at 2x, into bench/results/oversub-2x/  (~8 min, at most ~9.5)
 #   bench/gpu/run_all.sh part3     # overhead                                      (~3 min, at most ~3.5)
 #   bench/gpu/run_all.sh discard   # UVMPREFETCH_DISCARD=1: the probe + correctness --discard (at most ~6.5 min)
-#   bench/gpu/run_all.sh discard2  # diagnose at 1.5x, uvmprefetch with and without discards (at most ~6.5 min)
-#   bench/gpu/run_all.sh discard3  # one command for a 15-minute lease: the discard probe, diagnose at 1.5x
-#                                  # (uvmprefetch with discards, demand, uvmprefetch), then calibrate (<= ~9.7 min)
+#   bench/gpu/run_all.sh discard2  # diagnose at 1.5x, 7 iterations, uvmprefetch with and without discards (<= ~7.5 min)
+#   bench/gpu/run_all.sh discard3  # one command for a 15-minute lease: the discard probe, discard2's diagnose,
+#                                  # then correctness --discard over 10 iterations (~7-8 min; the last step may be cut)
 #   bench/gpu/run_all.sh fidelity  # fidelity alone, its own runs (if part2 ran out of time)
 #   bench/gpu/run_all.sh summary   # gpu-summary.md from whatever results exist
 #   bench/gpu/run_all.sh dry-run   # every script with --dry-run, on any machine (CPU)
@@ -106,31 +106,33 @@ discard)
     save
     ;;
 discard2)
-    # where the time goes with discards on: GPT-2 large at the 1.5x budget oversub.py measured (docs/gpu-validation.md)
+    # where the time goes with discards on: GPT-2 large at the 1.5x budget oversub.py measured (docs/gpu-validation.md);
+    # 7 iterations: on the H200 the NaN of a run with discards came at iteration 3 (bench/results/gpu-20261127/)
     setup
     mkdir -p "$RES/discard"
     step numba-warm 120 "$PY" -c "from uvmprefetch.sim.replay import replay; from uvmprefetch.trace import load
 replay(load('traces/gpt2-small-b2s128.uvmt'), 'uvmprefetch', oversub=1.5)"
-    step diagnose-discard 300 "$PY" bench/gpu/diagnose.py --budget "${BUDGET:-34636562432}" --timeout 120 \
-        --deadline 150 --out "$RES/discard" --policies 'uvmprefetch;uvmprefetch|UVMPREFETCH_DISCARD=1'
+    step diagnose-discard 330 "$PY" bench/gpu/diagnose.py --budget "${BUDGET:-34636562432}" --iters 7 --warmup 3 \
+        --timeout 150 --deadline 160 --out "$RES/discard" --policies 'uvmprefetch|UVMPREFETCH_DISCARD=1;uvmprefetch'
     [ -n "${OUT:-}" ] && cp "$RES/discard/diagnose.json" "$OUT/diagnose-discard.json" 2>/dev/null
     save
     ;;
 discard3)
-    # a lease of 15 device minutes holds one ~9-minute command: the most useful checks first, each saved at once
+    # a lease of 15 device minutes holds one ~9-minute command: the discard probe, then 7 iterations of GPT-2 large
+    # at 1.5x with discards (the guard on) and without, then the losses with discards against plain PyTorch
     setup
     mkdir -p "$RES/discard"
     step tests-gpu-discard 80 "$PY" -m pytest -q -p no:cacheprovider tests/gpu -k discard -rs
     save
     step numba-warm 120 "$PY" -c "from uvmprefetch.sim.replay import replay; from uvmprefetch.trace import load
 replay(load('traces/gpt2-small-b2s128.uvmt'), 'uvmprefetch', oversub=1.5)"
-    # three runs of <= 110 s each; the discard run first, so that a cut command still has it
-    step diagnose-discard 350 "$PY" bench/gpu/diagnose.py --budget "${BUDGET:-34636562432}" --timeout 110 \
-        --deadline 230 --out "$RES/discard" --policies 'uvmprefetch|UVMPREFETCH_DISCARD=1;demand;uvmprefetch'
+    step diagnose-discard 330 "$PY" bench/gpu/diagnose.py --budget "${BUDGET:-34636562432}" --iters 7 --warmup 3 \
+        --timeout 150 --deadline 160 --out "$RES/discard" --policies 'uvmprefetch|UVMPREFETCH_DISCARD=1;uvmprefetch'
     [ -n "${OUT:-}" ] && cp "$RES/discard/diagnose.json" "$OUT/diagnose-discard.json" 2>/dev/null
     save
-    step calibrate 100 "$PY" bench/gpu/calibrate.py --quiet
-    save calibrate.json
+    step correctness-discard 150 "$PY" bench/gpu/correctness.py --discard --iters 10 --timeout 45 --out "$RES/discard"
+    [ -n "${OUT:-}" ] && cp "$RES/discard/correctness.json" "$OUT/correctness-discard.json" 2>/dev/null
+    save
     ;;
 part2 | part2b)
     setup

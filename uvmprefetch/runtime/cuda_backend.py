@@ -17,10 +17,12 @@ moves blocks with cuda-python (``cuda.bindings.runtime``, CUDA 13 ``cudaMemLocat
   any later move of them (CUDA: a prefetch that runs during a discard of the same range is undefined
   behaviour). Moves of other blocks are not ordered with it: a discard no longer makes the compute stream
   wait for every queued prefetch, which had kept a GPT-2 large run at 1.5x from finishing 4 iterations in
-  120 s (bench/results/gpu-20261124/, section 5). Off because on the H100 a GPT-2 large run at 1.5x with
-  discards ended with a NaN loss (bench/results/gpu-20261123c/). The ordering with the moves came after that
-  run: it is a documented hazard the runtime had, and the likely cause, but no GPU run has shown that it was.
-  The discards also held the training thread longer than the write-backs they saved;
+  120 s (bench/results/gpu-20261124/, section 5). And, per block, only where no live allocation of the
+  caching allocator lies (``DiscardGuard``, discard_guard.py): on an H200 (bench/results/gpu-20261127/) a run
+  with that stream order still ended with a NaN loss, and a strict check found a 32 MiB allocation no
+  observed op had touched (a library workspace) in blocks the runtime counted dead. Off by default because of
+  those NaN losses (the H100's too: bench/results/gpu-20261123c/); the guard is not yet run on a GPU. The
+  discards also held the training thread longer than the write-backs they saved;
 - the budget (``Residency``) evicts the least recently migrated blocks, never those of the running launch
   or of launches still queued on the GPU (``GpuProgress``).
 
