@@ -65,6 +65,43 @@ def main(what):
             mv.prefetch([(p, n)], to_device=True, after=d)  # a move of it after the discard
             out["discard_reuse_ok"] = z.data_ptr() == p and z.sum().item() == 3.0 * (1 << 22)
         out["cuda_calls"] = mv.calls
+    elif what == "guard":  # with UVMPREFETCH_DISCARD=1: the discard guard against an allocation no op touched
+        import time
+
+        import numpy as np
+        be = s.backend
+        out["guard"] = be.guard is not None
+        x = torch.ones(1 << 22, device="cuda")  # 16 MiB, seen by the runtime
+        p, n = x.data_ptr(), x.numel() * 4
+        ids = be.block_ids(p, n)
+        del x
+        torch.zeros(1, device="cuda")  # the next observed op drains the death: the blocks count dead
+        whole = ids[1:-1] if p % be.block_size else ids[:-1]  # blocks x covered completely
+        out["dead_after_free"] = bool(be.dead[whole].all())
+        others = []  # the same memory, handed out with no op the runtime sees (best fit: the first try, as a rule)
+        raw = torch.cuda.caching_allocator_alloc(n)
+        while raw != p and len(others) < 8:
+            others.append(raw)
+            raw = torch.cuda.caching_allocator_alloc(n)
+        for o in others:
+            torch.cuda.caching_allocator_delete(o)
+        cudart.cudaMemset(raw, 7, n)
+        out["raw_reuses_memory"] = raw == p
+        keep, _ = be._safe_discards(whole, np.zeros(0, dtype=np.int64), -1)
+        out["refused_while_live"] = keep.size == 0 and be.guard.refused_blocks >= whole.size
+        torch.cuda.synchronize()
+        torch.cuda.caching_allocator_delete(raw)
+        be.dead[whole] = True  # as a later free would set them
+        keep, _ = be._safe_discards(whole, np.zeros(0, dtype=np.int64), -1)
+        out["allowed_once_freed"] = keep.size == whole.size
+        t0 = time.perf_counter()
+        for _ in range(100):
+            be.guard.stats()
+        out["stats_us"] = (time.perf_counter() - t0) * 1e4
+        t0 = time.perf_counter()
+        be.guard.snapshot()
+        out["snapshot_ms"] = (time.perf_counter() - t0) * 1e3
+        out["result"] = be.guard.result()
     print(json.dumps(out))
 
 

@@ -50,6 +50,18 @@ def test_prefetch_and_discard_calls(tmp_path):
         assert d["discard_reuse_ok"]
 
 
+def test_discard_guard_refuses_memory_an_unobserved_allocation_holds(tmp_path):
+    # GIVEN discards on, a tensor that died, and its memory handed out by the caching allocator with no op the
+    # runtime sees (as cuBLAS takes its workspace: bench/results/gpu-20261127/)
+    d = probe(tmp_path, "guard", UVMPREFETCH_DISCARD="1")
+    if not d["guard"]:
+        return  # no batch API: no discards, nothing to guard
+    assert d["dead_after_free"] and d["raw_reuses_memory"]
+    # THEN the blocks are not discarded while it lives, and are once it is freed
+    assert d["refused_while_live"]
+    assert d["allowed_once_freed"]
+
+
 def test_losses_equal_with_and_without_runtime_and_budget_enforced(tmp_path):
     plain = train(tmp_path, "plain")
     plain2 = train(tmp_path, "plain2")
