@@ -79,6 +79,22 @@ collect() {
     tail -n 40 "$RES/gpu-summary.md" 2>/dev/null
 }
 
+# compile the policy's Numba kernels into the package's cache first (~60 s on a fresh machine, seconds after):
+# otherwise the first uvmprefetch run pays it inside its run time limit
+numba_warm() {
+    step numba-warm 120 "$PY" -c "from uvmprefetch.sim.replay import replay; from uvmprefetch.trace import load
+replay(load('traces/gpt2-small-b2s128.uvmt'), 'uvmprefetch', oversub=1.5)"
+}
+
+# GPT-2 large at the 1.5x budget oversub.py measured, uvmprefetch with and without discards, 7 iterations (on the
+# H200 the NaN of a run with discards came at iteration 3: bench/results/gpu-20261127/)
+discard_diagnose() {
+    step diagnose-discard 330 "$PY" bench/gpu/diagnose.py --budget "${BUDGET:-34636562432}" --iters 7 --warmup 3 \
+        --timeout 150 --deadline 160 --out "$RES/discard" --policies 'uvmprefetch|UVMPREFETCH_DISCARD=1;uvmprefetch'
+    [ -n "${OUT:-}" ] && cp "$RES/discard/diagnose.json" "$OUT/diagnose-discard.json" 2>/dev/null
+    save
+}
+
 case "$PART" in
 part1)
     setup
@@ -106,16 +122,11 @@ discard)
     save
     ;;
 discard2)
-    # where the time goes with discards on: GPT-2 large at the 1.5x budget oversub.py measured (docs/gpu-validation.md);
-    # 7 iterations: on the H200 the NaN of a run with discards came at iteration 3 (bench/results/gpu-20261127/)
+    # where the time goes with discards on (docs/gpu-validation.md)
     setup
     mkdir -p "$RES/discard"
-    step numba-warm 120 "$PY" -c "from uvmprefetch.sim.replay import replay; from uvmprefetch.trace import load
-replay(load('traces/gpt2-small-b2s128.uvmt'), 'uvmprefetch', oversub=1.5)"
-    step diagnose-discard 330 "$PY" bench/gpu/diagnose.py --budget "${BUDGET:-34636562432}" --iters 7 --warmup 3 \
-        --timeout 150 --deadline 160 --out "$RES/discard" --policies 'uvmprefetch|UVMPREFETCH_DISCARD=1;uvmprefetch'
-    [ -n "${OUT:-}" ] && cp "$RES/discard/diagnose.json" "$OUT/diagnose-discard.json" 2>/dev/null
-    save
+    numba_warm
+    discard_diagnose
     ;;
 discard3)
     # a lease of 15 device minutes holds one ~9-minute command: the discard probe, then 7 iterations of GPT-2 large
@@ -124,12 +135,8 @@ discard3)
     mkdir -p "$RES/discard"
     step tests-gpu-discard 80 "$PY" -m pytest -q -p no:cacheprovider tests/gpu -k discard -rs
     save
-    step numba-warm 120 "$PY" -c "from uvmprefetch.sim.replay import replay; from uvmprefetch.trace import load
-replay(load('traces/gpt2-small-b2s128.uvmt'), 'uvmprefetch', oversub=1.5)"
-    step diagnose-discard 330 "$PY" bench/gpu/diagnose.py --budget "${BUDGET:-34636562432}" --iters 7 --warmup 3 \
-        --timeout 150 --deadline 160 --out "$RES/discard" --policies 'uvmprefetch|UVMPREFETCH_DISCARD=1;uvmprefetch'
-    [ -n "${OUT:-}" ] && cp "$RES/discard/diagnose.json" "$OUT/diagnose-discard.json" 2>/dev/null
-    save
+    numba_warm
+    discard_diagnose
     step correctness-discard 150 "$PY" bench/gpu/correctness.py --discard --iters 10 --timeout 45 --out "$RES/discard"
     [ -n "${OUT:-}" ] && cp "$RES/discard/correctness.json" "$OUT/correctness-discard.json" 2>/dev/null
     save
@@ -141,10 +148,7 @@ part2 | part2b)
     # deadline cut uvmprefetch@2x and deepum). part2b writes under oversub-2x/ so that both parts' results stay.
     if [ "$PART" = part2 ]; then RATIO=1.5; DIR=$RES; SUF=; else RATIO=2; DIR=$RES/oversub-2x; SUF=-2x; fi
     mkdir -p "$DIR"
-    # compile the policy's Numba kernels into the package's cache first (~60 s on a fresh machine, seconds
-    # after): otherwise the first uvmprefetch run pays it inside its run time limit
-    step numba-warm 120 "$PY" -c "from uvmprefetch.sim.replay import replay; from uvmprefetch.trace import load
-replay(load('traces/gpt2-small-b2s128.uvmt'), 'uvmprefetch', oversub=1.5)"
+    numba_warm
     step oversub 430 "$PY" bench/gpu/oversub.py --trace --ratios "$RATIO" --out "$DIR" \
         --work-dir "/tmp/uvmp-oversub$SUF" --iters 5 --warmup 2 --deadline 390 --timeout 150
     keep() { [ -n "${OUT:-}" ] && cp "$1" "$OUT/$2" 2>/dev/null; return 0; }  # at once: a cut command keeps it
