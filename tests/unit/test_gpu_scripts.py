@@ -237,5 +237,7 @@ def test_fidelity_profile_by_name_or_calibration(tmp_path):
     # without --profile: the device's hand-fitted profile where gpus.py has one, else the literature one, said so
     g, desc = fidelity.load_profile(None, "NVIDIA H100 80GB HBM3", False)
     assert g.name == "h100-sxm-cal" and "2026-11-23" in desc
+    g, desc = fidelity.load_profile(None, "NVIDIA H200", False)  # fitted from the H200's own calibration
+    assert g.name == "h200-cal" and "2026-11-27" in desc
     g, desc = fidelity.load_profile(None, "NVIDIA A100 80GB PCIe", False)
     assert g.name == "a100-pcie" and "UNCALIBRATED" in desc
