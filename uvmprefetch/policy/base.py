@@ -68,6 +68,10 @@ class PolicyContext:
     max_blocks: int
     gpu: GpuProfile
     live: bool = False  # True in the runtime (decision cost matters), False in the simulator
+    # False where dead data cannot be dropped: the live cuda backend without UVMPREFETCH_DISCARD=1 (its default),
+    # the simulator's --no-discard, the dryrun backend alike. A Decision's discards are then evictions, written
+    # back like live data, and freed memory comes back over the link when the allocator hands it out again.
+    discards: bool = True
     trace: typing.Any = None  # uvmprefetch.trace.Trace, offline policies only
     layout: typing.Any = None  # uvmprefetch.sim.layout.Layout (alloc -> blocks, per-launch blocks), offline only
 

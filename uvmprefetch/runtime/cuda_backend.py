@@ -474,7 +474,8 @@ class CudaBackend:
         else:
             self.cupti_status = why
         policy.on_start(PolicyContext(block_size=self.block_size, capacity_blocks=cap_blocks,
-                                      max_blocks=self.max_blocks, gpu=self.gpu, live=True))
+                                      max_blocks=self.max_blocks, gpu=self.gpu, live=True,
+                                      discards=self.discard_on))
 
     # ------------------------------------------------------------------------------------ addresses
     def block_ids(self, start: int, length: int) -> np.ndarray:

@@ -327,7 +327,7 @@ class GpuModel:
         self.events: dict[str, list] = {"compute": [], "h2d": [], "d2h": [], "fault": [], "resident": [], "block": []}
         self._since = np.full(n, np.nan) if timeline else None  # when each block landed on the GPU
         ctx = PolicyContext(block_size=bs, capacity_blocks=self.capacity_blocks, max_blocks=n, gpu=gpu,
-                            live=False, trace=trace if policy.offline else None,
+                            live=False, discards=self.discards, trace=trace if policy.offline else None,
                             layout=layout if policy.offline else None)
         policy.on_start(ctx)
 
