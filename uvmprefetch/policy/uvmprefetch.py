@@ -26,7 +26,9 @@ How it decides (each launch, in ``on_launch``):
    launch matched its record exactly, down otherwise), so a wrong guess costs little.
 4. **Window.** ``window.WindowMonitor`` widens it on late prefetches (a predicted block faulted or was
    still in flight) and narrows it when prefetched blocks are evicted before use.
-5. **Invalidation.** Freed blocks are dead: discarded (no write-back) when their room is needed.
+5. **Invalidation.** Freed blocks are dead: discarded (no write-back) when their room is needed. Only where the
+   caller can discard (``PolicyContext.discards``): elsewhere a discard would be a write-back, so a freed block
+   stays live, its next use where the allocator hands its memory out again (bench/results/replay-20261127-nodiscard).
 6. **Advice.** READ_MOSTLY for blocks never written over two iterations of history (free eviction on a
    driver without dirty tracking); PREFER_HOST for blocks read once per iteration, but only while the last
    iteration needed more link time than compute time, and only as many as balance the two (remote reads
