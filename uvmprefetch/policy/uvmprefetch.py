@@ -284,7 +284,7 @@ class UvmPrefetchPolicy(Policy):
         # a dead block that leaves is written back, and comes back over the link when its memory is handed out
         # again: ranked first among victims and pre-evicted to keep the free margin, dead blocks cost blocking
         # write-backs for nothing. Taking them as live (their next use is where the allocator hands them out
-        # again) is what bench/results/replay-20261127-nodiscard/ measured: whole run 1.339 / 1.297 -> 1.062 /
+        # again) is what bench/results/replay-20261127-nodiscard/ measured: whole run 1.339 / 1.297 -> 1.067 /
         # 1.020 x oracle at 1.5x / 2x with the H100's costs and the live runtime's host clock; 1.140 / 1.184 ->
         # 1.182 / 1.231 with the literature profile's free 52 GB/s write-backs and no host clock.
         self.invalidating = bool(P.invalidate and (getattr(ctx, "discards", True) or P.invalidate_always))

@@ -38,6 +38,11 @@ FREE_STATE = "inactive"
 log = logging.getLogger("uvmprefetch.runtime")
 
 
+def requested(block: dict) -> int:
+    """The bytes an allocator block holds for its tensor (its ``requested_size``; ``size`` where that is absent)."""
+    return int(block["requested_size"] if "requested_size" in block else block.get("size", 0))
+
+
 def live_intervals(segments: list[dict]) -> tuple[np.ndarray, np.ndarray, list[dict]]:
     """Sorted ``(starts, ends, blocks)`` of the allocator blocks that may hold live data, from the segment list of
     ``torch.cuda.memory_snapshot()``. A block's extent is its ``requested_size`` (the bytes a tensor can
@@ -47,7 +52,7 @@ def live_intervals(segments: list[dict]) -> tuple[np.ndarray, np.ndarray, list[d
         for b in seg.get("blocks", ()):
             if b.get("state") == FREE_STATE:
                 continue
-            size = int(b["requested_size"] if "requested_size" in b else b.get("size", 0))
+            size = requested(b)
             if size > 0:
                 found.append((int(b["address"]), int(b["address"]) + size, b))
     found.sort(key=lambda t: t[0])
@@ -137,8 +142,7 @@ class DiscardGuard:
         self.snapshot_s += time.perf_counter() - t0
         self.snapshots += 1
         if not self.strict and self.is_known is not None:  # keep only what the runtime does not know
-            keep = [i for i, b in enumerate(found)
-                    if not self.is_known(int(b["address"]), int(b.get("requested_size", b.get("size", 0))))]
+            keep = [i for i, b in enumerate(found) if not self.is_known(int(b["address"]), requested(b))]
             starts, ends, found = starts[keep], ends[keep], [found[i] for i in keep]
         self._starts, self._ends, self._found, self._key = starts, ends, found, key
 
@@ -161,7 +165,7 @@ class DiscardGuard:
                 break
             b = self._found[int(hit[k])]
             case = {"launch": int(launch), "block": int(blocks[k]), "block_address": int(addrs[k]),
-                    "alloc_address": int(b["address"]), "alloc_requested": int(b.get("requested_size") or 0),
+                    "alloc_address": int(b["address"]), "alloc_requested": requested(b),
                     "alloc_size": int(b.get("size") or 0), "state": b.get("state")}
             if self.known is not None:
                 try:
@@ -183,4 +187,4 @@ class DiscardGuard:
                 "refused_blocks": self.refused_blocks, "cases": self.cases}
 
 
-__all__ = ["DiscardGuard", "live_intervals", "overlapping"]
+__all__ = ["DiscardGuard", "live_intervals", "overlapping", "requested"]
