@@ -66,15 +66,24 @@ def test_report_shows_working_set_above_budget_served(runs):
 
 
 def test_dead_data_is_dropped_only_with_uvmprefetch_discard(runs, tmp_path):
-    """As on the GPU: by default the policy's discards are evictions (nothing dropped, nothing zero-filled);
-    with ``UVMPREFETCH_DISCARD=1`` the model drops dead blocks. The report says which, for replays."""
+    """As on the GPU: by default nothing is dropped dead or zero-filled, and the policy, told so, takes no frees as
+    deaths and asks for no discards; made to take them anyway (``invalidate_always``), its discards are
+    evictions. With ``UVMPREFETCH_DISCARD=1`` the model drops dead blocks. The report says which, for replays."""
     be, pol = runs[3]["backend_result"], runs[3]["policy_report"]
     assert be["discards_issued"] is False and be["discards"] == 0 and be["zero_fill_blocks"] == 0
-    assert be["refused_discards"] >= pol["discarded_blocks"] > 0
-    report = tmp_path / "discard.json"
-    _run(tmp_path, "discard", {"UVMPREFETCH": "1", "UVMPREFETCH_BACKEND": "dryrun", "UVMPREFETCH_BUDGET": str(BUDGET),
-                               "UVMPREFETCH_REPORT": str(report), "UVMPREFETCH_DISCARD": "1"})
-    on = json.loads(report.read_text())["backend_result"]
+    assert pol["invalidating"] is False and pol["discarded_blocks"] == 0 and be["refused_discards"] == 0
+
+    def run(name, **env):
+        report = tmp_path / f"{name}.json"
+        _run(tmp_path, name, {"UVMPREFETCH": "1", "UVMPREFETCH_BACKEND": "dryrun", "UVMPREFETCH_BUDGET": str(BUDGET),
+                              "UVMPREFETCH_REPORT": str(report), **env})
+        return json.loads(report.read_text())
+    old = run("always", UVMPREFETCH_POLICY="uvmprefetch:invalidate_always=true")
+    assert old["policy_report"]["invalidating"] is True
+    assert old["backend_result"]["refused_discards"] >= old["policy_report"]["discarded_blocks"] > 0
+    on = run("discard", UVMPREFETCH_DISCARD="1")
+    assert on["policy_report"]["invalidating"] is True
+    on = on["backend_result"]
     assert on["discards_issued"] is True and on["discards"] > 0 and on["bytes_dtoh"] < be["bytes_dtoh"]
 
 

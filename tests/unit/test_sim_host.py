@@ -180,18 +180,22 @@ def test_a_discard_of_live_data_is_refused_and_written_back():
 def test_without_discards_freed_memory_moves_like_live_data():
     """The shipped GPT-2 small trace at 1.5x: with discards ``uvmprefetch`` drops freed blocks and brings
     reused memory back zero-filled; without them (``discards=False``, the live cuda default) no freed
-    block is dropped or zero-filled, every discard it asks for is an eviction, and it moves more bytes both ways.
-    ``demand`` never learns of frees, so it runs the same either way."""
+    block is dropped or zero-filled, every discard a policy asks for is an eviction (``uvmprefetch`` made to take
+    frees as deaths: ``invalidate_always``), and it moves more bytes both ways. By default ``uvmprefetch`` is told
+    and asks for none. ``demand`` never learns of frees, so it runs the same either way."""
     from pathlib import Path
 
     from uvmprefetch.trace.format import load
     t = load(Path(__file__).resolve().parents[2] / "traces" / "gpt2-small-b2s128.uvmt")
-    on = replay(t, "uvmprefetch", "h100-pcie", oversub=1.5)
-    off = replay(t, "uvmprefetch", "h100-pcie", oversub=1.5, discards=False)
+    on = replay(t, "uvmprefetch:invalidate_always=true", "h100-pcie", oversub=1.5)
+    off = replay(t, "uvmprefetch:invalidate_always=true", "h100-pcie", oversub=1.5, discards=False)
     assert on["discards"] > 0 and on["zero_fill_blocks"] > 0
     assert off["discards"] == 0 and off["zero_fill_blocks"] == 0
     assert off["refused_discards"] >= off["policy_report"]["discarded_blocks"] > 0
     assert off["bytes_htod"] > on["bytes_htod"] and off["bytes_dtoh"] > on["bytes_dtoh"]
+    told = replay(t, "uvmprefetch", "h100-pcie", oversub=1.5, discards=False)
+    assert told["policy_report"]["discarded_blocks"] == 0 and told["refused_discards"] == 0
+    assert told["zero_fill_blocks"] == 0 and told["bytes_dtoh"] > on["bytes_dtoh"]
     d_on = replay(t, "demand", "h100-pcie", oversub=1.5)
     d_off = replay(t, "demand", "h100-pcie", oversub=1.5, discards=False)
     assert (d_on["time_s"], d_on["bytes_htod"], d_on["bytes_dtoh"]) == (d_off["time_s"], d_off["bytes_htod"],
