@@ -709,6 +709,7 @@ def test_audit_overlap_search_matches_a_pairwise_check():
     from hypothesis import strategies as st
 
     from uvmprefetch.runtime.discard_guard import live_intervals, overlapping
+
     @settings(max_examples=200, deadline=None)
     @given(st.lists(st.tuples(st.integers(1, 5000), st.integers(0, 3000), st.booleans()), max_size=12),
            st.lists(st.integers(0, 40000), max_size=20), st.integers(1, 4096))

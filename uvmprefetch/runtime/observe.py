@@ -93,6 +93,22 @@ class StorageTracker:
     def blocks_of(self, start: int, length: int) -> range:
         return range(start // self.block_size, (start + max(length, 1) - 1) // self.block_size + 1)
 
+    def counts(self) -> tuple[int, int]:
+        """(live storages, their bytes): what the discard guard compares with the caching allocator's counts."""
+        return len(self.live), self.live_bytes
+
+    def holds(self, address: int, nbytes: int) -> bool:
+        """Is a live storage of ``nbytes`` registered at ``address`` (its data_ptr when first seen)?"""
+        s = self.live.get(address)
+        return s is not None and s.nbytes == nbytes
+
+    def describe(self, address: int) -> str:
+        """What the tracker knows of a storage at ``address`` (the discard guard's refused cases)."""
+        s = self.live.get(address)
+        if s is None:
+            return "no live storage at this address in the tracker"
+        return f"live storage {s.id} ({s.nbytes} B) in the tracker"
+
     def drain_dead(self) -> tuple[list[Storage], list[int]]:
         """Storages that died since the last call, and the blocks no live storage touches any more."""
         died, freed = [], []

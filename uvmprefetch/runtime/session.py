@@ -126,9 +126,7 @@ class Session:
         guard = getattr(self.backend, "guard", None)  # discards (cuda): what the runtime knows is live
         if guard is not None:
             tr = self.tracker
-            guard.explained = lambda: (len(tr.live), tr.live_bytes)
-            guard.is_known = lambda addr, nbytes: (s := tr.live.get(addr)) is not None and s.nbytes == nbytes
-            guard.known = self._tracker_at
+            guard.explained, guard.is_known, guard.known = tr.counts, tr.holds, tr.describe
         self.device_type = self.backend.device_type
         self.gpu = getattr(self.backend, "gpu", None)
         self.active = False
@@ -248,13 +246,6 @@ class Session:
                 self.builder.iteration = self.iteration
         except Exception as e:  # noqa: BLE001
             self.fail("end of iteration", e)
-
-    def _tracker_at(self, address: int) -> str:
-        """What the tracker knows of a storage at ``address`` (the discard guard's cases)."""
-        s = self.tracker.live.get(address)
-        if s is None:
-            return "no live storage at this address in the tracker"
-        return f"live storage {s.id} ({s.nbytes} B) in the tracker"
 
     def _drain_frees(self) -> None:
         died, freed = self.tracker.drain_dead()
