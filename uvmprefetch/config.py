@@ -217,6 +217,21 @@ def parse_managed_limit(text: str, var: str = "UVMPREFETCH_MANAGED_LIMIT") -> Ma
         raise _bad(var, text) from None
 
 
+def managed_limit_from_env(env) -> ManagedLimit:
+    """``UVMPREFETCH_MANAGED_LIMIT`` from the mapping ``env``, checked as the shim checks it when it loads (it
+    ends the process on a bad value, so check before loading it).
+
+    Raises
+    ------
+    ConfigError
+        A bad value, or the ``UVMPREFETCH_SHIM_LIMIT`` that this variable replaces.
+    """
+    if env.get("UVMPREFETCH_SHIM_LIMIT", "").strip():
+        raise ConfigError("UVMPREFETCH_SHIM_LIMIT is not read; set UVMPREFETCH_MANAGED_LIMIT instead; accepted: "
+                          + VARIABLES["UVMPREFETCH_MANAGED_LIMIT"])
+    return parse_managed_limit(env.get("UVMPREFETCH_MANAGED_LIMIT", ""))
+
+
 def parse_window(text: str, var: str = "UVMPREFETCH_WINDOW") -> int | None:
     t = str(text).strip().lower()
     if t in ("", "auto"):
@@ -283,10 +298,7 @@ def from_env(environ=None, *, check_policy: bool = True) -> RuntimeConfig:
     backend = get("UVMPREFETCH_BACKEND", "cuda").strip().lower() or "cuda"
     if backend not in BACKENDS:
         raise _bad("UVMPREFETCH_BACKEND", get("UVMPREFETCH_BACKEND"))
-    if get("UVMPREFETCH_SHIM_LIMIT").strip():
-        raise ConfigError("UVMPREFETCH_SHIM_LIMIT is not read; set UVMPREFETCH_MANAGED_LIMIT instead; accepted: "
-                          + VARIABLES["UVMPREFETCH_MANAGED_LIMIT"])
-    managed_limit = parse_managed_limit(get("UVMPREFETCH_MANAGED_LIMIT"))
+    managed_limit = managed_limit_from_env(env)
     budget_text = get("UVMPREFETCH_BUDGET").strip()
     budget = parse_budget(budget_text) if budget_text else None
     policy = parse_policy(get("UVMPREFETCH_POLICY")) if check_policy else get("UVMPREFETCH_POLICY").strip()

@@ -23,6 +23,8 @@ examples:
 
 def add_arguments(p) -> None:
     p.add_argument("--budget", help="GPU-resident managed memory allowed: 20GiB, 512MB, or a fraction 0.5 / 50%%")
+    p.add_argument("--managed-limit", help="most managed memory the program may allocate: host (default: what host "
+                   "memory can back), gpu-free (the GPU's free memory - 5 %%), or bytes with a unit: 200GiB")
     p.add_argument("--policy", help="policy name with optional parameters (default: the best available)")
     p.add_argument("--backend", choices=["cuda", "dryrun"], help="cuda (default) or dryrun (CPU, simulated GPU)")
     p.add_argument("--window", help="auto or a positive integer")
@@ -46,7 +48,7 @@ def run(args) -> int:
     env = dict(os.environ)
     flags = {"UVMPREFETCH_BUDGET": args.budget, "UVMPREFETCH_POLICY": args.policy, "UVMPREFETCH_BACKEND": args.backend,
              "UVMPREFETCH_WINDOW": args.window, "UVMPREFETCH_REPORT": args.report, "UVMPREFETCH_TRACE": args.trace,
-             "UVMPREFETCH_GPU": args.gpu, "UVMPREFETCH_LOG": args.log}
+             "UVMPREFETCH_GPU": args.gpu, "UVMPREFETCH_LOG": args.log, "UVMPREFETCH_MANAGED_LIMIT": args.managed_limit}
     env.update({k: str(v) for k, v in flags.items() if v is not None})
     env["UVMPREFETCH"] = "1"
     env.pop("UVMPREFETCH_OWNER", None)

@@ -39,23 +39,9 @@ class MemoryPlan:
         """May managed memory exceed what the GPU had free (the shim's own measurement) when the limit was fixed?"""
         return self.limit["limit_bytes"] > self.limit["gpu_cap"]
 
-    def limit_why(self) -> str:
-        lim = self.limit
-        host = _host_words(lim)
-        if lim["mode"] == "gpu-free":
-            return "UVMPREFETCH_MANAGED_LIMIT=gpu-free: the GPU's free memory - 5 %, no oversubscription"
-        if lim["mode"] == "bytes":
-            warn = ""
-            if lim["host_known"] and lim["limit_bytes"] > max(lim["host_backed"], lim["gpu_cap"]):
-                warn = "; above what the host can back: the kernel may end the run when host memory runs out"
-            return f"UVMPREFETCH_MANAGED_LIMIT={lim['requested']}; {host}{warn}"
-        if lim["limit_bytes"] == lim["gpu_cap"] and lim["gpu_cap"] >= lim["host_backed"]:
-            return f"default: the GPU's free memory - 5 %, more than {host}"
-        return f"default: {host}"
-
     def line(self) -> str:
         """The start-up line: the limit, the budget, and why each has its value."""
-        return (f"uvmprefetch: managed memory up to {_size(self.limit['limit_bytes'])} ({self.limit_why()}); "
+        return (f"uvmprefetch: managed memory up to {_size(self.limit['limit_bytes'])} ({limit_why(self.limit)}); "
                 f"budget {format_size(self.budget_bytes)} on the GPU ({self.budget_why}): the runtime evicts to "
                 "the host to stay under it")
 
@@ -67,7 +53,7 @@ class MemoryPlan:
         return int(2 * span // block_size + 1024)
 
     def as_dict(self) -> dict:
-        return {"managed_limit": dict(self.limit), "managed_limit_why": self.limit_why(),
+        return {"managed_limit": dict(self.limit), "managed_limit_why": limit_why(self.limit),
                 "budget_bytes": self.budget_bytes, "budget_why": self.budget_why,
                 "oversubscribed": self.oversubscribed}
 
@@ -90,6 +76,34 @@ def plan_memory(budget, limit: dict, free_bytes: int, total_bytes: int, managed_
         raise DeviceError(f"UVMPREFETCH_BUDGET={budget} is {format_size(nbytes)}, above the free device memory "
                           f"({format_size(free_bytes)} of {format_size(total_bytes)}): lower it")
     return MemoryPlan(dict(limit), int(nbytes), f"UVMPREFETCH_BUDGET={budget}")
+
+
+def limit_why(lim: dict) -> str:
+    """Why the shim's limit ``lim`` (``Shim.limit()``) has its value, in a few words."""
+    host = _host_words(lim)
+    if lim["mode"] == "gpu-free":
+        return "UVMPREFETCH_MANAGED_LIMIT=gpu-free: the GPU's free memory - 5 %, no oversubscription"
+    if lim["mode"] == "bytes":
+        warn = ""
+        if lim["host_known"] and lim["limit_bytes"] > max(lim["host_backed"], lim["gpu_cap"]):
+            warn = "; above that: the kernel may end the run when host memory runs out"
+        return f"UVMPREFETCH_MANAGED_LIMIT = {format_size(lim['requested'])}; {host}{warn}"
+    if lim["limit_bytes"] == lim["gpu_cap"] and lim["gpu_cap"] > lim["host_backed"]:
+        return f"default: the GPU's free memory - 5 %, more than {host}"
+    return f"default: {host}"
+
+
+def describe_limit(lim: dict, gpu_known: bool = True) -> str:
+    """``uvmprefetch doctor``'s line: the limit a run would get and why. Without ``gpu_known`` the device
+    figures are its total memory (its free memory is read at the first allocation)."""
+    end = "; fixed at the first allocation, beyond it allocations fail with PyTorch's out-of-memory error"
+    if gpu_known or lim["mode"] == "bytes":
+        return f"up to {_size(lim['limit_bytes'])}: {limit_why(lim)}{end}"
+    gpu = "the GPU's free memory - 5 % " + (f"(at most {format_size(lim['gpu_cap'])} here)" if lim["device_total"]
+                                             else "(no GPU here)")
+    if lim["mode"] == "gpu-free":
+        return f"gpu-free: {gpu}, no oversubscription{end}"
+    return f"host (default): up to {_size(lim['host_backed'])}, {_host_words(lim)}; or {gpu} where that is more{end}"
 
 
 def _size(n: int) -> str:

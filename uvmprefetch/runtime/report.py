@@ -42,6 +42,8 @@ def build_report(s) -> dict:
         "budget": str(s.cfg.budget) if s.cfg.budget is not None else None,
         "budget_bytes": cap if s.cfg.budget is not None else None,
         "capacity_bytes": cap,
+        # cuda: the shim's managed limit and the budget, each with why it has its value (runtime/memory.py)
+        "memory": s.backend.memory.as_dict() if getattr(s.backend, "memory", None) is not None else None,
         "block_size": s.block_size,
         "launches": s.index,
         "launches_by_phase": dict(s.phase_launches),
@@ -88,10 +90,11 @@ def summary(rep: dict) -> str:
     def pct(v):
         return f"{v:.0%}" if isinstance(v, (int, float)) else "n/a"
 
+    budget = rep["budget_bytes"] or (rep.get("memory") or {}).get("budget_bytes")
     lines = [
         f"uvmprefetch: {rep['backend']} run, policy {rep['policy']}, {rep['launches']} launches, "
         f"{rep['iterations']} iterations" + (" (DEGRADED: prefetcher switched off)" if rep["degraded"] else ""),
-        f"  working set {sz(rep['working_set_bytes'])}, budget {sz(rep['budget_bytes']) if rep['budget_bytes'] else 'none'}"
+        f"  working set {sz(rep['working_set_bytes'])}, budget {sz(budget) if budget else 'none'}"
         f", peak resident {sz(rep['peak_resident_bytes'])}, peak managed {sz(rep['peak_managed_bytes'])}",
         f"  moved {sz(rep['bytes_htod'])} to GPU, {sz(rep['bytes_dtoh'])} to host; faults "
         f"{rep['faults'] if rep['faults'] is not None else 'not observable'}; prefetch accuracy "
