@@ -41,7 +41,24 @@ EXIT_CHECK_FAILED = 1
 # baseline into a managed run).
 RUNTIME_VARS = ("UVMPREFETCH", "UVMPREFETCH_BUDGET", "UVMPREFETCH_POLICY", "UVMPREFETCH_WINDOW",
                 "UVMPREFETCH_REPORT", "UVMPREFETCH_TRACE", "UVMPREFETCH_BACKEND", "UVMPREFETCH_LOG", "UVMPREFETCH_GPU",
-                "UVMPREFETCH_MOVER", "UVMPREFETCH_DISCARD")
+                "UVMPREFETCH_MOVER", "UVMPREFETCH_DISCARD", "UVMPREFETCH_DISCARD_AUDIT", "UVMPREFETCH_MANAGED_LIMIT")
+
+# The shared-GPU rule (DESIGN.md section 5): the GPUs these scripts run on are shared, and asking one for more
+# managed memory than it has free can hang it. So every child process gets the shim's old cap, the GPU's free
+# memory - 5 % (the product's default is what host memory can back), and memory pressure comes from
+# UVMPREFETCH_BUDGET. Every process these scripts and tests/gpu start gets its environment from child_env
+# (tests/unit/test_gpu_children_keep_gpu_free.py reads them to check); run_all.sh exports the same.
+SHARED_GPU_ENV = {"UVMPREFETCH_MANAGED_LIMIT": "gpu-free"}
+
+
+def child_env(extra: dict | None = None, base=None) -> dict:
+    """The environment of a child process: ``base`` (default: this process's environment without
+    ``RUNTIME_VARS``, so that only the mode under test switches anything on), then ``extra``, then
+    ``SHARED_GPU_ENV``, which nothing overrides."""
+    env = dict(base) if base is not None else {k: v for k, v in os.environ.items() if k not in RUNTIME_VARS}
+    env.update(extra or {})
+    env.update(SHARED_GPU_ENV)
+    return env
 
 # mode -> policy the runtime runs. "managed" is managed memory with the driver's demand paging and no prefetch
 # (the "naive UM" baseline of DeepUM/G10); the runtime's budget still evicts so that it feels the same pressure.
@@ -117,7 +134,7 @@ def fail(name: str, msg: str, code: int = 2) -> "None":
 
 def _run_quiet(cmd: list[str], timeout: float = 15.0) -> str:
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+        r = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=timeout, check=False)
         return r.stdout.strip() if r.returncode == 0 else ""
     except (OSError, subprocess.SubprocessError):
         return ""
@@ -287,11 +304,9 @@ def run_training(mode: str, work: Workload, workdir: Path, case: str, *, seed: i
     trace_path = workdir / f"{case}.uvmt"
     for p in (out, report, trace_path):
         p.unlink(missing_ok=True)
-    env = {k: v for k, v in os.environ.items() if k not in RUNTIME_VARS}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    env.setdefault("TRANSFORMERS_OFFLINE", "1")
-    env["PYTHONUNBUFFERED"] = "1"
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")])),
+           "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
+           "TRANSFORMERS_OFFLINE": os.environ.get("TRANSFORMERS_OFFLINE", "1"), "PYTHONUNBUFFERED": "1"}
     if work.deterministic:
         env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"  # cuBLAS refuses deterministic mode without it
     policy = MODES[mode]
@@ -307,7 +322,7 @@ def run_training(mode: str, work: Workload, workdir: Path, case: str, *, seed: i
            "--device", "cpu" if dry_run else "cuda"]
     t0 = time.perf_counter()
     try:
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+        r = subprocess.run(cmd, env=child_env(env), capture_output=True, text=True, timeout=timeout, check=False)
         rc, err = r.returncode, r.stderr
     except subprocess.TimeoutExpired as e:
         rc, err = 124, (e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or ""))
