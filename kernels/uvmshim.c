@@ -402,23 +402,30 @@ static int read_u64(const char *path, uint64_t *v) {
     return end != buf;
 }
 
-static int mem_available(uint64_t *out) {
-    char path[4096], line[256];
-    host_path(path, sizeof path, "/proc/meminfo");
+/* Call match(line, ctx) on each line of the host file `proc_path` until it returns 1; returns that 1, or 0 when
+ * no line matched or the file is unreadable. */
+static int scan_lines(const char *proc_path, int (*match)(char *line, void *ctx), void *ctx) {
+    char path[4096];
+    host_path(path, sizeof path, proc_path);
     FILE *f = fopen(path, "r");
     if (!f)
         return 0;
-    int ok = 0;
-    unsigned long long kb;
-    while (fgets(line, sizeof line, f)) {
-        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
-            *out = (uint64_t)kb * 1024;
-            ok = 1;
-            break;
-        }
-    }
+    char *line = NULL;
+    size_t cap = 0;
+    int found = 0;
+    while (!found && getline(&line, &cap, f) > 0)
+        found = match(line, ctx);
+    free(line);
     fclose(f);
-    return ok;
+    return found;
+}
+
+static int match_mem_available(char *line, void *out) {
+    unsigned long long kb;
+    if (sscanf(line, "MemAvailable: %llu kB", &kb) != 1)
+        return 0;
+    *(uint64_t *)out = (uint64_t)kb * 1024;
+    return 1;
 }
 
 static int has_token(const char *list, const char *tok) {
@@ -429,87 +436,63 @@ static int has_token(const char *list, const char *tok) {
     return 0;
 }
 
-/* Where the cgroup hierarchy is mounted (/proc/self/mountinfo): version 2 = cgroup2, version 1 = the cgroup
- * mount whose super options name the memory controller. mnt and root (the mounted part of the hierarchy) are
- * PATH_MAX-sized. Returns 1 if found. */
-static int cgroup_mount(int version, char *mnt, char *root) {
-    char path[4096];
-    host_path(path, sizeof path, "/proc/self/mountinfo");
-    FILE *f = fopen(path, "r");
-    if (!f)
+struct cgroup_where {
+    int version;    /* 2: cgroup2; 1: the cgroup hierarchy of the memory controller */
+    char mnt[4096]; /* where the hierarchy is mounted (/proc/self/mountinfo) */
+    char root[4096]; /* the part of the hierarchy mounted there */
+    char self[4096]; /* the process's cgroup in it (/proc/self/cgroup) */
+};
+
+/* A /proc/self/mountinfo line: "id parent dev root mountpoint options [optional...] - fstype source superoptions". */
+static int match_mount(char *line, void *ctx) {
+    struct cgroup_where *w = ctx;
+    char r[4096], m[4096], fstype[64], opts[1024];
+    const char *dash = strstr(line, " - ");
+    if (!dash || sscanf(line, "%*s %*s %*s %4095s %4095s", r, m) != 2 ||
+        sscanf(dash + 3, "%63s %*s %1023s", fstype, opts) != 2)
         return 0;
-    char *line = NULL;
-    size_t cap = 0;
-    int found = 0;
-    while (!found && getline(&line, &cap, f) > 0) {
-        char r[4096], m[4096], fstype[64], opts[1024];
-        const char *dash = strstr(line, " - ");
-        if (!dash || sscanf(line, "%*s %*s %*s %4095s %4095s", r, m) != 2 ||
-            sscanf(dash + 3, "%63s %*s %1023s", fstype, opts) != 2)
-            continue;
-        if ((version == 2 && !strcmp(fstype, "cgroup2")) ||
-            (version == 1 && !strcmp(fstype, "cgroup") && has_token(opts, "memory"))) {
-            strcpy(mnt, m);
-            strcpy(root, r);
-            found = 1;
-        }
-    }
-    free(line);
-    fclose(f);
-    return found;
+    if (!(w->version == 2 && !strcmp(fstype, "cgroup2")) &&
+        !(w->version == 1 && !strcmp(fstype, "cgroup") && has_token(opts, "memory")))
+        return 0;
+    strcpy(w->mnt, m);
+    strcpy(w->root, r);
+    return 1;
 }
 
-/* The process's cgroup path in hierarchy `version` (/proc/self/cgroup: "0::/path" for v2, "N:...memory...:/path"
- * for v1). Returns 1 if found. */
-static int cgroup_of_self(int version, char *out) {
-    char path[4096];
-    host_path(path, sizeof path, "/proc/self/cgroup");
-    FILE *f = fopen(path, "r");
-    if (!f)
+/* A /proc/self/cgroup line: "0::/path" (v2) or "N:controller,...:/path" (v1). */
+static int match_self(char *line, void *ctx) {
+    struct cgroup_where *w = ctx;
+    char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+    if (!c2)
         return 0;
-    char *line = NULL;
-    size_t cap = 0;
-    int found = 0;
-    while (!found && getline(&line, &cap, f) > 0) {
-        char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
-        if (!c2)
-            continue;
-        *c2 = 0;
-        int v2 = !strncmp(line, "0:", 2) && c1[1] == 0;
-        if ((version == 2 && v2) || (version == 1 && !v2 && has_token(c1 + 1, "memory"))) {
-            snprintf(out, 4096, "%s", c2 + 1);
-            out[strcspn(out, "\n")] = 0;
-            found = 1;
-        }
-    }
-    free(line);
-    fclose(f);
-    return found;
+    *c2 = 0;
+    int v2 = !strncmp(line, "0:", 2) && c1[1] == 0;
+    if (!((w->version == 2 && v2) || (w->version == 1 && !v2 && has_token(c1 + 1, "memory"))))
+        return 0;
+    snprintf(w->self, sizeof w->self, "%s", c2 + 1);
+    w->self[strcspn(w->self, "\n")] = 0;
+    return 1;
 }
 
-/* The least (limit - usage) over the process's cgroup and its ancestors up to the mount in hierarchy
- * `version`; UINT64_MAX when none sets a limit. */
-static uint64_t cgroup_room(int version) {
-    char mnt[4096], root[4096], self[4096], dir[8192], file[8300];
-    if (!cgroup_mount(version, mnt, root) || !cgroup_of_self(version, self))
-        return UINT64_MAX;
-    size_t rl = strlen(root);
+/* From the process's cgroup up to the mount point: the least (limit - usage) where a limit is set. */
+static uint64_t cgroup_walk(const struct cgroup_where *w) {
+    char dir[8192], file[8300], base[4096];
+    size_t rl = strlen(w->root);
     const char *rel = "";
-    if (!strcmp(root, "/"))
-        rel = self;
-    else if (!strncmp(self, root, rl) && (self[rl] == '/' || self[rl] == 0))
-        rel = self + rl; /* else the cgroup lies outside the mounted part: the mount point is the nearest */
-    char base[4096];
-    host_path(base, sizeof base, mnt);
+    if (!strcmp(w->root, "/"))
+        rel = w->self;
+    else if (!strncmp(w->self, w->root, rl) && (w->self[rl] == '/' || w->self[rl] == 0))
+        rel = w->self + rl; /* else the cgroup lies outside the mounted part: the mount point is the nearest */
+    host_path(base, sizeof base, w->mnt);
     snprintf(dir, sizeof dir, "%s%s", base, !strcmp(rel, "/") ? "" : rel);
     size_t base_len = strlen(base);
-    const char *lim_name = version == 2 ? "memory.max" : "memory.limit_in_bytes";
-    const char *use_name = version == 2 ? "memory.current" : "memory.usage_in_bytes";
+    const char *lim_name = w->version == 2 ? "memory.max" : "memory.limit_in_bytes";
+    const char *use_name = w->version == 2 ? "memory.current" : "memory.usage_in_bytes";
     uint64_t room = UINT64_MAX;
     for (;;) {
         uint64_t lim, use = 0;
         snprintf(file, sizeof file, "%s/%s", dir, lim_name);
-        if (read_u64(file, &lim) && lim != UINT64_MAX && !(version == 1 && lim >= V1_UNLIMITED)) {
+        if (read_u64(file, &lim) && lim != UINT64_MAX && !(w->version == 1 && lim >= V1_UNLIMITED)) {
             snprintf(file, sizeof file, "%s/%s", dir, use_name);
             if (!read_u64(file, &use))
                 use = 0;
@@ -522,6 +505,20 @@ static uint64_t cgroup_room(int version) {
             break;
         *slash = 0;
     }
+    return room;
+}
+
+/* The least (limit - usage) over the process's cgroup and its ancestors up to the mount in hierarchy
+ * `version`; UINT64_MAX when none sets a limit. */
+static uint64_t cgroup_room(int version) {
+    struct cgroup_where *w = calloc(1, sizeof *w); /* 12 KiB: off the stack of the allocating thread */
+    if (!w)
+        return UINT64_MAX;
+    w->version = version;
+    uint64_t room = UINT64_MAX;
+    if (scan_lines("/proc/self/mountinfo", match_mount, w) && scan_lines("/proc/self/cgroup", match_self, w))
+        room = cgroup_walk(w);
+    free(w);
     return room;
 }
 
@@ -542,7 +539,7 @@ static void plan_limit(uint64_t dev_free, uint64_t dev_total, int mode, uint64_t
         }
     }
     uint64_t avail = UINT64_MAX;
-    if (mem_available(&o->mem_available))
+    if (scan_lines("/proc/meminfo", match_mem_available, &o->mem_available))
         avail = o->mem_available;
     if (o->cgroup_room < avail)
         avail = o->cgroup_room;
