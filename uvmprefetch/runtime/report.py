@@ -3,7 +3,8 @@
 Field names follow the replay result (DESIGN.md §4) where they mean the same thing, so a live run and its
 replay compare key by key: ``policy``, ``gpu``, ``capacity_bytes``, ``faults``, ``bytes_htod``,
 ``bytes_dtoh``, ``prefetch_issued_bytes``, ``prefetch_useful_bytes``, ``accuracy``, ``coverage``. Live-only
-fields: ``backend``, ``budget_bytes``, ``peak_managed_bytes``, ``working_set_bytes`` (peak bytes of live
+fields: ``backend``, ``budget_bytes``, ``memory`` (cuda: the managed limit and the budget in force, and why),
+``peak_managed_bytes``, ``working_set_bytes`` (peak bytes of live
 tensors the runtime saw), ``peak_resident_bytes``, ``iter_s`` (wall seconds per iteration), ``window``
 (``[launch index, window]`` samples), ``errors``, ``degraded``. ``faults`` is null when the backend cannot
 observe them (cuda without CUPTI); ``expected_faults`` then counts the blocks launches used that our books
