@@ -47,12 +47,24 @@ int cudaFree(void *p) {
     if (p == (void *)0xdead) return 17;  /* cudaErrorInvalidDevicePointer */
     fake_n_free++;
     for (int i = 0; i < 1024; i++)
-        if (p && fake_managed[i] == p) { char *m = (char *)p - 4096; fake_managed[i] = NULL; munmap(m, *(size_t *)m + 4096); return 0; }
+        if (p && fake_managed[i] == p) {
+            char *m = (char *)p - 4096;
+            fake_managed[i] = NULL;
+            munmap(m, *(size_t *)m + 4096);
+            return 0;
+        }
     free(p);
     return 0;
 }
-static size_t mib_env(const char *name, size_t dflt) { const char *s = getenv(name); return (size_t)(s ? atoll(s) : (long long)dflt) << 20; }
-int cudaMemGetInfo(size_t *f, size_t *t) { *f = mib_env("FAKE_FREE_MIB", 64); *t = mib_env("FAKE_TOTAL_MIB", 80); return 0; }
+static size_t mib_env(const char *name, size_t dflt) {
+    const char *s = getenv(name);
+    return (size_t)(s ? atoll(s) : (long long)dflt) << 20;
+}
+int cudaMemGetInfo(size_t *f, size_t *t) {
+    *f = mib_env("FAKE_FREE_MIB", 64);
+    *t = mib_env("FAKE_TOTAL_MIB", 80);
+    return 0;
+}
 int cudaGetDevice(int *d) { *d = 0; return 0; }
 int cudaMemAdvise(const void *p, size_t n, int advice, struct loc l) {
     (void)p; (void)n; (void)advice; (void)l; fake_n_advise++; return 0;
