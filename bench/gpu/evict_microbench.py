@@ -621,7 +621,6 @@ def main(argv=None) -> int:
                    help="with --dry-run: CUDA calls (comma-separated) the fake driver answers cudaErrorNotSupported")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     args = p.parse_args(argv)
-    C.require_gpu(args, NAME)
     sizes = parse_sizes(args.sizes)
     if not 0 < args.max_fraction <= 0.5:
         C.fail(NAME, f"--max-fraction {args.max_fraction}: must be in (0, 0.5]: the GPU may be shared")
@@ -629,6 +628,7 @@ def main(argv=None) -> int:
         C.fail(NAME, "--reps must be >= 1 and --time-limit > 0")
     if args.fake_unsupported and not args.dry_run:
         C.fail(NAME, "--fake-unsupported needs --dry-run")
+    C.require_gpu(args, NAME)
     log = (lambda s: None) if args.quiet else (lambda s: print(f"[{NAME}] {s}", file=sys.stderr, flush=True))
 
     truth = None
