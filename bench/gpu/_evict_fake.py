@@ -46,40 +46,18 @@ POISON = 0xDB  # what a discarded byte reads as here
 NONE, GPU, HOST = 0, 1, 2  # where a managed block's data is
 
 
-class cudaError_t(IntEnum):  # noqa: N801 - the binding's names
-    cudaSuccess = 0
-    cudaErrorInvalidValue = 1
-    cudaErrorMemoryAllocation = 2
-    cudaErrorInvalidResourceHandle = 400
-    cudaErrorNotSupported = 801
-
-
-class cudaMemLocationType(IntEnum):  # noqa: N801
-    cudaMemLocationTypeInvalid = 0
-    cudaMemLocationTypeDevice = 1
-    cudaMemLocationTypeHost = 2
-
-
-class cudaMemoryAdvise(IntEnum):  # noqa: N801
-    cudaMemAdviseSetReadMostly = 1
-    cudaMemAdviseUnsetReadMostly = 2
-    cudaMemAdviseSetPreferredLocation = 3
-    cudaMemAdviseUnsetPreferredLocation = 4
-    cudaMemAdviseSetAccessedBy = 5
-    cudaMemAdviseUnsetAccessedBy = 6
-
-
-class cudaMemcpyKind(IntEnum):  # noqa: N801
-    cudaMemcpyHostToHost = 0
-    cudaMemcpyHostToDevice = 1
-    cudaMemcpyDeviceToHost = 2
-    cudaMemcpyDeviceToDevice = 3
-    cudaMemcpyDefault = 4
-
-
-class cudaDeviceAttr(IntEnum):  # noqa: N801
-    cudaDevAttrMultiProcessorCount = 16
-    cudaDevAttrConcurrentManagedAccess = 89
+# The binding's enums, with its member names and values (the ones the script touches).
+cudaError_t = IntEnum("cudaError_t", {"cudaSuccess": 0, "cudaErrorInvalidValue": 1, "cudaErrorMemoryAllocation": 2,
+                                      "cudaErrorInvalidResourceHandle": 400, "cudaErrorNotSupported": 801})
+cudaMemLocationType = IntEnum("cudaMemLocationType", {"cudaMemLocationTypeInvalid": 0, "cudaMemLocationTypeDevice": 1,
+                                                      "cudaMemLocationTypeHost": 2})
+cudaMemoryAdvise = IntEnum("cudaMemoryAdvise", {f"cudaMemAdvise{a}": i + 1 for i, a in enumerate(
+    ("SetReadMostly", "UnsetReadMostly", "SetPreferredLocation", "UnsetPreferredLocation", "SetAccessedBy",
+     "UnsetAccessedBy"))})
+cudaMemcpyKind = IntEnum("cudaMemcpyKind", {f"cudaMemcpy{k}": i for i, k in enumerate(
+    ("HostToHost", "HostToDevice", "DeviceToHost", "DeviceToDevice", "Default"))})
+cudaDeviceAttr = IntEnum("cudaDeviceAttr", {"cudaDevAttrMultiProcessorCount": 16,
+                                            "cudaDevAttrConcurrentManagedAccess": 89})
 
 
 class cudaMemLocation:  # noqa: N801

@@ -46,6 +46,8 @@ examples:
   python bench/gpu/evict_microbench.py                    # about a minute on an H100 (limit: --time-limit 280)
   python bench/gpu/evict_microbench.py --sizes 2MiB,256MiB --reps 9 --no-baseline
   python bench/gpu/evict_microbench.py --dry-run           # fake CUDA driver on the CPU; checks the arithmetic
+
+--reps counts repetitions at sizes over 128 MiB; sizes up to 128 MiB get twice as many, up to 8 MiB four times.
 """
 
 DISCARD_BLOCKS = (1, 4, 16, 64, 256)  # K: blocks per discard call
@@ -609,9 +611,7 @@ def parse_sizes(text: str) -> list[int]:
 def main(argv=None) -> int:
     p = C.parser(NAME, __doc__.split("\n\n")[0], EPILOG)
     p.add_argument("--sizes", default="2MiB,64MiB,1GiB", help="transfer sizes, multiples of 2 MiB (default 2MiB,64MiB,1GiB)")
-    p.add_argument("--max-fraction", type=float, default=0.10,
-                   help="all GPU memory the script allocates, as a fraction of the memory free at start (default 0.10)")
-    p.add_argument("--reps", type=int, default=5, help="repetitions per point, more for small sizes; medians (default 5)")
+    C.add_probe_arguments(p, "all GPU memory the script allocates")
     p.add_argument("--time-limit", type=float, default=280.0,
                    help="seconds for all parts together; each part also has its own limit (default 280)")
     p.add_argument("--baseline", type=Path, default=None,
@@ -619,17 +619,14 @@ def main(argv=None) -> int:
     p.add_argument("--no-baseline", action="store_true", help="do not write the baseline file")
     p.add_argument("--fake-unsupported", default="",
                    help="with --dry-run: CUDA calls (comma-separated) the fake driver answers cudaErrorNotSupported")
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
     args = p.parse_args(argv)
     sizes = parse_sizes(args.sizes)
-    if not 0 < args.max_fraction <= 0.5:
-        C.fail(NAME, f"--max-fraction {args.max_fraction}: must be in (0, 0.5]: the GPU may be shared")
-    if args.reps < 1 or args.time_limit <= 0:
-        C.fail(NAME, "--reps must be >= 1 and --time-limit > 0")
+    log = C.probe_log(args, NAME)
+    if args.time_limit <= 0:
+        C.fail(NAME, "--time-limit must be > 0")
     if args.fake_unsupported and not args.dry_run:
         C.fail(NAME, "--fake-unsupported needs --dry-run")
     C.require_gpu(args, NAME)
-    log = (lambda s: None) if args.quiet else (lambda s: print(f"[{NAME}] {s}", file=sys.stderr, flush=True))
 
     truth = None
     if args.dry_run:
