@@ -286,12 +286,25 @@ class TorchKernels:
         return int(host.view(np.int32).sum(dtype=np.int64)) % (1 << 64)
 
 
+def smoke_test(kern, cuda: Cuda) -> None:
+    """Write and read back 4 KiB of device memory: the kernels compile, launch on the stream and compute."""
+    buf = cuda.device(4096)
+    kern.write(buf, 4096, 0x01020304)
+    kern.read(buf, 4096)
+    got, want = kern.checksum(), kern.expected(np.full(1024, 0x01020304, np.uint32).view(np.uint8))
+    if got != want:
+        raise RuntimeError(f"smoke test: checksum {got} != {want}")
+
+
 def load_kernels(cuda: Cuda):
-    """(kernels, notes): CuPy's where it compiles, else torch's; (None, notes) when neither loads."""
+    """(kernels, notes): CuPy's where they compile and pass the smoke test, else torch's; (None, notes) when
+    neither does."""
     notes = []
     for cls in (CupyKernels, TorchKernels):
         try:
-            return cls(cuda), notes
+            kern = cls(cuda)
+            smoke_test(kern, cuda)
+            return kern, notes
         except Exception as e:  # noqa: BLE001 - a missing or broken kernel path is a finding: say it, try the next
             notes.append(f"{cls.name}: {type(e).__name__}: {str(e)[:200]}")
     return None, notes

@@ -448,11 +448,13 @@ class FakeKernels:
         self._sum = 0
 
     def _range(self, addr: int, nbytes: int):
-        a, off = self.rt._find(addr, nbytes, ("managed",))
+        a, off = self.rt._find(addr, nbytes, ("managed", "device"))
         return a, off, self.rt._blocks(a, off, nbytes)
 
     def _time(self, a, blk, nbytes: int, bw_remote: float) -> float:
         t = self.rt.truth
+        if a.kind == "device":
+            return t["launch_s"] + nbytes / t["hbm_bw"]
         remote = (a.where[blk] == HOST) & a.pref_host[blk] & a.accessed_by[blk]
         faulted = (a.where[blk] != GPU) & ~remote
         a.where[blk][faulted], a.chunk[blk][faulted] = GPU, True
@@ -474,7 +476,8 @@ class FakeKernels:
         a, off, blk = self._range(addr, nbytes)
         self.rt._entered = self.rt.vnow()
         self.rt.emulate(a.buf[off:off + nbytes].view(np.uint32).fill, value)
-        a.discarded[blk] = False
+        if a.kind == "managed":
+            a.discarded[blk] = False
         self.rt._queue(int(self.cuda.stream), self._time(a, blk, nbytes, self.rt.truth["remote_write_bw"]))
 
     expected = staticmethod(word_sum)

@@ -103,7 +103,7 @@ class Bench:
         free2, _ = cuda.mem_get_info()
         # does cudaMemGetInfo count managed memory the GPU holds? (if not, it cannot say whether a discard frees it)
         self.populate_seen = (free1 - free2) / arena
-        self.allocated_free0 = free0 - free1
+        self.setup_drop = free0 - free2  # what the buffers took from the free memory, as the driver reports it
 
     def reps_for(self, n: int) -> int:
         return self.reps * (4 if n <= (8 << 20) else 2 if n <= (128 << 20) else 1)
@@ -160,6 +160,8 @@ def part_copy_out(b: Bench, dl: Deadline) -> dict:
         b.reset(n)
         b.mirror_v[:n] = 0
         s = b.repeat(n, dl, lambda: cu.copy(b.mirror, b.arena, n))
+        if not s:
+            break
         out["managed_to_pinned"].append(point(n, s, bit_exact=bool(np.array_equal(b.mirror_v[:n], b.ref_v[:n]))))
         cu.copy(b.devbuf, b.ref, n)
         cu.sync()
@@ -388,6 +390,8 @@ def run_parts(b: Bench, time_limit: float, log) -> dict:
             res, status = {"reason": str(e)}, "skipped"
         except CudaError as e:
             res, status = {"reason": str(e)}, "skipped" if e.unsupported else "error"
+        except Exception as e:  # noqa: BLE001 - a kernel library's error must not cost the other parts' results
+            res, status = {"reason": f"{type(e).__name__}: {str(e)[:300]}"}, "error"
         res["status"] = status or ("cut" if dl.cut else "ok")
         res["elapsed_s"] = time.perf_counter() - t0
         log(f"{name}: {res['status']} in {res['elapsed_s']:.1f} s" + (f" ({res['reason']})" if "reason" in res else ""))
@@ -674,6 +678,7 @@ def main(argv=None) -> int:
     parts = clean(parts)
     memory = {"free_bytes": free, "total_bytes": total, "max_fraction": args.max_fraction, "budget_bytes": budget,
               "cap_bytes": cap, "arena_bytes": b.n, "gpu_bytes_allocated": 2 * b.n + MB2,
+              "free_drop_after_setup_bytes": b.setup_drop,
               "sizes": run_sizes, "sizes_over_cap": capped}
     s = clean(summary(parts))
     payload = {"memory": memory, "cuda": versions, "parts": parts, "summary": s,

@@ -117,7 +117,7 @@ next)
     NEXT=$RES/next
     mkdir -p "$NEXT"
     # 1. issue 33 step 1: copy-out + discard + copy-in against UVM eviction, remote access (~1 min, at most ~5)
-    step evict-microbench 300 "$PY" bench/gpu/evict_microbench.py --out "$NEXT" --time-limit 280
+    step evict-microbench 330 "$PY" bench/gpu/evict_microbench.py --out "$NEXT" --time-limit 280
     keep_next evict_microbench.json
     ;;
 part1)

@@ -152,6 +152,38 @@ def test_a_read_of_unmapped_host_memory_is_not_taken_for_remote_access(bench, mo
     assert res["stayed_remote"] is False and res["read_checksum_ok"] is True
 
 
+def test_kernels_fall_back_from_cupy_to_torch_after_a_smoke_test(monkeypatch):
+    """load_kernels takes the first kernel set that loads and computes the right checksum, saying why it passed
+    over the others; with none, the remote part is skipped with the reasons."""
+    import _evict_cuda as ec
+    import evict_microbench as em
+
+    class NoCupy:
+        name = "cupy RawModule"
+
+        def __init__(self, cuda):
+            raise ImportError("No module named 'cupy'")
+
+    class WrongSum(FakeKernels):
+        name = "torch (sum / fill_)"
+
+        def checksum(self):
+            return super().checksum() + 1
+
+    cu = Cuda(FakeRuntime())
+    monkeypatch.setattr(ec, "CupyKernels", NoCupy)
+    monkeypatch.setattr(ec, "TorchKernels", FakeKernels)
+    kern, notes = ec.load_kernels(cu)
+    assert isinstance(kern, FakeKernels) and notes == ["cupy RawModule: ImportError: No module named 'cupy'"]
+    monkeypatch.setattr(ec, "TorchKernels", WrongSum)
+    kern, notes = ec.load_kernels(cu)
+    assert kern is None and "smoke test: checksum" in notes[1]
+    b = em.Bench(cu, [MB2], MB2, 1, ec.load_kernels, lambda s: None)
+    res = em.run_parts(b, 60, lambda s: None)["remote"]
+    assert res["status"] == "skipped" and "no kernel could be loaded" in res["reason"] and "ImportError" in res["reason"]
+    cu.close()
+
+
 def test_the_fake_refuses_what_a_driver_refuses():
     rt = FakeRuntime()
     cu = Cuda(rt)
