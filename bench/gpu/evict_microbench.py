@@ -7,8 +7,9 @@ after another, each under its own time limit:
    64 MiB, 1 GiB), beside the same copy from a plain device buffer (the link's ceiling) and the copy back into
    GPU-resident managed memory;
 2. ``discard``: ``cudaMemDiscardBatchAsync`` per call and per 2 MiB block (K blocks as K ranges and as one
-   range, K = 1..256), whether ``cudaMemGetInfo`` sees a discarded range freed (and an evicted one), and what
-   evicting a discarded range costs against evicting live data;
+   range, K = 1..256), whether ``cudaMemGetInfo`` sees a discarded range freed (and an evicted one), what
+   evicting a discarded range costs against evicting live data, and whether a discard queued right behind a
+   copy-out holds its caller until the copy is done;
 3. ``copy_in``: the copy path's whole round trip: copy-out into the pinned mirror, discard, repopulate on the
    GPU without a copy (``cudaMemPrefetchAsync`` to the GPU, or ``cudaMemDiscardAndPrefetchBatchAsync``), copy
    back from the mirror; the data that comes back is checked bit for bit;
@@ -217,6 +218,24 @@ def mem_get_info_probe(b: Bench, dl: Deadline) -> dict:
             "evict_live": point(n, t_ev), "rounds": rows}
 
 
+def discard_behind_copy(b: Bench, dl: Deadline) -> dict:
+    """The copy path queues a discard right behind its copy-out: does that call hold the caller until the copy
+    is done (then a mover thread must issue it), or only for the discard itself? Three rounds on the arena."""
+    cu, n = b.cuda, b.n
+    copy, behind = [], []
+    for _ in range(3):
+        if dl.over():
+            break
+        b.reset(n)
+        copy.append(cu.timed(lambda: cu.copy(b.mirror, b.arena, n)))
+        b.reset(n)
+        cu.copy(b.mirror, b.arena, n)  # still running when the discard is issued
+        behind.append(cu.timed(lambda: cu.discard([(b.arena, n)])))
+    held, copy_gpu = med(behind, 0), med(copy, 1)
+    return {"bytes": n, "copy": point(n, copy), "discard": timing(behind),
+            "waits_for_copy": None if held is None or copy_gpu is None else held > 0.5 * copy_gpu}
+
+
 def part_discard(b: Bench, dl: Deadline) -> dict:
     cu = b.cuda
     if not cu.has("cudaMemDiscardBatchAsync"):
@@ -240,6 +259,7 @@ def part_discard(b: Bench, dl: Deadline) -> dict:
                 pts.append({"blocks": k, **timing(samples)})
         out[variant] = {"points": pts, **line_fit(pts)}
     out["mem_get_info"] = mem_get_info_probe(b, dl)
+    out["behind_copy"] = discard_behind_copy(b, dl)
     return out
 
 
@@ -439,6 +459,7 @@ def summary(parts: dict) -> dict:
            "discard_per_call_us": disc.get("ranges", {}).get("per_call_us"),
            "discard_per_block_us": disc.get("ranges", {}).get("per_block_us"),
            "discard_frees_memory": disc.get("mem_get_info", {}).get("discard_frees_memory"),
+           "discard_waits_for_copy": disc.get("behind_copy", {}).get("waits_for_copy"),
            "remote_read_gb_s": (rem.get("read") or {}).get("gb_s"),
            "remote_write_gb_s": (rem.get("write") or {}).get("gb_s")}
     trips = cin.get("prefetch", {}).get("points") or cin.get("discard_and_prefetch", {}).get("points") or []
@@ -483,6 +504,11 @@ def table_rows(parts: dict, capped: list[int], cap: int) -> list[list]:
                           ("evict_live", "prefetch to host of live data (UVM eviction)")):
             p = m[key]
             rows.append(["discard", what, n, _gb(p["gb_s"]), _us(p["gpu_us"]), _us(p["host_us"]), ""])
+    q = d.get("behind_copy")
+    if q and q["discard"]["reps"]:
+        rows.append(["discard", "discard issued right behind a copy-out of the range", size_label(q["bytes"]), "-",
+                     _us(q["discard"]["gpu_us"]), _us(q["discard"]["host_us"]),
+                     f"copy {_us(q['copy']['gpu_us'])} us; the call waits for the copy: {q['waits_for_copy']}"])
     for variant, what in (("prefetch", "prefetch to GPU"), ("discard_and_prefetch", "DiscardAndPrefetchBatch")):
         v = parts["copy_in"].get(variant, {})
         if "skipped" in v:

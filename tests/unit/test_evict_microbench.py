@@ -63,6 +63,7 @@ def test_dry_run_measures_the_fake_back_and_writes_the_baseline(tmp_path):
     mem = parts["discard"]["mem_get_info"]
     assert mem["discard_frees_memory"] == "no" and mem["evict_freed_fraction"] == pytest.approx(1.0)
     assert mem["evict_after_discard"]["gb_s"] > 10 * mem["evict_live"]["gb_s"]
+    assert parts["discard"]["behind_copy"]["waits_for_copy"] is True  # the fake's discard holds until it is done
     # every figure at its size, every step of the round trip timed on both clocks
     trip = parts["copy_in"]["prefetch"]["points"][-1]
     for step in ("copy_out", "discard", "repopulate", "copy_in"):
