@@ -479,8 +479,11 @@ def summary(parts: dict) -> dict:
     return out
 
 
-def table_rows(parts: dict, capped: list[int], cap: int) -> list[list]:
-    rows: list[list] = []
+def table_rows(parts: dict, memory: dict) -> list[list]:
+    mem = memory
+    rows: list[list] = [["all", "GPU memory the script allocates", size_label(mem["gpu_bytes_allocated"] - MB2), "-", "-",
+                         "-", f"<= {mem['max_fraction']:g} x {mem['free_bytes'] / 2**30:.1f} GiB free "
+                         f"(measured drop {mem['free_drop_after_setup_bytes'] / 2**20:.0f} MiB)"]]
     co = parts["copy_out"]
     for key, what in (("managed_to_pinned", "D2H GPU-resident managed -> pinned (copy-out)"),
                       ("device_to_pinned", "D2H cudaMalloc -> pinned (link ceiling)"),
@@ -540,8 +543,8 @@ def table_rows(parts: dict, capped: list[int], cap: int) -> list[list]:
     for name, res in parts.items():
         if res["status"] != "ok":
             rows.append([name, f"part {res['status']}", "-", "-", "-", "-", res.get("reason", "time limit")])
-    for n in capped:
-        rows.append(["all", "size skipped", size_label(n), "-", "-", "-", f"over the cap of {size_label(cap)}"])
+    for n in mem["sizes_over_cap"]:
+        rows.append(["all", "size skipped", size_label(n), "-", "-", "-", f"over the cap of {size_label(mem['cap_bytes'])}"])
     s = summary(parts)
     if s["copy_over_uvm_round_trip"] is not None:
         rows.append(["summary", "copy path round trip / UVM round trip", size_label(s["size_bytes"]),
@@ -720,7 +723,7 @@ def main(argv=None) -> int:
         payload["baseline"] = str(path)
         log(f"microbench entries written to {path}")
     return C.finish(args, NAME, payload, ["part", "measure", "size", "GB/s", "GPU us", "host us held", "note"],
-                    table_rows(parts, capped, cap), checks_for(parts, truth))
+                    table_rows(parts, memory), checks_for(parts, truth))
 
 
 if __name__ == "__main__":

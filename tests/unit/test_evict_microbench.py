@@ -99,6 +99,8 @@ def test_a_driver_without_discard_skips_the_parts_that_need_it(tmp_path):
 
 
 def test_without_gpu_or_with_bad_arguments_one_line(tmp_path):
+    proc = _run("--help", timeout=120)
+    assert proc.returncode == 0 and "usage:" in proc.stdout and "--fake-unsupported" in proc.stdout
     proc = _run(timeout=120)
     assert proc.returncode == 5 and proc.stderr.count("\n") == 1 and "--dry-run" in proc.stderr
     for args, word in ((["--sizes", "3MiB"], "--sizes"), (["--sizes", "lots"], "--sizes"),
