@@ -94,6 +94,25 @@ def add_workload_arguments(p: argparse.ArgumentParser, *, config: str, iters: in
                    help=f"iterations left out of the median (default {warmup})")
 
 
+def add_probe_arguments(p: argparse.ArgumentParser, fraction_of: str) -> None:
+    """The flags of the scripts that probe the GPU with their own allocations (calibrate, evict_microbench):
+    ``--max-fraction`` (of the free GPU memory that ``fraction_of`` may take), ``--reps``, ``--quiet``."""
+    p.add_argument("--max-fraction", type=float, default=0.10,
+                   help=f"{fraction_of}, as a fraction of the GPU's free memory (default 0.10)")
+    p.add_argument("--reps", type=int, default=5, help="repetitions per point; the median is kept (default 5)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
+def probe_log(args, name: str):
+    """Check ``add_probe_arguments``' flags (one line and exit 2 if wrong); the progress printer (stderr)."""
+    if not 0 < args.max_fraction <= 0.5:
+        fail(name, f"--max-fraction {args.max_fraction}: must be in (0, 0.5]: the GPU may be shared, its memory "
+                   "must stay well under what is free")
+    if args.reps < 1:
+        fail(name, "--reps must be >= 1")
+    return (lambda s: None) if args.quiet else (lambda s: print(f"[{name}] {s}", file=sys.stderr, flush=True))
+
+
 def out_dir(args) -> Path:
     d = args.out if args.out is not None else (DRYRUN_DIR if args.dry_run else RESULTS_DIR)
     d.mkdir(parents=True, exist_ok=True)

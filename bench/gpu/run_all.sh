@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Run the GPU validation on a lent GPU machine, in parts that each fit one 10-minute device command.
 #
+#   bench/gpu/run_all.sh next      # the next GPU session's first command: its measurements, most decisive
+#                                  # first, each step under its own limit (below; ~2 min today, at most ~6)
 #   bench/gpu/run_all.sh part1     # calibrate + tests/gpu + correctness           (~6 min, at most ~9)
 #   bench/gpu/run_all.sh part2     # 1.5x: oversub --trace (managed, uvmprefetch, deepum) + fidelity --from
 #                                  # oversub, without and with the live-sync host clock (~8 min, at most ~9.5)
@@ -98,7 +100,29 @@ discard_diagnose() {
     save
 }
 
+# keep_next FILE...: bring results of `next` back at once (a command cut at its limit keeps what finished), with
+# the baseline file its scripts updated here (bench/baselines/gpu.json: commit it on the development machine)
+keep_next() {
+    [ -n "${OUT:-}" ] || return 0
+    for f in "$@"; do
+        [ -f "$NEXT/$f" ] && cp "$NEXT/$f" "$OUT/"
+    done
+    [ -f bench/baselines/gpu.json ] && cp bench/baselines/gpu.json "$OUT/gpu.json"
+    cp "$LOG" "$OUT/run_all-next.log" 2>/dev/null
+    return 0
+}
+
 case "$PART" in
+next)
+    # One device command (<= 10 min) for the next GPU session. A new measurement goes in as one more
+    # `step NAME LIMIT ...` + `keep_next FILE` pair, ordered by value; keep the limits' sum under ~9 min.
+    setup
+    NEXT=$RES/next
+    mkdir -p "$NEXT"
+    # 1. issue 33 step 1: copy-out + discard + copy-in against UVM eviction, remote access (~1 min, at most ~5)
+    step evict-microbench 330 "$PY" bench/gpu/evict_microbench.py --out "$NEXT" --time-limit 280
+    keep_next evict_microbench.json
+    ;;
 part1)
     setup
     step calibrate 120 "$PY" bench/gpu/calibrate.py --quiet
@@ -179,6 +203,7 @@ summary)
     ;;
 dry-run)
     RES=out/gpu-dryrun
+    step evict-microbench 120 "$PY" bench/gpu/evict_microbench.py --dry-run --quiet
     step calibrate 120 "$PY" bench/gpu/calibrate.py --dry-run --quiet
     step correctness 300 "$PY" bench/gpu/correctness.py --dry-run
     step overhead 300 "$PY" bench/gpu/overhead.py --dry-run --rounds 1
@@ -187,7 +212,7 @@ dry-run)
     "$PY" bench/gpu/summarize.py --dry-run | tail -n 12
     ;;
 *)
-    echo "usage: bench/gpu/run_all.sh part1|part2|part2b|part3|discard|discard2|discard3|fidelity|summary|dry-run" >&2
+    echo "usage: bench/gpu/run_all.sh next|part1|part2|part2b|part3|discard|discard2|discard3|fidelity|summary|dry-run" >&2
     exit 2
     ;;
 esac
