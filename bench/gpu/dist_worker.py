@@ -123,13 +123,16 @@ def main(argv=None) -> int:
         res.update(peak_allocated_bytes=int(torch.cuda.max_memory_allocated(dev)),
                    peak_reserved_bytes=int(torch.cuda.max_memory_reserved(dev)),
                    device_name=torch.cuda.get_device_name(dev))
-        if a.probe_ipc:
-            res["ipc_export"] = _probe_ipc(model)
     dist.barrier()
     dist.destroy_process_group()
     os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, f"rank{rank}.json"), "w") as f:
+    path = os.path.join(a.out, f"rank{rank}.json")
+    with open(path, "w") as f:
         json.dump(res, f)
+    if a.probe_ipc and dev.type == "cuda":  # last, after the results are written: whatever it answers
+        res["ipc_export"] = _probe_ipc(model)
+        with open(path, "w") as f:
+            json.dump(res, f)
     print(f"dist_worker: rank {rank}/{world} {a.wrap} {a.model}-{a.config} {a.iters} iterations, last loss "
           f"{losses[-1]:.6f}", file=sys.stderr)
     return 0

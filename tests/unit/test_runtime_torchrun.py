@@ -1,13 +1,14 @@
 """``UVMPREFETCH=1 torchrun ...``: a runtime per rank (issue 12), with real torchrun, gloo and the dryrun backend.
 
-GIVEN two ranks of GPT-2 "mini" trained with DDP or FSDP2 (``fully_shard``) by ``bench/gpu/dist_worker.py`` under
+GIVEN two ranks of GPT-2 "mini" trained with DDP by ``bench/gpu/dist_worker.py`` under
 a budget below their working set WHEN torchrun starts them with ``UVMPREFETCH=1`` (or under ``uvmprefetch run``)
 THEN each rank writes its own report with its launches and iterations, the budget made the runtime move data
 both ways, the collectives ran inside observed ops (each rank's trace holds them), every rank's losses are
 bit-equal to the same torchrun job without the runtime, and the launcher wrote no report.
 
-Each torchrun job takes ~30 s on a 2-core machine (interpreter, torch and transformers start-up of three
-processes); the plain jobs are shared between the tests.
+The same for FSDP2 (``fully_shard``) is the dry run of ``bench/gpu/distributed.py --wrap fsdp``
+(``test_gpu_scripts.py``). Each torchrun job takes ~30 s on a 2-core machine (interpreter, torch and
+transformers start-up of three processes); the plain job is shared between the tests.
 """
 
 from __future__ import annotations
@@ -59,13 +60,10 @@ def _losses(out: Path) -> dict[int, list[str]]:
 
 @pytest.fixture(scope="module")
 def plain(tmp_path_factory):
-    """The same jobs without the runtime: {wrap: {rank: losses}}."""
+    """The same DDP job without the runtime: {rank: losses}."""
     base = tmp_path_factory.mktemp("plain")
-    out = {}
-    for wrap in ("ddp", "fsdp"):
-        _torchrun(wrap, base / wrap, _env())
-        out[wrap] = _losses(base / wrap)
-    return out
+    _torchrun("ddp", base / "out", _env())
+    return _losses(base / "out")
 
 
 def _check_ranks(folder: Path, out: Path, plain_losses: dict, collectives: set[str]) -> None:
@@ -90,13 +88,7 @@ def _check_ranks(folder: Path, out: Path, plain_losses: dict, collectives: set[s
 
 def test_ddp_two_ranks_each_own_a_runtime(plain, tmp_path):
     _torchrun("ddp", tmp_path / "out", _env(_runtime_env(tmp_path)))
-    _check_ranks(tmp_path, tmp_path / "out", plain["ddp"], {"c10d::allreduce_", "c10d::broadcast_"})
-
-
-def test_fsdp2_two_ranks_each_own_a_runtime(plain, tmp_path):
-    _torchrun("fsdp", tmp_path / "out", _env(_runtime_env(tmp_path)))
-    _check_ranks(tmp_path, tmp_path / "out", plain["fsdp"],
-                 {"c10d::_allgather_base_", "c10d::_reduce_scatter_base_", "fsdp::all_gather_copy_in"})
+    _check_ranks(tmp_path, tmp_path / "out", plain, {"c10d::allreduce_", "c10d::broadcast_"})
 
 
 def test_uvmprefetch_run_torchrun(plain, tmp_path):
@@ -116,4 +108,4 @@ def test_uvmprefetch_run_torchrun(plain, tmp_path):
         assert rep["rank"]["rank"] == int(k) and rep["launches"] > 0 and rep["iterations"] == 2
         assert not rep["degraded"] and rep["bytes_dtoh"] > 0
     assert sorted(p.name for p in tmp_path.glob("r*.json")) == ["r-0.json", "r-1.json"]
-    assert _losses(tmp_path / "out") == plain["ddp"]
+    assert _losses(tmp_path / "out") == plain
