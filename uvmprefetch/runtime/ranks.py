@@ -5,7 +5,7 @@ worker per GPU and does no GPU work itself. Under ``UVMPREFETCH=1`` the launcher
 runtime, no report) and leaves ``UVMPREFETCH_OWNER`` unset, so each worker is the first process of its own
 tree to see ``UVMPREFETCH=1`` and owns a runtime. A worker is a *rank*: ``RANK`` or ``LOCAL_RANK``, and
 ``WORLD_SIZE``, are in its environment (torchrun's elastic agent sets them, with ``TORCHELASTIC_RUN_ID``,
-for the workers only; DeepSpeed's and Lightning's launchers set the same three). The owner of a tree records
+for the workers only; other launchers follow the same convention). The owner of a tree records
 its pid in ``UVMPREFETCH_OWNER`` and its rank in ``UVMPREFETCH_OWNER_RANK``; a child that inherits both with
 the same rank is a DataLoader worker or another helper of that rank and stays plain, a child with another
 rank is a rank of a launcher we did not recognise (the launcher then owns a runtime of its own, idle).
