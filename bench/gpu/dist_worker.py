@@ -16,13 +16,12 @@ import argparse
 import json
 import os
 import sys
-import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from train_worker import CONFIGS, build_model  # noqa: E402 - the same models as the single-process checks
+from train_worker import CONFIGS, build_model, deterministic_kernels, train  # noqa: E402 - as the single-process checks
 
 
 def _wrap(model, how: str, dev, bucket_mb: float):
@@ -49,6 +48,14 @@ def _probe_ipc(model) -> str:
         return "ok"
     except Exception as e:  # noqa: BLE001 - the answer is the point
         return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+
+
+def _save(path: str, res: dict) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(res, f)
+    os.replace(tmp, path)
 
 
 def main(argv=None) -> int:
@@ -79,10 +86,7 @@ def main(argv=None) -> int:
     if a.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("dist_worker: --device cuda but torch sees no CUDA GPU")
     if a.deterministic:
-        torch.use_deterministic_algorithms(True, warn_only=True)
-        torch.backends.cudnn.benchmark = False
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
+        deterministic_kernels()
     local = int(os.environ.get("LOCAL_RANK", "0"))
     dev = torch.device("cuda", local) if a.device == "cuda" else torch.device("cpu")
     if dev.type == "cuda":
@@ -98,22 +102,7 @@ def main(argv=None) -> int:
     # optimizer state can hold (bench/gpu/_common.Workload)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
     gen = torch.Generator().manual_seed(a.seed + 1 + 1000 * rank)  # each rank its own batches
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    if dev.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    losses, iter_s = [], []
-    for _ in range(a.iters):
-        ids = torch.randint(0, vocab, (a.batch, a.seq), generator=gen).to(dev)
-        sync()
-        t0 = time.perf_counter()
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        val = loss.item()
-        sync()
-        iter_s.append(time.perf_counter() - t0)
-        losses.append(val)
+    losses, iter_s = train(model, opt, vocab, gen, dev, batch=a.batch, seq=a.seq, iters=a.iters)
     res = {"rank": rank, "world_size": world, "local_rank": local, "wrap": a.wrap, "model": a.model,
            "config": a.config, "batch": a.batch, "seq": a.seq, "iters": a.iters, "device": str(dev),
            "backend": dist.get_backend(), "n_params": n_params, "state_bytes": 4 * 4 * n_params,
@@ -125,14 +114,10 @@ def main(argv=None) -> int:
                    device_name=torch.cuda.get_device_name(dev))
     dist.barrier()
     dist.destroy_process_group()
-    os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, f"rank{rank}.json")
-    with open(path, "w") as f:
-        json.dump(res, f)
+    _save(path, res)
     if a.probe_ipc and dev.type == "cuda":  # last, after the results are written: whatever it answers
-        res["ipc_export"] = _probe_ipc(model)
-        with open(path, "w") as f:
-            json.dump(res, f)
+        _save(path, {**res, "ipc_export": _probe_ipc(model)})
     print(f"dist_worker: rank {rank}/{world} {a.wrap} {a.model}-{a.config} {a.iters} iterations, last loss "
           f"{losses[-1]:.6f}", file=sys.stderr)
     return 0

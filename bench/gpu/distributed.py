@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,10 +44,8 @@ def run_job(case: str, args, work: dict, tmp: Path, *, budget: int | None, timeo
     folder = tmp / case
     out = folder / "ranks"
     folder.mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if k not in C.RUNTIME_VARS}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(C.REPO), env.get("PYTHONPATH", "")]))
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
-               CUBLAS_WORKSPACE_CONFIG=":4096:8")  # cuBLAS refuses deterministic mode without it
+    env = C.child_env(deterministic=True)
+    env["OMP_NUM_THREADS"] = "1"
     runtime = case != "plain"
     if runtime:
         env.update(UVMPREFETCH="1", UVMPREFETCH_POLICY=args.policy, UVMPREFETCH_LOG="quiet",
@@ -63,12 +59,7 @@ def run_job(case: str, args, work: dict, tmp: Path, *, budget: int | None, timeo
            "--device", "cpu" if args.dry_run else "cuda", "--deterministic", "--seed", str(args.seed),
            "--out", str(out)] + ([] if args.dry_run else ["--probe-ipc"])
     t0 = time.perf_counter()
-    try:
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
-        rc, err = r.returncode, r.stderr
-    except subprocess.TimeoutExpired as e:
-        rc, err = 124, (e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or ""))
-        err += f"\n[timed out after {timeout:.0f} s]"
+    rc, err = C.run_child(cmd, env, timeout)
     ranks = []
     for rank in range(args.nproc):
         f = out / f"rank{rank}.json"
