@@ -250,3 +250,41 @@ def test_a_storage_resized_in_place_frees_its_old_memory():
     del t, st
     died, freed = tr.drain_dead()
     assert died == [first] and tr.live_bytes == 0 and len(freed) == 2
+
+
+SPAWN = '''
+import os, sys, torch, torch.distributed as dist, torch.multiprocessing as mp
+import uvmprefetch
+
+def work(i, folder):
+    dist.init_process_group("gloo", init_method="file://" + os.path.join(folder, "store"), rank=i, world_size=2)
+    uvmprefetch.enable(backend="dryrun", budget="4MiB", log="quiet", report=os.path.join(folder, "r.json"))
+    torch.manual_seed(0)
+    m = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
+                                                                      torch.nn.Linear(256, 64)))
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    for _ in range(2):
+        m(torch.randn(8, 64)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    uvmprefetch.disable()
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    mp.spawn(work, args=(sys.argv[1],), nprocs=2)
+'''
+
+
+def test_mp_spawn_workers_enable_the_runtime_themselves(tmp_path):
+    # GIVEN torch.multiprocessing.spawn workers (no rank variables) WHEN each calls uvmprefetch.enable() after
+    # init_process_group THEN each runs its own runtime, named after its torch.distributed rank
+    script = tmp_path / "spawn_job.py"
+    script.write_text(SPAWN)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UVMPREFETCH") and k not in TORCHRUN_WORKER}
+    r = subprocess.run([PY, str(script), str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for rank in (0, 1):
+        rep = json.loads((tmp_path / f"r.rank{rank}.json").read_text())
+        assert rep["rank"] == {"rank": rank, "world_size": 2, "local_rank": None, "source": "torch.distributed"}
+        assert rep["launches"] > 0 and rep["iterations"] == 2 and not rep["degraded"]
+    assert not (tmp_path / "r.json").exists()
