@@ -42,9 +42,10 @@ def _wrap(model, how: str, dev, bucket_mb: float):
 
 def _probe_ipc(model) -> str:
     """What exporting a CUDA IPC handle for a parameter's memory answers: ``ok`` or the error (one line)."""
-    p = next(model.parameters())
+    p = next(model.parameters()).data
+    p = p.to_local() if hasattr(p, "to_local") else p  # FSDP2: the rank's shard
     try:
-        p.data.untyped_storage()._share_cuda_()
+        p.untyped_storage()._share_cuda_()
         return "ok"
     except Exception as e:  # noqa: BLE001 - the answer is the point
         return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]

@@ -31,6 +31,7 @@ examples:
   python bench/gpu/distributed.py                      # 1 rank, NCCL, DDP on GPT-2 small, budget = working set / 2
   python bench/gpu/distributed.py --nproc 2 --wrap fsdp  # two GPUs, FSDP2
   python bench/gpu/distributed.py --dry-run            # 2 CPU ranks, gloo, GPT-2 mini, dryrun backend
+  bench/gpu/run_all.sh dist                            # on a lent GPU: Numba's cache warmed first, then this
 """
 WORKER = C.HERE / "dist_worker.py"
 # The dry run's budget: GPT-2 mini's biggest launch (DDP's broadcast of the parameters at construction) touches
