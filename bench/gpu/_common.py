@@ -323,11 +323,7 @@ def run_training(mode: str, work: Workload, workdir: Path, case: str, *, seed: i
     trace_path = workdir / f"{case}.uvmt"
     for p in (out, report, trace_path):
         p.unlink(missing_ok=True)
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")])),
-           "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
-           "TRANSFORMERS_OFFLINE": os.environ.get("TRANSFORMERS_OFFLINE", "1"), "PYTHONUNBUFFERED": "1"}
-    if work.deterministic:
-        env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"  # cuBLAS refuses deterministic mode without it
+    env = training_env(work.deterministic)
     policy = MODES[mode]
     if policy is not None:
         env.update(UVMPREFETCH="1", UVMPREFETCH_POLICY=policy, UVMPREFETCH_REPORT=str(report),
@@ -340,12 +336,7 @@ def run_training(mode: str, work: Workload, workdir: Path, case: str, *, seed: i
     cmd = [sys.executable, str(WORKER), *work.argv(), "--seed", str(seed), "--out", str(out),
            "--device", "cpu" if dry_run else "cuda"]
     t0 = time.perf_counter()
-    try:
-        r = subprocess.run(cmd, env=child_env(env), capture_output=True, text=True, timeout=timeout, check=False)
-        rc, err = r.returncode, r.stderr
-    except subprocess.TimeoutExpired as e:
-        rc, err = 124, (e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or ""))
-        err += f"\n[timed out after {timeout:.0f} s]"
+    rc, err = run_child(cmd, env, timeout)
     res: dict = {}
     if rc == 0 and out.exists():
         res = json.loads(out.read_text())
@@ -355,6 +346,28 @@ def run_training(mode: str, work: Workload, workdir: Path, case: str, *, seed: i
     res["runtime_active"] = res["report"] is not None
     res["trace"] = str(trace_path) if trace and trace_path.exists() else None
     return res
+
+
+def training_env(deterministic: bool) -> dict:
+    """The environment of a training child: ours without any ``UVMPREFETCH*`` variable (the caller adds the
+    mode's), this repository importable, no model hub, the shared-GPU limit (``child_env``)."""
+    extra = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")])),
+             "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
+             "TRANSFORMERS_OFFLINE": os.environ.get("TRANSFORMERS_OFFLINE", "1"), "PYTHONUNBUFFERED": "1"}
+    if deterministic:
+        extra["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"  # cuBLAS refuses deterministic mode without it
+    return child_env(extra)
+
+
+def run_child(cmd: list[str], env: dict, timeout: float) -> tuple[int, str]:
+    """(exit code, stderr) of ``cmd``; a run past ``timeout`` is exit code 124 with what it wrote so far."""
+    try:
+        r = subprocess.run(cmd, env=child_env(base=env), capture_output=True, text=True, timeout=timeout,
+                           check=False)
+        return r.returncode, r.stderr
+    except subprocess.TimeoutExpired as e:
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        return 124, err + f"\n[timed out after {timeout:.0f} s]"
 
 
 def run_ok(res: dict) -> tuple[bool, str]:

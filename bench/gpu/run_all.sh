@@ -12,6 +12,7 @@
 #   bench/gpu/run_all.sh discard2  # diagnose at 1.5x, 7 iterations, uvmprefetch with and without discards (<= ~7.5 min)
 #   bench/gpu/run_all.sh discard3  # one command for a 15-minute lease: the discard probe, discard2's diagnose,
 #                                  # then correctness --discard over 10 iterations (~7-8 min; the last step may be cut)
+#   bench/gpu/run_all.sh dist      # torchrun, one rank, NCCL, DDP on GPT-2 small under a budget (<= ~4 min)
 #   bench/gpu/run_all.sh fidelity  # fidelity alone, its own runs (if part2 ran out of time)
 #   bench/gpu/run_all.sh summary   # gpu-summary.md from whatever results exist
 #   bench/gpu/run_all.sh dry-run   # every script with --dry-run, on any machine (CPU)
@@ -193,6 +194,15 @@ part2 | part2b)
     save
     tail -n 40 "$DIR/gpu-summary.md" 2>/dev/null
     ;;
+dist)
+    # a runtime per rank under torchrun (docs/runtime.md "Distributed training"); the figures go into
+    # bench/baselines/gpu.json, which comes back with the result
+    setup
+    numba_warm
+    step distributed 200 "$PY" bench/gpu/distributed.py --deadline 170
+    [ -n "${OUT:-}" ] && cp bench/baselines/gpu.json "$OUT/gpu.json" 2>/dev/null
+    collect distributed.json
+    ;;
 fidelity)
     setup
     step fidelity 540 "$PY" bench/gpu/fidelity.py --timeout 120
@@ -209,10 +219,11 @@ dry-run)
     step overhead 300 "$PY" bench/gpu/overhead.py --dry-run --rounds 1
     step oversub 300 "$PY" bench/gpu/oversub.py --dry-run --trace
     step fidelity 300 "$PY" bench/gpu/fidelity.py --dry-run --from "$RES/oversub.json"
+    step distributed 300 "$PY" bench/gpu/distributed.py --dry-run
     "$PY" bench/gpu/summarize.py --dry-run | tail -n 12
     ;;
 *)
-    echo "usage: bench/gpu/run_all.sh next|part1|part2|part2b|part3|discard|discard2|discard3|fidelity|summary|dry-run" >&2
+    echo "usage: bench/gpu/run_all.sh next|part1|part2|part2b|part3|discard|discard2|discard3|dist|fidelity|summary|dry-run" >&2
     exit 2
     ;;
 esac

@@ -6,7 +6,8 @@ replay compare key by key: ``policy``, ``gpu``, ``capacity_bytes``, ``faults``, 
 fields: ``backend``, ``budget_bytes``, ``memory`` (cuda: the managed limit and the budget in force, and why),
 ``peak_managed_bytes``, ``working_set_bytes`` (peak bytes of live
 tensors the runtime saw), ``peak_resident_bytes``, ``iter_s`` (wall seconds per iteration), ``window``
-(``[launch index, window]`` samples), ``errors``, ``degraded``. ``faults`` is null when the backend cannot
+(``[launch index, window]`` samples), ``errors``, ``degraded``, ``rank`` (``{rank, world_size, local_rank,
+source}`` in a rank of a distributed job, else null). ``faults`` is null when the backend cannot
 observe them (cuda without CUPTI); ``expected_faults`` then counts the blocks launches used that our books
 did not have resident.
 """
@@ -38,6 +39,7 @@ def build_report(s) -> dict:
     rep = {
         "uvmprefetch": __version__,
         "backend": s.cfg.backend,
+        "rank": s.rank.as_dict() if getattr(s, "rank", None) is not None else None,
         "policy": s.policy.name,
         "gpu": be.get("gpu", getattr(s.gpu, "name", None)),
         "budget": str(s.cfg.budget) if s.cfg.budget is not None else None,
@@ -93,7 +95,8 @@ def summary(rep: dict) -> str:
 
     budget = rep["budget_bytes"] or (rep.get("memory") or {}).get("budget_bytes")
     lines = [
-        f"uvmprefetch: {rep['backend']} run, policy {rep['policy']}, {rep['launches']} launches, "
+        f"uvmprefetch: {rep['backend']} run" + (f" (rank {rep['rank']['rank']})" if rep.get("rank") else "") +
+        f", policy {rep['policy']}, {rep['launches']} launches, "
         f"{rep['iterations']} iterations" + (" (DEGRADED: prefetcher switched off)" if rep["degraded"] else ""),
         f"  working set {sz(rep['working_set_bytes'])}, budget {sz(budget) if budget else 'none'}"
         f", peak resident {sz(rep['peak_resident_bytes'])}, peak managed {sz(rep['peak_managed_bytes'])}",
