@@ -155,27 +155,29 @@ def _stale_in(allocs, a, n):
 def _feed(action, addr, size, seq, device, dev, bs, allocs, pages, table, blk, live, seg, pin, dirty, death, meta,
           counts, out_blk, out_seq, out_rel, start):
     """Apply events ``start:`` in order; deaths go to ``out_blk``/``out_seq``, releases to ``out_rel``. Returns
-    the index of the first event not applied: ``len`` when done, else where the block arrays or the table ran
-    out of room (the caller grows them and calls again from there; the outputs are sized by the caller)."""
+    the index of the first event not applied: ``len`` when done, else where the block arrays, the table or the
+    outputs ran out of room (the caller grows them and calls again from there). The fields are the record
+    array's own (unsigned, strided) columns: no copy per call."""
     drop_a = np.empty(1, dtype=np.int64)  # the allocations an event ends (several on a SEGMENT_FREE)
     drop_n = np.empty(1, dtype=np.int64)
     last_r = np.int64(-1)  # the last page looked up, and its row
     last_row = np.int64(-1)
     for e in range(start, action.shape[0]):
-        a = addr[e]
-        n = size[e]
-        if n > 0:  # room for every block of the range: new ids, new table rows
+        act = np.int64(action[e]) & ACTION_MASK
+        a = np.int64(addr[e])
+        n = np.int64(size[e]) if act <= SEGMENT_UNMAP else np.int64(0)  # (OOM's address is a byte count)
+        if n > 0:  # room for every block of the range: new ids, table rows, deaths, releases
             nblk = (a + n - 1) // bs - a // bs + 1
             npg = ((a + n - 1) // bs >> PAGE_BITS) - (a // bs >> PAGE_BITS) + 1
-            if meta[M_NIDS] + nblk > blk.shape[0] or meta[M_NROWS] + npg > table.shape[0]:
+            if (meta[M_NIDS] + nblk > blk.shape[0] or meta[M_NROWS] + npg > table.shape[0]
+                    or max(meta[M_NDEAD], meta[M_NREL]) + nblk > out_blk.shape[0]):
                 return e
         counts[C_EVENTS] += 1
         if device[e] != dev:
             counts[C_OTHER_DEV] += 1
             continue
-        act = np.int64(action[e]) & ACTION_MASK
         private = (np.int64(action[e]) & PRIVATE_POOL) != 0
-        s = seq[e]
+        s = np.int64(seq[e])
         if private:
             counts[C_PRIVATE] += 1
         nd = 0  # allocations this event ends: drop_a/drop_n[:nd]
@@ -436,9 +438,9 @@ class Liveness:
         if not ev.size:
             return NO_DEATHS
         seq = ev["seq"]
-        bad = np.flatnonzero(seq[1:] <= seq[:-1])
-        if bad.size or int(seq[0]) <= self._last_seq:
-            i = int(bad[0]) + 1 if bad.size else 0
+        if int(seq[0]) <= self._last_seq or (seq.size > 1 and not (seq[1:] > seq[:-1]).all()):
+            bad = np.flatnonzero(seq[1:] <= seq[:-1])
+            i = 0 if int(seq[0]) <= self._last_seq else int(bad[0]) + 1
             prev = int(seq[i - 1]) if i else self._last_seq
             raise ValueError(f"Liveness.feed: event {i} has seq {int(seq[i])}, not after {prev}: events must be "
                              f"fed in increasing sequence order")
@@ -449,27 +451,23 @@ class Liveness:
         return out
 
     def _apply(self, ev: np.ndarray) -> Deaths:
-        addr = ev["addr"].astype(np.int64)
-        size = ev["size"].astype(np.int64)
-        size[(ev["action"] & ACTION_MASK) > SEGMENT_UNMAP] = 0  # (OOM's address is a byte count)
         n = ev.size
-        bs = self.block_size
-        # room for every block of every range (deaths and releases cannot be more)
-        out_blk = np.empty(int(np.where(size > 0, (addr + size - 1) // bs - addr // bs + 1, 0).sum()), dtype=np.int64)
+        out_blk = np.empty(4 * n + 64, dtype=np.int64)
         out_seq = np.empty_like(out_blk)
         out_rel = np.empty_like(out_blk)
         m = self._meta
         m[M_NDEAD] = m[M_NREL] = 0
         e = 0
         while True:
-            e = _feed(ev["action"], addr, size, ev["seq"].astype(np.int64), ev["device"], self.device,
-                      self.block_size, self._allocs, self._pages, self._table, self._blk, self._live, self._seg,
-                      self._pin, self._dirty, self._death, m, self.counts, out_blk, out_seq, out_rel, e)
+            e = _feed(ev["action"], ev["addr"], ev["size"], ev["seq"], ev["device"], self.device, self.block_size,
+                      self._allocs, self._pages, self._table, self._blk, self._live, self._seg, self._pin,
+                      self._dirty, self._death, m, self.counts, out_blk, out_seq, out_rel, e)
             if e == n:
                 break
-            first, last = addr[e] // self.block_size, (addr[e] + size[e] - 1) // self.block_size
-            nblk = int(last - first + 1)
-            self._grow(nblk, int((last >> PAGE_BITS) - (first >> PAGE_BITS) + 1))
+            a, size = int(ev["addr"][e]), int(ev["size"][e])
+            first, last = a // self.block_size, (a + size - 1) // self.block_size
+            nblk = last - first + 1
+            self._grow(nblk, (last >> PAGE_BITS) - (first >> PAGE_BITS) + 1)
             if max(m[M_NDEAD], m[M_NREL]) + nblk > out_blk.shape[0]:
                 more = out_blk.shape[0] + nblk
                 out_blk, out_seq, out_rel = (np.concatenate([x, np.empty(more, dtype=np.int64)])
