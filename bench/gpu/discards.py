@@ -33,6 +33,10 @@ examples:
   python bench/gpu/discards.py --ratios 1.5 --iters 20      # where time allows
   python bench/gpu/discards.py --working-set 51539607552    # skip the plain sizing run
   python bench/gpu/discards.py --dry-run                    # tiny GPT-2 on the CPU, runtime dryrun backend
+
+runtime report fields read: iterations, degraded, errors, bytes_dtoh, bytes_htod, launches,
+  backend_result.{cupti.um_bytes_dtoh, cupti.um_bytes_htod, discards, host_time.hook_s, mover_wait_s},
+  backend_result.liveness.{allocations_seen, discards_issued, discards_refused, unknown_kernels_seen}
 """
 D2H_TARGET_GIB = 20.0  # at 1.5x with discards (issue #32)
 GIB = float(1 << 30)
