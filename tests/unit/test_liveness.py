@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from alloc_model import FakeAllocator
-from uvmprefetch.runtime.liveness import EVENT_DTYPE, UNKNOWN, Liveness, snapshot_events
+from uvmprefetch.runtime.liveness import (ALLOC, ANNOTATE, EVENT_DTYPE, OOM, SNAPSHOT, UNKNOWN, Liveness,
+                                          snapshot_events)
 
 BS = 4096  # a small block: the truth is checked byte by byte
 
@@ -230,16 +231,18 @@ def test_private_pools_and_expandable_segments_are_never_dead():
     assert set(d.released.tolist()) == set(_blocks(e, 2 * BS))
 
 
-def test_unknown_action_and_other_devices():
+def test_no_change_actions_unknown_action_and_other_devices():
     tr = _tracker()
-    ev = np.zeros(3, dtype=EVENT_DTYPE)
-    ev["seq"] = [1, 2, 3]
-    ev["action"] = [0, 0, UNKNOWN]
+    ev = np.zeros(6, dtype=EVENT_DTYPE)
+    ev["seq"] = [1, 2, 3, 4, 5, 6]
+    ev["action"] = [ALLOC, ALLOC, OOM, SNAPSHOT, ANNOTATE, UNKNOWN]
     ev["addr"], ev["size"] = 1 << 20, 512
-    ev["device"] = [1, 1, 0]
-    tr.feed(ev)
+    ev["addr"][2], ev["size"][2] = 80 << 30, 1 << 40  # OOM: the address is the free byte count
+    ev["device"] = [1, 1, 0, 0, 0, 0]
+    assert not tr.feed(ev).blocks.size
     s = tr.stats()
-    assert s["other_device_events"] == 2 and s["unknown_actions"] == 1 and tr.live_blocks().size == 0
+    assert s["other_device_events"] == 2 and s["no_change_events"] == 3 and s["unknown_actions"] == 1
+    assert s["blocks_seen"] == 0 and tr.live_blocks().size == 0
     assert tr.unknown == "an allocator action this build does not know"
 
 

@@ -61,7 +61,7 @@ _WHY = {1: "not attached before the first allocation", 2: "allocator event ring 
 WHY_START, WHY_OVERFLOW, WHY_ACTION, WHY_FREE = 1, 2, 3, 4
 
 # Counters (``Liveness.stats``).
-COUNT_NAMES = ("events", "allocations", "free_requested", "free_completed", "segment_allocs", "segment_frees",
+COUNT_NAMES = ("events", "allocations_seen", "free_requested", "free_completed", "segment_allocs", "segment_frees",
                "expandable_events", "private_pool_events", "other_device_events", "no_change_events",
                "unknown_actions", "unknown_frees", "stale_allocations", "purged_by_segment_free", "deaths",
                "released_blocks")
