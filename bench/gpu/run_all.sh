@@ -10,6 +10,8 @@
 #   bench/gpu/run_all.sh discard2  # diagnose at 1.5x, 7 iterations, uvmprefetch with and without discards (<= ~7.5 min)
 #   bench/gpu/run_all.sh discard3  # one command for a 15-minute lease: the discard probe, discard2's diagnose,
 #                                  # then correctness --discard over 10 iterations (~7-8 min; the last step may be cut)
+#   bench/gpu/run_all.sh tracker   # the allocator tracker on real allocator events (tests/gpu/test_alloc_tracker_gpu.py,
+#                                  # ~1-2 min with the setup; needs no runtime integration)
 #   bench/gpu/run_all.sh discards  # discards.py: GPT-2 large at 1.5x and 2x, discards on and off, 7 iterations
 #                                  # (~6 min, at most ~7 with the setup); needs the runtime's liveness integration
 #   bench/gpu/run_all.sh fidelity  # fidelity alone, its own runs (if part2 ran out of time)
@@ -143,6 +145,11 @@ discard3)
     [ -n "${OUT:-}" ] && cp "$RES/discard/correctness.json" "$OUT/correctness-discard.json" 2>/dev/null
     save
     ;;
+tracker)
+    setup
+    step tests-gpu-tracker 240 "$PY" -m pytest -q -p no:cacheprovider tests/gpu/test_alloc_tracker_gpu.py -rs
+    save
+    ;;
 discards)
     # liveness from the caching allocator (docs/runtime.md section 10): losses with discards on must be
     # bit-equal to the same run without; D2H per iteration both ways; cases into bench/baselines/gpu.json
@@ -197,7 +204,7 @@ dry-run)
     "$PY" bench/gpu/summarize.py --dry-run | tail -n 12
     ;;
 *)
-    echo "usage: bench/gpu/run_all.sh part1|part2|part2b|part3|discard|discard2|discard3|discards|fidelity|summary|dry-run" >&2
+    echo "usage: bench/gpu/run_all.sh part1|part2|part2b|part3|discard|discard2|discard3|tracker|discards|fidelity|summary|dry-run" >&2
     exit 2
     ;;
 esac

@@ -9,7 +9,7 @@ torch ships ``libc10_cuda.so``; skipped without one)
 WHEN ``alloc_tracker.cpp`` is compiled and linked against its headers and ``libc10_cuda.so`` (no undefined
 symbol allowed) and loaded
 THEN it exports the C entry points, reports 40-byte records and the torch version it was built for, numbers
-from the shared sequence, and -- without a GPU -- refuses to attach with one line saying why.
+from the shared sequence, and -- before CUDA is initialised -- refuses to attach with one line saying why.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from alloc_tracker_build import build_command, cuda_torch
 from uvmprefetch.runtime import liveness as L
 
 HERE = Path(__file__).resolve().parent
@@ -60,48 +61,6 @@ def test_event_dtype_and_actions_match_the_c_header(tmp_path):
 
 # --------------------------------------------------------------------------------- against a CUDA torch
 
-_PROBE = """
-import json, os, torch
-root = os.path.dirname(torch.__file__)
-site = os.path.dirname(root)
-inc = [os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "include"), "/usr/local/cuda/include"]
-inc += [os.path.join(site, "nvidia", d, "include") for d in ("cu13", "cuda_runtime")]
-whole = lambda d: all(os.path.exists(os.path.join(d, f)) for f in ("cuda_runtime_api.h", "crt/host_config.h"))
-print(json.dumps({"version": torch.__version__, "cuda": torch.version.cuda, "root": root,
-                  "abi": int(torch._C._GLIBCXX_USE_CXX11_ABI),
-                  "cuda_include": next((d for d in inc if whole(d)), None),
-                  "has_c10_cuda": os.path.exists(os.path.join(root, "lib", "libc10_cuda.so"))}))
-"""
-
-
-def _cuda_torch() -> tuple[str, dict]:
-    """(python, facts) of the first interpreter whose torch is a CUDA build with headers; skips otherwise."""
-    tried = []
-    for py in filter(None, [sys.executable, os.environ.get("UVMPREFETCH_CUDA_PYTHON")]):
-        r = subprocess.run([py, "-c", _PROBE], capture_output=True, text=True, timeout=300)
-        if r.returncode != 0:
-            tried.append(f"{py}: torch does not import")
-            continue
-        info = json.loads(r.stdout.strip().splitlines()[-1])
-        if info["has_c10_cuda"] and info["cuda_include"]:
-            return py, info
-        tried.append(f"{py}: torch {info['version']} " + ("has no libc10_cuda.so" if not info["has_c10_cuda"]
-                                                          else "and no CUDA runtime headers found"))
-    pytest.skip("no CUDA build of torch to compile the tracker against (set UVMPREFETCH_CUDA_PYTHON to a Python "
-                "whose torch has libc10_cuda.so): " + "; ".join(tried))
-
-
-def build_command(info: dict, out: Path) -> list[str]:
-    """The compile and link command of ``kernels/alloc_tracker.cpp`` against one torch (the .cpp's header
-    comment shows the same)."""
-    root = info["root"]
-    return [CXX, "-std=c++20", "-O2", "-DNDEBUG", "-fPIC", "-shared", "-Wall", "-Wextra", "-Werror",
-            f"-D_GLIBCXX_USE_CXX11_ABI={info['abi']}", f'-DUVM_TORCH_VERSION="{info["version"]}"',
-            "-isystem", f"{root}/include", "-isystem", info["cuda_include"], f"-I{KERNELS}",
-            str(KERNELS / "alloc_tracker.cpp"), f"-L{root}/lib", "-lc10_cuda", "-lc10", f"-Wl,-rpath,{root}/lib",
-            "-Wl,--no-undefined", "-o", str(out)]
-
-
 _LOAD = """
 import ctypes, json, sys
 lib = ctypes.CDLL(sys.argv[1])
@@ -125,9 +84,9 @@ print(json.dumps({"record_size": lib.uvm_alloc_tracker_record_size(), "capacity"
 
 @needs_cxx
 def test_tracker_compiles_and_links_against_a_cuda_torch(tmp_path):
-    py, info = _cuda_torch()
+    py, info = cuda_torch([sys.executable, os.environ.get("UVMPREFETCH_CUDA_PYTHON")])
     so = tmp_path / "libuvmalloc.so"
-    r = subprocess.run(build_command(info, so), capture_output=True, text=True, timeout=600)
+    r = subprocess.run(build_command(CXX, info, so), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, f"alloc_tracker.cpp against torch {info['version']}:\n{r.stderr[-4000:]}"
     syms = subprocess.run(["nm", "-D", "--defined-only", str(so)], capture_output=True, text=True).stdout
     missing = [f for f in ENTRY_POINTS if f" T {f}" not in syms]
@@ -139,8 +98,5 @@ def test_tracker_compiles_and_links_against_a_cuda_torch(tmp_path):
     assert got["built_for"] == info["version"]
     assert got["seqs"] == sorted(got["seqs"]) and len(set(got["seqs"])) == 3 and got["seqs"][0] >= 1
     assert got["drained"] == 0 and got["dropped"] == 0 and got["last_dropped"] == 0 and got["seen"] == 0
-    import torch  # noqa: F401 - only to know whether this process could see a GPU
-    has_gpu = subprocess.run([py, "-c", "import torch; print(torch.cuda.is_available())"], capture_output=True,
-                             text=True).stdout.strip() == "True"
-    if not has_gpu:  # torch.cuda never initialised: the allocator has no device allocators to attach to
-        assert got["attach"] == -1 and "not initialised" in got["error"], got
+    # torch.cuda was never initialised in that process (with or without a GPU): nothing to attach to yet
+    assert got["attach"] == -1 and "not initialised" in got["error"], got
