@@ -1,11 +1,9 @@
 """observe (live): which 2 MiB blocks hold no live allocation, from PyTorch's CUDA caching allocator itself.
 
 The allocator reports every change of its books through ``attachAllocatorTraceTracker`` (``kernels/
-alloc_tracker.cpp`` pushes them into a ring as ``uvm::AllocEvent`` records, ``kernels/uvmevents.h``); the
-planner drains the ring and feeds the records, in sequence order, to a ``Liveness``. Unlike liveness inferred
-from the ops the dispatcher sees, this sees every allocation, also those no op ever touches: cuBLAS takes its
-32 MiB workspace straight from the caching allocator, and a discard of blocks the runtime counted dead around
-it lost data on an H100 and an H200.
+alloc_tracker.cpp`` pushes ``uvm::AllocEvent`` records into a ring); the planner feeds them, in sequence order,
+to a ``Liveness``. Unlike the ops the dispatcher sees, this shows every allocation, also those no op touches:
+cuBLAS's 32 MiB workspace lay in blocks counted dead, and discarding them lost data on an H100 and an H200.
 
 A block (``address // block_size``) is **dead** when
 
@@ -102,8 +100,7 @@ NO_DEATHS = Deaths(_NONE, _NONE, _NONE)
 # with array arguments costs reference counting on each array, ~100 ns, twenty times the loop's own work on a
 # block, and a few hundred ns per event when made once per event.
 
-PAGE_BITS = 12
-PAGE_MASK = (1 << PAGE_BITS) - 1
+PAGE_BITS, PAGE_MASK = 12, (1 << 12) - 1
 
 
 @nb.njit(cache=True, nogil=True)
@@ -121,8 +118,7 @@ def _row(pages, r, meta, create):
 
 @nb.njit(cache=True, nogil=True)
 def _settle(i, seq, bs, blk, live, seg, pin, dirty, death, meta, out_blk, out_seq):
-    """Report block ``i`` dead if it now is (and held an allocation since it was last reported): the test
-    ``_feed``'s free loop makes inline."""
+    """Report block ``i`` dead if it now is and held an allocation since last reported (``_feed`` inlines it)."""
     if dirty[i] and live[i] == 0 and pin[i] == 0 and seg[i] == bs and meta[M_WHY] == 0:
         dirty[i] = False
         death[i] = seq
@@ -565,6 +561,11 @@ class Liveness:
         return c
 
 
+# A block freed but still in use on another stream: the name the snapshot's C++ side writes, and the one
+# torch/cuda/memory.py's documentation gives.
+_PENDING_FREE = ("active_pending_free", "active_awaiting_free")
+
+
 def snapshot_events(segments: list[dict], device: int = 0) -> np.ndarray:
     """The allocator's state as events (``seq`` 0): a SEGMENT_ALLOC per segment (SEGMENT_MAP for an expandable
     one; PRIVATE_POOL where it belongs to a private pool), an ALLOC per block that is not inactive, followed by a
@@ -584,7 +585,7 @@ def snapshot_events(segments: list[dict], device: int = 0) -> np.ndarray:
                 continue
             size = int(b["requested_size"] if "requested_size" in b else b.get("size", 0))
             rows.append((ALLOC | flag, int(b["address"]), size))
-            if state == "active_pending_free":
+            if state in _PENDING_FREE:
                 rows.append((FREE_REQUESTED | flag, int(b["address"]), size))
     ev = np.zeros(len(rows), dtype=EVENT_DTYPE)
     if rows:
