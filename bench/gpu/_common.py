@@ -113,6 +113,28 @@ def probe_log(args, name: str):
     return (lambda s: None) if args.quiet else (lambda s: print(f"[{name}] {s}", file=sys.stderr, flush=True))
 
 
+def add_budget_arguments(p: argparse.ArgumentParser, *, timeout: float, deadline: float, why: str) -> None:
+    """``--ratios`` (working set / budget), ``--timeout`` (per training run) and ``--deadline`` (the whole
+    script: no run starts after it, runs are cut to what is left; ``why`` says what the default fits)."""
+    p.add_argument("--ratios", default="1.5,2", help="working set / budget ratios (default 1.5,2)")
+    p.add_argument("--timeout", type=float, default=timeout,
+                   help=f"seconds allowed per training run (default {timeout:g})")
+    p.add_argument("--deadline", type=float, default=deadline,
+                   help="seconds for the whole script: runs are cut to what is left of it and cases not started "
+                        f"by then are skipped (default {deadline:g}, {why})")
+
+
+def parse_ratios(name: str, text: str) -> list[float]:
+    """``--ratios`` (working set / budget, comma-separated, each > 1); a bad value is one line and exit 2."""
+    try:
+        ratios = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        fail(name, f"--ratios {text!r}: expected numbers like 1.5,2")
+    if not ratios or any(r <= 1.0 for r in ratios):
+        fail(name, f"--ratios {text!r}: every ratio must be > 1 (1 = no oversubscription)")
+    return ratios
+
+
 def out_dir(args) -> Path:
     d = args.out if args.out is not None else (DRYRUN_DIR if args.dry_run else RESULTS_DIR)
     d.mkdir(parents=True, exist_ok=True)
@@ -452,6 +474,31 @@ def working_set_bytes(res: dict) -> int:
     ws = res.get("peak_reserved_bytes") or report_get(res.get("report"), "peak_managed_bytes", "managed.peak_bytes",
                                                       "peak_bytes")
     return int(ws or res.get("state_bytes") or 0)
+
+
+def sized_working_set(name: str, ref: dict, dry_run: bool, hint: str = "") -> int:
+    """The working set measured by a reference run (``working_set_bytes``); one line and exit 1 when the run
+    failed, reported no figure, or (on a GPU) needs more than 90 % of the free memory: managed memory must stay
+    under free memory (DESIGN.md §5)."""
+    ok, why = run_ok(ref)
+    if not ok:
+        fail(name, f"the reference run failed ({why}): the workload must fit the GPU to measure its working "
+                   f"set; pick a smaller --config/--batch{hint}", 1)
+    ws = working_set_bytes(ref)
+    if ws <= 0:
+        fail(name, "no working-set figure: the sizing run reported no peak bytes", 1)
+    check_fits_free(name, ws, dry_run)
+    return ws
+
+
+def check_fits_free(name: str, ws: int, dry_run: bool) -> None:
+    """On a GPU: one line and exit 1 when ``ws`` bytes exceed 90 % of the free memory."""
+    if dry_run:
+        return
+    free = environment(False).get("gpu_free_bytes_at_start", 0)
+    if ws > 0.9 * free:
+        fail(name, f"working set {ws / 2**30:.1f} GiB exceeds 90 % of the {free / 2**30:.1f} GiB free: managed "
+                   "memory must stay under free memory (DESIGN.md §5)", 1)
 
 
 def geomean(xs: list[float]) -> float:

@@ -13,6 +13,10 @@
 #   bench/gpu/run_all.sh discard3  # one command for a 15-minute lease: the discard probe, discard2's diagnose,
 #                                  # then correctness --discard over 10 iterations (~7-8 min; the last step may be cut)
 #   bench/gpu/run_all.sh dist      # torchrun, one rank, NCCL, DDP on GPT-2 small under a budget (<= ~4 min)
+#   bench/gpu/run_all.sh tracker   # the allocator tracker on real allocator events (tests/gpu/test_alloc_tracker_gpu.py,
+#                                  # ~1-2 min with the setup; needs no runtime integration)
+#   bench/gpu/run_all.sh discards  # discards.py: GPT-2 large at 1.5x and 2x, discards on and off, 7 iterations
+#                                  # (~6 min, at most ~7 with the setup); needs the runtime's liveness integration
 #   bench/gpu/run_all.sh fidelity  # fidelity alone, its own runs (if part2 ran out of time)
 #   bench/gpu/run_all.sh summary   # gpu-summary.md from whatever results exist
 #   bench/gpu/run_all.sh dry-run   # every script with --dry-run, on any machine (CPU)
@@ -169,6 +173,22 @@ discard3)
     [ -n "${OUT:-}" ] && cp "$RES/discard/correctness.json" "$OUT/correctness-discard.json" 2>/dev/null
     save
     ;;
+tracker)
+    setup
+    step tests-gpu-tracker 240 "$PY" -m pytest -q -p no:cacheprovider tests/gpu/test_alloc_tracker_gpu.py -rs
+    save
+    ;;
+discards)
+    # liveness from the caching allocator (docs/runtime.md section 11): losses with discards on must be
+    # bit-equal to the same run without; D2H per iteration both ways; cases into bench/baselines/gpu.json
+    setup
+    mkdir -p "$RES/discards"
+    numba_warm
+    step discards 380 "$PY" bench/gpu/discards.py --iters 7 --warmup 2 --timeout 150 --deadline 340 \
+        --out "$RES/discards"
+    [ -n "${OUT:-}" ] && cp "$RES/discards/discards.json" bench/baselines/gpu.json "$OUT/" 2>/dev/null
+    save
+    ;;
 part2 | part2b)
     setup
     # One ratio per device command: managed, uvmprefetch and deepum at 5 iterations each (3 steady; demand@2x
@@ -223,7 +243,7 @@ dry-run)
     "$PY" bench/gpu/summarize.py --dry-run | tail -n 12
     ;;
 *)
-    echo "usage: bench/gpu/run_all.sh next|part1|part2|part2b|part3|discard|discard2|discard3|dist|fidelity|summary|dry-run" >&2
+    echo "usage: bench/gpu/run_all.sh next|part1|part2|part2b|part3|discard|discard2|discard3|dist|tracker|discards|fidelity|summary|dry-run" >&2
     exit 2
     ;;
 esac
