@@ -63,13 +63,13 @@ def baseline_path(benchmark: str, root: Path | None = None) -> Path:
     return base / f"{benchmark}.json"
 
 
-def load_baseline(path: Path) -> dict:
-    """The file's settings ({} when it does not exist).
+def read_object(path: Path, what: str = "a baseline file is a JSON object of settings") -> dict:
+    """A JSON file whose top level is an object ({} when the file does not exist).
 
     Raises
     ------
     ConfigError
-        The file is not a JSON object.
+        The file is not JSON, or its top level is not an object (``what`` says what it should be).
     """
     path = Path(path)
     if not path.exists():
@@ -79,14 +79,31 @@ def load_baseline(path: Path) -> dict:
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: a baseline file is a JSON object of settings")
+        raise ConfigError(f"{path}: {what}")
     return data
 
 
-def update_baseline(benchmark: str, setting: str, payload: dict, root: Path | None = None) -> Path:
-    """Store ``payload`` as ``setting`` in ``bench/baselines/<benchmark>.json`` (other settings stay); returns the path.
+def write_atomic(path: Path, data: dict) -> None:
+    """Write ``data`` as indented JSON through a temporary file renamed over ``path``: an interrupted run never
+    leaves half a file. OSError propagates."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(data, indent=1, default=json_default) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
-    The write is atomic (a temporary file renamed over the old one), so an interrupted run never leaves half a file.
+
+load_baseline = read_object
+
+
+def update_baseline(benchmark: str, setting: str, payload: dict, root: Path | None = None) -> Path:
+    """Store ``payload`` as ``setting`` in ``bench/baselines/<benchmark>.json`` (other settings stay, the write is
+    atomic); returns the path.
 
     Raises
     ------
@@ -96,14 +113,10 @@ def update_baseline(benchmark: str, setting: str, payload: dict, root: Path | No
     if not setting:
         raise ConfigError("--update-baseline: empty setting name")
     path = baseline_path(benchmark, root)
-    data = load_baseline(path)
+    data = read_object(path)
     data[setting] = payload
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{benchmark}-", suffix=".json")
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(dict(sorted(data.items())), indent=1, default=json_default) + "\n")
-        os.replace(tmp, path)
+        write_atomic(path, dict(sorted(data.items())))
     except OSError as e:
         raise ConfigError(f"--update-baseline: cannot write {path} ({e.strerror or e})") from None
     return path
