@@ -27,7 +27,9 @@ PY=${PYTHON:-python3}
 LOG=/tmp/uvmp-run_all-${PART:-none}.log
 STATUS=0
 
-[ "$PART" = dry-run ] || [ "$PART" = summary ] || mkdir -p "$RES" || exit 2
+case "$PART" in  # the parts that run on a GPU write into a fresh run folder
+part1 | part2 | part2b | part3 | discard | discard2 | discard3 | fidelity) mkdir -p "$RES" || exit 2 ;;
+esac
 
 log() { echo "[run_all $(date -u +%H:%M:%S)] $*" | tee -a "$LOG" >&2; }
 
