@@ -41,12 +41,15 @@ def test_torch_is_a_range_the_installed_torch_satisfies():
 
 @pytest.fixture(scope="module")
 def env_with_other_torch(tmp_path_factory):
-    """A venv over this interpreter's site-packages whose own site-packages holds torch 2.10.0+cu130's metadata."""
+    """A venv that sees this interpreter's packages (pip, setuptools, the other dependencies: a .pth file lists
+    their folders, after the venv's own) and whose own site-packages holds torch 2.10.0+cu130's metadata."""
     d = tmp_path_factory.mktemp("venv")
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(d)
+    venv.EnvBuilder(with_pip=False).create(d)
     py = d / "bin" / "python"
     site = Path(subprocess.check_output([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                         text=True).strip())
+    outer = [p for p in sys.path if p.endswith(("site-packages", "dist-packages")) and Path(p).is_dir()]
+    (site / "outer-packages.pth").write_text("\n".join(outer) + "\n")
     info = site / f"torch-{OTHER_TORCH}.dist-info"
     info.mkdir(parents=True)
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: torch\nVersion: {OTHER_TORCH}\n")
