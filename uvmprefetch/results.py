@@ -98,9 +98,6 @@ def write_atomic(path: Path, data: dict) -> None:
         raise
 
 
-load_baseline = read_object
-
-
 def update_baseline(benchmark: str, setting: str, payload: dict, root: Path | None = None) -> Path:
     """Store ``payload`` as ``setting`` in ``bench/baselines/<benchmark>.json`` (other settings stay, the write is
     atomic); returns the path.

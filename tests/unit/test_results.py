@@ -46,7 +46,7 @@ def test_bad_baseline_file_and_empty_setting_are_named(tmp_path):
         results.update_baseline("demo", "a", {}, root=tmp_path)
     (tmp_path / "demo.json").write_text("[1, 2]")
     with pytest.raises(ConfigError, match="JSON object of settings"):
-        results.load_baseline(tmp_path / "demo.json")
+        results.read_object(tmp_path / "demo.json")
     with pytest.raises(ConfigError, match="empty setting"):
         results.update_baseline("demo", "", {}, root=tmp_path)
 
@@ -99,7 +99,7 @@ def test_committed_baselines_hold_the_quoted_settings():
     """The settings the README and the docs quote exist, with finite figures, and every GPU case follows the
     schema of ``bench/gpu/baseline.py`` (a field not measured is null, never missing)."""
     base = REPO / "bench" / "baselines"
-    replay = results.load_baseline(base / "replay.json")
+    replay = results.read_object(base / "replay.json")
     for key in ("h100-pcie", "h100-pcie-cal no-discard host=live-sync"):
         geo = replay[key]["geomean"]
         assert {"demand", "uvmprefetch", "oracle", "deepum"} <= set(geo)
@@ -113,4 +113,4 @@ def test_committed_baselines_hold_the_quoted_settings():
         for c in entry["cases"]:
             assert set(B.CASE_FIELDS) <= set(c), (dev, c["name"])
     for name in ("policy_cost", "decision_budget", "ablation", "observe_overhead", "iteration_marks"):
-        assert results.load_baseline(base / f"{name}.json"), name
+        assert results.read_object(base / f"{name}.json"), name

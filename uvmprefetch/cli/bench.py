@@ -84,7 +84,7 @@ def run(args) -> int:
 
 def setting(args, n_gpus: int, standard: bool) -> str:
     """The baseline key of a run: the flags that change the simulated machine, in the order they are written
-    (``h100-pcie``, ``h100-pcie-cal host=live-sync no-discard``, ...)."""
+    (``h100-pcie``, ``h100-pcie-cal no-discard host=live-sync``, ...)."""
     parts = [args.gpu]
     parts += [f"set:{kv}" for kv in args.gpu_set or ()]
     if args.ssd:
