@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Run the GPU validation on a lent GPU machine, in parts that each fit one 10-minute device command.
+# Every part but dry-run and summary first installs this checkout into the current Python (pip install -e .):
+# run them on the device machine, never on a machine whose Python others use.
 #
 #   bench/gpu/run_all.sh part1     # calibrate + tests/gpu + correctness           (~6 min, at most ~9)
 #   bench/gpu/run_all.sh part2     # 1.5x: oversub --trace (managed, uvmprefetch, deepum) + fidelity --from
