@@ -47,7 +47,8 @@ def child(tmp_path, body: str) -> dict:
     env["OMP_NUM_THREADS"] = "1"
     script = tmp_path / "child.py"
     script.write_text(PRELUDE + textwrap.dedent(body))
-    p = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300,
+    # (a generous limit: a few CPU-seconds of training, but the shared 2-core machine can be loaded tenfold)
+    p = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=1200,
                        cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -60,7 +61,7 @@ def block_run(tmp_path_factory):
         with uvmprefetch.enabled(backend="dryrun", budget="{BUDGET}", log="quiet",
                                  report="{tmp / 'report.json'}") as run:
             inside = current() is run.session and run.session.active and run.report is None
-            losses = train(3)
+            losses = train(2)
         print(json.dumps({{"losses": losses, "inside": inside, "after": current() is None,
                           "report": run.report, "file": json.load(open("{tmp / 'report.json'}"))}}))
     """), tmp
@@ -72,7 +73,7 @@ def test_block_runs_the_runtime_and_returns_its_report(block_run):
     rep = got["report"]
     assert rep == got["file"]  # run.report is the report the runtime wrote at the block's end
     assert rep["backend"] == "dryrun" and rep["budget_bytes"] == BUDGET and not rep["degraded"]
-    assert rep["iterations"] == 3 and rep["launches"] > 0
+    assert rep["iterations"] == 2 and rep["launches"] > 0
     assert rep["working_set_bytes"] > BUDGET >= rep["peak_resident_bytes"] > 0  # oversubscribed, budget held
     assert rep["bytes_dtoh"] > 0  # blocks left the simulated GPU and came back
 
@@ -80,7 +81,7 @@ def test_block_runs_the_runtime_and_returns_its_report(block_run):
 def test_losses_equal_a_plain_run(block_run, tmp_path):
     got, _ = block_run
     plain = child(tmp_path, """
-        print(json.dumps({"losses": train(3)}))
+        print(json.dumps({"losses": train(2)}))
     """)
     assert got["losses"] == plain["losses"]
 
