@@ -28,8 +28,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-RESULTS_DIR = REPO / "bench" / "results"
-# Dry runs must not overwrite committed GPU results; /out/ is git-ignored.
+# A run writes to --out; without it to ./<script>-<UTC date-time>/ under the current directory, never into the
+# tree. The figures the project quotes go to bench/baselines/gpu.json through baseline.py. Dry runs default to
+# /out/gpu-dryrun/ (git-ignored), where the dry-run tests and run_all.sh look for them.
 DRYRUN_DIR = REPO / "out" / "gpu-dryrun"
 WORKER = HERE / "train_worker.py"
 
@@ -75,8 +76,9 @@ def parser(name: str, description: str, epilog: str = "") -> argparse.ArgumentPa
                    help="run the same code path on the CPU (tiny model, few iterations, the runtime's dryrun "
                         "backend, fake timings for calibration) to exercise the script without a GPU")
     p.add_argument("--out", type=Path, default=None,
-                   help=f"directory for the JSON result (default: bench/results/, or {DRYRUN_DIR.relative_to(REPO)}/ "
-                        "with --dry-run so that committed GPU results are never overwritten)")
+                   help=f"directory for the JSON result (default: ./{name}-<UTC date-time>/, or "
+                        f"{DRYRUN_DIR.relative_to(REPO)}/ with --dry-run)")
+    p.set_defaults(script_name=name)
     p.add_argument("--seed", type=int, default=1234, help="seed of model init and data (default 1234)")
     return p
 
@@ -136,9 +138,13 @@ def parse_ratios(name: str, text: str) -> list[float]:
 
 
 def out_dir(args) -> Path:
-    d = args.out if args.out is not None else (DRYRUN_DIR if args.dry_run else RESULTS_DIR)
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+    """The run's folder (created): ``--out``, else the default of ``parser``'s help, fixed on first use so that
+    every file of one run lands in the same folder."""
+    if args.out is None:
+        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+        args.out = DRYRUN_DIR if args.dry_run else Path.cwd() / f"{getattr(args, 'script_name', 'gpu')}-{stamp}"
+    args.out.mkdir(parents=True, exist_ok=True)
+    return args.out
 
 
 def gpu_visible() -> tuple[bool, str]:

@@ -26,7 +26,7 @@ examples:
   python bench/gpu/oversub.py                           # GPT-2 large, batch 8, seq 1024, bf16, 1.5x and 2x
   python bench/gpu/oversub.py --config xl --batch 4 --ratios 1.5
   python bench/gpu/oversub.py --model llama --config 1b --batch 4
-  python bench/gpu/oversub.py --trace && python bench/gpu/fidelity.py --from bench/results/oversub.json
+  python bench/gpu/oversub.py --trace --out run && python bench/gpu/fidelity.py --from run/oversub.json
   python bench/gpu/oversub.py --dry-run
 """
 # Run order within a ratio: the headline pair first, so that a --deadline cut loses the deepum comparison only.

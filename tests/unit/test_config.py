@@ -1,4 +1,4 @@
-"""UVMPREFETCH_* parsing: every variable validated, one clear error naming it (DESIGN.md §4)."""
+"""UVMPREFETCH_* parsing: every variable validated, one clear error naming it (`docs/design.md` §4)."""
 
 import pytest
 

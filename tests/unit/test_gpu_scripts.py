@@ -249,7 +249,7 @@ def test_fidelity_profile_by_name_or_calibration(tmp_path):
     import fidelity
     g, desc = fidelity.load_profile(Path("h100-sxm-cal"), "NVIDIA H100 80GB HBM3", False)
     assert g.name == "h100-sxm-cal" and g.fault_batch_size == 17 and "2026-11-23" in desc
-    g, desc = fidelity.load_profile(REPO / "bench" / "results" / "calibrate.json", "NVIDIA H100 80GB HBM3", False)
+    g, desc = fidelity.load_profile(REPO / "tests" / "data" / "calibrate-h100.json", "NVIDIA H100 80GB HBM3", False)
     assert g.name == "h100-sxm" and "calibrated by" in desc
     with pytest.raises(SystemExit):
         fidelity.load_profile(tmp_path / "nope.json", "NVIDIA H100 80GB HBM3", False)
