@@ -275,8 +275,10 @@ def main(argv=None) -> int:
     # the seconds a run needs before its first iteration, from the reference (start-up, model build)
     startup = max(0.0, ref["wall_s"] - sum(ref["iter_s"]))
     need = startup + 2 * (t_ref or 0) + 10.0
-    if dry:
-        settings = [("1.5" if args.oversub is None else f"{args.oversub[0]:g}", None)]
+    if not dry and args.oversub is None and args.budget >= ws:
+        C.fail(NAME, f"--budget {args.budget} is not below the working set ({ws} bytes): nothing to oversubscribe")
+    if dry:  # no cap on the CPU: one setting, named after the first ratio asked for
+        settings = [("budget" if args.oversub is None else f"{args.oversub[0]:g}", None)]
     elif args.oversub is None:
         settings = [(f"{ws / args.budget:.2f}", args.budget)]
     else:
@@ -294,7 +296,8 @@ def main(argv=None) -> int:
             if name == "deepspeed-offload":
                 row["skipped"] = ds_why
             elif left < need:
-                row["skipped"] = f"skipped: {left:.0f} s left of --deadline {args.deadline:g}, a run needs ~{need:.0f} s"
+                row["skipped"] = (f"skipped: {left:.0f} s left of --deadline {args.deadline:g}, a run needs "
+                                  f"~{need:.0f} s")
             else:
                 row["res"] = run(METHODS[name], f"{name}-at-{label}x", budget)
     return report(args, work, rows, ws, t_ref, exact_run, ds_why)
@@ -419,7 +422,7 @@ def baseline_case(row: dict, m: Method, v: dict, res: dict, model: str, t_ref: f
     ot, n = rep.get("observe_time") or {}, rep.get("launches")
     label = row["oversub"]
     return B.case(f"alt/{m.name}/{label}", model=model, budget_bytes=row["budget"],
-                  oversub=None if label == "fits" else float(label), policy=m.runtime,
+                  oversub=float(label) if label.replace(".", "", 1).isdigit() else None, policy=m.runtime,
                   discards=False if m.runtime else None, iterations=len(res.get("iter_s") or []),
                   s_per_iter_median=v["s_per_iter"], plain_s_per_iter=t_ref,
                   losses_bit_equal_plain=True if is_ref else v["losses"].get("bit_equal"),
