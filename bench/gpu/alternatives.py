@@ -83,8 +83,9 @@ METHODS = {m.name: m for m in (
            tolerance_why="fused attention backward; AdamW's per-parameter loop against plain's foreach"),
 )}
 # Run order within a budget, most valuable first, so that a --deadline cut loses the least: the product, the
-# strongest alternative, the other alternatives, naive managed memory, then plain's expected out-of-memory.
-RUN_ORDER = ("uvmprefetch", "checkpoint", "offload", "checkpoint+offload", "fsdp-offload", "managed", "plain",
+# strongest alternative, the other alternatives, plain's expected out-of-memory (short), then naive managed
+# memory (the slowest run, and measured by oversub.py too).
+RUN_ORDER = ("uvmprefetch", "checkpoint", "offload", "checkpoint+offload", "fsdp-offload", "plain", "managed",
              "deepspeed-offload")
 
 

@@ -21,7 +21,7 @@
 #                                  # (~6 min, at most ~7 with the setup); needs the runtime's liveness integration
 #   bench/gpu/run_all.sh alternatives     # every way to train GPT-2 large under the 1.5x budget (checkpointing,
 #                                         # offload, FSDP2 offload, managed, uvmprefetch), then 2x while its
-#                                         # deadline allows (~7.5 min, at most ~8)
+#                                         # deadline allows (~7.5 min, at most ~9)
 #   bench/gpu/run_all.sh alternatives-2x  # the same at 2x only (~7 min)
 #   bench/gpu/run_all.sh fidelity  # fidelity alone, its own runs (if part2 ran out of time)
 #   RES=DIR bench/gpu/run_all.sh summary   # gpu-summary.md from the results in DIR
