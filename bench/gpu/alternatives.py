@@ -172,7 +172,7 @@ def deepspeed_state() -> str:
     tested have no deepspeed, and no network fetches one at run time)."""
     if importlib.util.find_spec("deepspeed") is None:
         return "deepspeed is not installed (no module named 'deepspeed')"
-    r = subprocess.run([sys.executable, "-c", "import deepspeed; print(deepspeed.__version__)"],
+    r = subprocess.run([sys.executable, "-c", "import deepspeed; print(deepspeed.__version__)"], env=C.child_env(),
                        capture_output=True, text=True, timeout=120, check=False)
     if r.returncode != 0:
         last = (r.stderr.strip().splitlines() or ["no message"])[-1]

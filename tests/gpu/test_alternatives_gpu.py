@@ -12,6 +12,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER = REPO / "bench" / "gpu" / "train_worker.py"
+sys.path.insert(0, str(REPO / "bench" / "gpu"))
+from _common import child_env  # noqa: E402 - every child keeps the shared-GPU rule (UVMPREFETCH_MANAGED_LIMIT=gpu-free)
+
 CAP = 2 << 30  # far above the small model's needs: the cap is applied but does not bind
 
 
@@ -20,7 +23,7 @@ def train(tmp_path, name, *flags, expect_rc=0):
     env = {k: v for k, v in os.environ.items() if not k.startswith("UVMPREFETCH")}
     env.update(HF_HUB_OFFLINE="1", CUBLAS_WORKSPACE_CONFIG=":4096:8")
     r = subprocess.run([sys.executable, str(WORKER), "--config", "mini", "--batch", "4", "--seq", "128", "--iters",
-                        "3", "--deterministic", "--device", "cuda", "--out", str(out), *flags], env=env,
+                        "3", "--deterministic", "--device", "cuda", "--out", str(out), *flags], env=child_env(base=env),
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == expect_rc, f"{name}: exit {r.returncode}\n{r.stderr[-3000:]}"
     return json.loads(out.read_text())
