@@ -136,7 +136,7 @@ def judge(res: dict, method: Method, ref: dict | None, *, warmup: int, exact: bo
     if ok and res.get("stopped_early"):
         note = "; ".join(filter(None, [note, f"time limit: {len(res['iter_s'])} of {res['workload']['iters']} "
                                               "iterations"]))
-    status = "ok" if ok else ("OOM" if oom else "failed")
+    status = "ok" if ok else ("OOM" if oom else "timed out" if res.get("returncode") == 124 else "failed")
     budget = res.get("budget_bytes")
     peak = peak_gpu_bytes(res, method)
     within = None if budget is None or peak is None else peak <= budget

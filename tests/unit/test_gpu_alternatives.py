@@ -82,6 +82,8 @@ def test_judge_under_the_runtime_uses_the_resident_peak_and_needs_an_active_runt
     dead = A.judge(_res([10.0, 9.5, 9.0], policy="uvmprefetch", budget=10), u, REF, warmup=2, exact=True,
                    expect_oom=False)
     assert dead["status"] == "failed" and "runtime not active" in dead["problem"]
+    cut = A.judge(_res([], rc=124, iter_s=(), policy="uvmprefetch"), u, REF, warmup=2, exact=True, expect_oom=False)
+    assert cut["status"] == "timed out" and cut["problem"].startswith("exit 124")
 
 
 def test_steady_median_and_short_runs():
