@@ -334,8 +334,11 @@ def tiny_workload(iters: int = 3, **kv) -> Workload:
 
 def run_training(mode: str, work: Workload, workdir: Path, case: str, *, seed: int, dry_run: bool,
                  budget: int | None = None, trace: bool = False, timeout: float = 600.0,
-                 extra_env: dict | None = None) -> dict:
+                 extra_env: dict | None = None, worker_args: list[str] = ()) -> dict:
     """Train ``work`` in a child process in ``mode`` and return the worker's result dict.
+
+    ``worker_args`` go to ``train_worker.py`` after the workload's own (its memory-saving methods, a memory
+    cap, a time limit). A worker that ran out of memory exits with code 3 and still writes its result (``oom``).
 
     The result has ``losses`` (floats), ``losses_hex`` (exact), ``iter_s`` (per-iteration wall time), ``peak_*``
     memory figures, and what this function adds: ``mode``, ``case``, ``returncode``, ``stderr_tail``,
@@ -362,11 +365,11 @@ def run_training(mode: str, work: Workload, workdir: Path, case: str, *, seed: i
             env["UVMPREFETCH_TRACE"] = str(trace_path)
     env.update(extra_env or {})
     cmd = [sys.executable, str(WORKER), *work.argv(), "--seed", str(seed), "--out", str(out),
-           "--device", "cpu" if dry_run else "cuda"]
+           "--device", "cpu" if dry_run else "cuda", *worker_args]
     t0 = time.perf_counter()
     rc, err = run_child(cmd, env, timeout)
     res: dict = {}
-    if rc == 0 and out.exists():
+    if out.exists():  # written at the end of a run, also of one that ran out of memory
         res = json.loads(out.read_text())
     res.update(mode=mode, case=case, policy=policy, budget=budget, returncode=rc, wall_s=time.perf_counter() - t0,
                stderr_tail=err[-2000:], workload=asdict(work))

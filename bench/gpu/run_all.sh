@@ -19,6 +19,10 @@
 #                                  # ~1-2 min with the setup; needs no runtime integration)
 #   bench/gpu/run_all.sh discards  # discards.py: GPT-2 large at 1.5x and 2x, discards on and off, 7 iterations
 #                                  # (~6 min, at most ~7 with the setup); needs the runtime's liveness integration
+#   bench/gpu/run_all.sh alternatives     # every way to train GPT-2 large under the 1.5x budget (checkpointing,
+#                                         # offload, FSDP2 offload, managed, uvmprefetch), then 2x while its
+#                                         # deadline allows (~7.5 min, at most ~9)
+#   bench/gpu/run_all.sh alternatives-2x  # the same at 2x only (~7 min)
 #   bench/gpu/run_all.sh fidelity  # fidelity alone, its own runs (if part2 ran out of time)
 #   RES=DIR bench/gpu/run_all.sh summary   # gpu-summary.md from the results in DIR
 #   bench/gpu/run_all.sh dry-run   # every script with --dry-run, on any machine (CPU)
@@ -40,7 +44,7 @@ LOG=/tmp/uvmp-run_all-${PART:-none}.log
 STATUS=0
 
 case "$PART" in  # the parts that run on a GPU write into a fresh run folder
-part1 | part2 | part2b | part3 | discard | discard2 | discard3 | fidelity) mkdir -p "$RES" || exit 2 ;;
+part1 | part2 | part2b | part3 | discard | discard2 | discard3 | fidelity | alternatives | alternatives-2x) mkdir -p "$RES" || exit 2 ;;
 esac
 
 log() { echo "[run_all $(date -u +%H:%M:%S)] $*" | tee -a "$LOG" >&2; }
@@ -229,6 +233,21 @@ dist)
     [ -n "${OUT:-}" ] && cp bench/baselines/gpu.json "$OUT/gpu.json" 2>/dev/null
     collect distributed.json
     ;;
+alternatives | alternatives-2x)
+    # 5 iterations a run (2 warm-up, as part2): under the H100's costs managed and uvmprefetch take ~10 s an
+    # iteration at 1.5x, so a --deadline of 330 s holds the 1.5x methods and whatever of 2x fits after them
+    setup
+    if [ "$PART" = alternatives ]; then RATIOS=1.5,2; SUF=; else RATIOS=2; SUF=-2x; fi
+    numba_warm
+    step alternatives 390 "$PY" bench/gpu/alternatives.py --oversub "$RATIOS" --iters 5 --warmup 2 \
+        --timeout 150 --deadline 330 --out "$RES" --work-dir "/tmp/uvmp-alternatives$SUF"
+    if [ -n "${OUT:-}" ]; then
+        cp "$RES/alternatives.json" "$OUT/alternatives$SUF.json" 2>/dev/null
+        cp "$RES/alternatives.png" "$OUT/alternatives$SUF.png" 2>/dev/null
+        cp bench/baselines/gpu.json "$OUT/gpu-baseline$SUF.json" 2>/dev/null
+    fi
+    save
+    ;;
 fidelity)
     setup
     step fidelity 540 "$PY" bench/gpu/fidelity.py --timeout 120 --out "$RES"
@@ -247,10 +266,11 @@ dry-run)
     step oversub 300 "$PY" bench/gpu/oversub.py --dry-run --trace
     step fidelity 300 "$PY" bench/gpu/fidelity.py --dry-run --from "$RES/oversub.json"
     step distributed 300 "$PY" bench/gpu/distributed.py --dry-run
+    step alternatives 600 "$PY" bench/gpu/alternatives.py --dry-run
     "$PY" bench/gpu/summarize.py --dry-run | tail -n 12
     ;;
 *)
-    echo "usage: bench/gpu/run_all.sh next|part1|part2|part2b|part3|discard|discard2|discard3|dist|tracker|discards|fidelity|summary|dry-run" >&2
+    echo "usage: bench/gpu/run_all.sh next|part1|part2|part2b|part3|discard|discard2|discard3|dist|tracker|discards|alternatives|alternatives-2x|fidelity|summary|dry-run" >&2
     exit 2
     ;;
 esac

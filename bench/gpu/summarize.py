@@ -1,9 +1,9 @@
 """Turn the GPU validation results (a run folder's ``*.json``) into one Markdown summary.
 
-Reads whichever of calibrate.json, correctness.json, overhead.json, oversub.json, fidelity.json and
-distributed.json exist in ``--results`` and writes ``gpu-summary.md`` beside them (or to ``--md``): one line per
-script with its device, date, verdict and headline figure, then each script's own table and checks. Needs no
-GPU.
+Reads whichever of calibrate.json, correctness.json, overhead.json, oversub.json, fidelity.json,
+distributed.json and alternatives.json exist in ``--results`` and writes ``gpu-summary.md`` beside them (or
+to ``--md``): one line per script with its device, date, verdict and headline figure, then each script's
+own table and checks. Needs no GPU.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import _common as C
 
-SCRIPTS = ["calibrate", "correctness", "overhead", "oversub", "fidelity", "distributed"]
+SCRIPTS = ["calibrate", "correctness", "overhead", "oversub", "fidelity", "distributed", "alternatives"]
 
 
 def _pct(x) -> str:
@@ -49,9 +49,22 @@ def headline(name: str, r: dict) -> str:
             bad = [c["name"] for c in r["checks"] if c["ok"] is False]
             return (f"{r['nproc']} rank(s), {r['wrap']}, budget {r['budget_bytes']} B: "
                     + (f"failed: {', '.join(bad)}" if bad else "losses bit-equal, a report per rank"))
+        if name == "alternatives":
+            return "; ".join(f"@{o}x: " + ", ".join(f"{m} {t:.3g} s" for t, m in sorted(v))
+                             for o, v in _trained(r).items()) + f" (plain, no cap: {r['plain_s']:.3g} s/iter)"
     except (KeyError, TypeError, ZeroDivisionError) as e:
         return f"(result incomplete: {type(e).__name__}: {e})"
     return ""
+
+
+def _trained(r: dict) -> dict:
+    """alternatives.json: {oversub: [(s/iter, method)]} of the methods that trained under a budget."""
+    out: dict = {}
+    for row in r["rows"]:
+        t = (row.get("verdict") or {}).get("s_per_iter")
+        if row["oversub"] != "fits" and t:
+            out.setdefault(row["oversub"], []).append((t, row["method"]))
+    return out
 
 
 def summarize(results: Path) -> tuple[str, int]:
