@@ -214,7 +214,8 @@ def find(c, h, launch):
         q = -1
     if not base <= q < end and stab != 0:
         q2 = _get(c, c.stab_pos, stab)
-        if q2 >= 0 and s.prev_start <= q2 < end and h.h_key[q2 - base] == key and q2 != nxt:
+        # (a position before ``base`` was forgotten: the history was trimmed past the last iteration's start)
+        if max(s.prev_start, base) <= q2 < end and h.h_key[q2 - base] == key and q2 != nxt:
             return M_STABLE, q2, 1
     if not base <= q < end:
         if 0 <= nxt < end and h.h_name[nxt - base] == name:

@@ -339,7 +339,9 @@ def plan(parts, cur, view, ctx):
         vr.age += 1
         if p >= vr.stale:
             pool_k = vr.k
+    # stamp: plan (its call)
     miss = missing(cur, res, infl) if cur.shape[0] else empty
+    # stamp: missing
     scan = ps.prefetch and has_p
     pa = 0
     pb = 0
@@ -388,6 +390,7 @@ def plan(parts, cur, view, ctx):
     tr = (mv.remap, mv.rend, remap_lim, shift_from, s_old, s_new, bs.w_iter, s.iters, bs.dead)
     blk, pos, scan_hi, spanned = window_candidates(h, miss, (pa, pb, lo, hi), p, cap, tr, (res, infl, pl.mark),
                                                    (ps.v_lo, ps.v_hi), extra)
+    # stamp: window pass
     if scan and plain and lo <= scan_hi:
         if ps.v_lo <= lo <= ps.v_hi + 1:
             ps.v_hi = max(ps.v_hi, scan_hi)
@@ -422,12 +425,14 @@ def plan(parts, cur, view, ctx):
             k_ok = first_not_above(vkey, pos, placed)
             if k_ok:
                 evict, discard, wasted, mis = take_victims(bs, vict[:k_ok], nu, p, near_pos + max(1, window // 8))
+                # stamp: take_victims
             placed += k_ok
     pf = empty
     if ps.prefetch:
         pf = blk[:placed]
         if placed and q > now + ps.lat:
             pf = _late_left_out(h, bs, pl, (blk, pos, placed, q), (now, dur))
+            # stamp: late blocks left out
         if has_p:
             if placed == n:
                 ps.horizon = max(ps.horizon, scan_hi + 1)
@@ -439,7 +444,10 @@ def plan(parts, cur, view, ctx):
         ps.q_end = q + live * ps.t_blk
         if has_p and not refill.shape[0]:
             pool_add(vs, pf)
+    # stamp: prefetched marked, pool
     if refill.shape[0]:
         pool_refill(vs, refill, cur, infl, pf)
+        # stamp: pool_refill
     _write_out(pl.out, pf, evict, discard)
+    # stamp: decision copied out
     return 1, pf.shape[0], evict.shape[0], discard.shape[0], wasted, mis, live, pooled, refill.shape[0] > 0

@@ -12,6 +12,10 @@ eviction and free. The policy class (``__init__.py``) calls them and builds the 
 4. it becomes the pending launch; when blocks it needs came back after thrash or are late, the window monitor (in
    Python) must see them before the plan: the call stops (``MONITOR``) and the policy calls ``replan``;
 5. the plan, its decision in the plan's ``out``, and the counts.
+
+The ``# stamp: <stage>`` comments here and in the parts' kernels mark where a stage ends (``# stamp-start``: where
+the timing starts). They are only comments; ``bench/kernel_profile.py`` compiles a copy of the policy with a
+cycle-counter read at each and prints the time each stage takes per launch.
 """
 
 from __future__ import annotations
@@ -171,6 +175,7 @@ def _decide(st, cur, view, timing):
         if n_pf:
             c.prefetched_blocks += n_pf
             st.advice[0].link_blocks += live
+    # stamp: counted
     return n_pf, n_ev, n_dc
 
 
@@ -203,6 +208,7 @@ def step(st, launch, blocks, writes, view):
         return NEED_ROOM, 0, 0, 0, 0, 0, False
     key, name, sig, index, dur, known, window = launch
     c.launches += 1
+    # stamp-start
     if known:
         sig = corr.launch_sig(name, blocks)
     moves_now = c.moved_blocks != st.moves.s[0].moved_at_start
@@ -214,6 +220,7 @@ def step(st, launch, blocks, writes, view):
         corr.commit(st.corr, pkey, pname, psig, r, keys)
     bs = st.blocks
     stab, ngram = corr.count(st.corr, key, known and st.corr.s[0].stable_sync, (blocks, writes, bs.w_iter, s.iters))
+    # stamp: commit_step
     if committed and s.n > s.limit:
         trim(h, s.n // 2)
         ps = st.plan.s[0]
@@ -230,14 +237,17 @@ def step(st, launch, blocks, writes, view):
         _go(st, q, moves_now)
     else:
         _jump(st, q)
+    # stamp: match
     resident, in_flight = view[0], view[1]
     vs = st.victims
     if known:
         if s.has_p:
             _learn(st, q, (blocks, writes), record_end(h, q) if q < s.iter_start else 0)
+            # stamp: learn moves and stride
         launch_marks(bs, (blocks, writes), s.iters, index, h.wbuf)
         pool_add(vs, blocks)
         again, late = cur_marks(bs, blocks, resident, in_flight)
+        # stamp: launch_marks
         cur = blocks
     else:
         # what the launch used is what was predicted (and came in) plus what faults add (``fault``)
@@ -252,6 +262,7 @@ def step(st, launch, blocks, writes, view):
         if cur.shape[0]:
             again, late = cur_marks(bs, cur, resident, in_flight)
     set_pending(h, (key, name, sig, stab, ngram, dur), cur, known)
+    # stamp: pending set
     st.advice[0].compute_s += dur
     st.plan.s[0].waits = late > 0
     if again and s.has_p:  # (without a prediction the window is not what failed)
@@ -267,6 +278,7 @@ def step(st, launch, blocks, writes, view):
 @nb.njit(cache=True, nogil=True)
 def replan(st, launch, blocks, view):
     """The plan of a launch that ``step`` left to the window monitor (arguments as ``step``'s)."""
+    # stamp-start
     h = st.hist
     s = h.s[0]
     _, _, _, _, dur, known, window = launch

@@ -328,10 +328,12 @@ def choose(vs, keys, resident, cur, p, k, pool_k):
         # (the pool's live blocks ranked at or below its floor leave it: they could only be chosen after a full
         # scan, which builds the pool anew, and a block whose key rises joins it)
         vict, vkey, s.n = rank(resident, cur, keys, p, k, vs.mark, vs.ids[:s.n], vs.in_pool, s.min)
+        # stamp: victims from the pool
         if vict.shape[0] == k and vkey[k - 1] > s.min:
             return vict, vkey, True, np.empty(0, dtype=np.int64)
     kk = max(k, pool_k)
     vict, vkey, _ = rank(resident, cur, keys, p, kk, vs.mark)
+    # stamp: victims by a full scan
     refill = np.empty(0, dtype=np.int64)
     if pool_k > 0:
         refill = vict.copy()
