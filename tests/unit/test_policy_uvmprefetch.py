@@ -680,12 +680,7 @@ def test_window_pass_matches_the_reference():
         scan_hi, sa, sb = pol._scan(lo, hi, cap, present)
         if not (miss.size or pb > pa or sb > sa):
             continue
-        rb, rp = pol._candidates(miss, (pa, pb), (sa, sb, lo), p)
-        keep = ~present[rb]
-        rb, rp = rb[keep], rp[keep]
-        _, first = np.unique(rb, return_index=True)
-        first.sort()
-        rb, rp = rb[first], rp[first]
+        rb, rp = pol._candidates(miss, (pa, pb), (sa, sb, lo), p, present)
         nu_ref = h.nu.copy()
         tr = (mv.remap, mv.rend, lim, shift_from, int(mv.r["s_old"]), int(mv.r["s_new"]), bs.w_iter, 1, bs.dead)
 
@@ -765,8 +760,9 @@ def _same_state(a: dict, b: dict) -> list:
 
 def _lockstep(tr, spec, oversub, unknown=False):
     """A replay driving the policy and the reference in lock step (the reference decides first, on the same view):
-    at every launch their decisions, and after every fourth launch and every iteration their state, must be equal. ``unknown``: the launches come
-    without their accesses (the policy learns from faults). Returns ``(policy, launches compared)``."""
+    at every launch their decisions, and after every fourth launch and every iteration their state, must be equal.
+    ``unknown``: the launches come without their accesses (the policy learns from faults). Returns ``(policy,
+    launches compared)``."""
     from uvmprefetch.sim.replay import replay
 
     one = make_policy(spec)
@@ -1115,3 +1111,45 @@ def test_iteration_end_settles_the_next_use_of_moved_blocks():
     assert h.nu[2] == h.first_pos[2] == 2 and h.nu[3] == 3 and h.nu[5] == 5
     assert not pol.moves.moved_to.any()
     assert pol.plan.r["horizon"] <= 2
+
+
+def test_a_changed_module_drops_the_cached_kernels_that_call_it(tmp_path):
+    import subprocess
+    import sys
+
+    # GIVEN a package of two modules whose cached kernel ``a.f`` calls ``b.g``, guarded as the policy's are
+    pkg = tmp_path / "pk"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from uvmprefetch.policy.uvmprefetch.parts import check_caches\n"
+                                     "from . import a, b\nflushed = check_caches((a, b))\n")
+    (pkg / "a.py").write_text("import numba as nb\n\nfrom .b import g\n\n\n@nb.njit(cache=True)\ndef f(x):\n"
+                              "    return g(x) * 10\n")
+
+    def run(step):
+        (pkg / "b.py").write_text(f"import numba as nb\n\n\n@nb.njit(cache=True)\ndef g(x):\n    return x + {step}\n")
+        env = {**__import__("os").environ, "PYTHONPATH": f"{REPO}:{tmp_path}"}
+        r = subprocess.run([sys.executable, "-c", "import pk; print(pk.flushed, pk.a.f(1))"], env=env, cwd=tmp_path,
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.split()
+
+    # WHEN it runs twice, THEN the second run loads the cache; WHEN only ``b`` changes, THEN the guard drops the
+    # cache and ``f`` sees the new ``g`` (Numba alone would keep f's compiled copy of the old one: 20)
+    assert run(1) == ["True", "20"]
+    assert run(1) == ["False", "20"]
+    assert run(2) == ["True", "30"]
+
+
+def test_every_compiled_function_of_the_policy_releases_the_gil():
+    # GIVEN the policy's modules (and the shared compiled table) WHEN their compiled functions are listed THEN
+    # each releases the GIL while it runs (the policy may run on a planner thread beside a Python training loop)
+    from numba.core.registry import CPUDispatcher
+
+    from uvmprefetch.policy import tables
+    from uvmprefetch.policy.uvmprefetch import blocks, history, step
+
+    mods = (tables, history, correlation, moves, blocks, victims, plan, step)
+    kernels = [v for m in mods for v in vars(m).values()
+               if isinstance(v, CPUDispatcher) and v.py_func.__module__ == m.__name__]
+    assert len(kernels) > 40
+    assert [k.py_func.__name__ for k in kernels if not k.targetoptions.get("nogil")] == []

@@ -9,7 +9,7 @@ import pytest
 from uvmprefetch.errors import ConfigError
 from uvmprefetch.gpus import get_profile
 from uvmprefetch.policy.base import Decision, Policy
-from uvmprefetch.sim.engine import HOST_PRESETS, HostModel, parse_host
+from uvmprefetch.sim.host import HOST_PRESETS, HostModel, parse_host
 from uvmprefetch.sim.replay import replay
 from uvmprefetch.trace import READ, WRITE, TraceBuilder
 

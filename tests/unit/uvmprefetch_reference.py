@@ -478,11 +478,11 @@ class ReferencePolicy(UvmPrefetchPolicy):
         self.stats["mispredicted_blocks"] += int(((v <= p) | (v >= INF)).sum())
 
     # ------------------------------------------------------------------------------------------ the plan
-    def _candidates(self, miss, nxt_span, scanned, p):
+    def _candidates(self, miss, nxt_span, scanned, p, present):
         """The candidates in order of need: the running launch's misses (position -1), the next launch's entries
         (``nxt_span``), the scanned span (``scanned``: flat ``[sa, sb)`` of positions from ``lo``); recorded blocks
         translated and shifted; next uses brought to the earliest candidate position ahead of ``p``; then blocks
-        present and repeats dropped."""
+        ``present`` and repeats dropped."""
         h, mv, bs = self.history, self.moves, self.blocks
         (pa, pb), (sa, sb, lo) = nxt_span, scanned
         cand_b, cand_p = [miss], [np.full(miss.shape[0], -1, dtype=np.int64)]
@@ -511,7 +511,11 @@ class ReferencePolicy(UvmPrefetchPolicy):
             old = h.nu[blk]
             upd = (pos > p) & ((old <= p) | (old > pos))
             h.nu[blk[upd][::-1]] = pos[upd][::-1]
-        return blk, pos
+        keep = ~present[blk]
+        blk, pos = blk[keep], pos[keep]
+        _, first = np.unique(blk, return_index=True)
+        first.sort()
+        return blk[first], pos[first]
 
     def _scan(self, lo, hi, cap, present):
         """The window pass's extent: chunks of 16, 32, ... positions from ``lo`` while fewer than ``cap`` scanned
@@ -561,12 +565,7 @@ class ReferencePolicy(UvmPrefetchPolicy):
         if not (miss.size or pb > pa or sb > sa):
             return self._margin(cur, state, res) if P.pre_evict and margin else None
         pw = p if p is not None else -1
-        blk, pos = self._candidates(miss, (pa, pb), (sa, sb, lo), pw)
-        keep = ~present[blk]
-        blk, pos = blk[keep], pos[keep]
-        _, first = np.unique(blk, return_index=True)
-        first.sort()
-        blk, pos = blk[first], pos[first]
+        blk, pos = self._candidates(miss, (pa, pb), (sa, sb, lo), pw, present)
         n = blk.shape[0]
         near = pw + 1 if p is not None else -1
         evict = discard = EMPTY

@@ -25,18 +25,27 @@ from typing import ClassVar
 
 import numpy as np
 
+from .. import tables as _tables
 from ..base import EMPTY, Decision, LaunchInfo, Policy, PolicyContext, ResidencyView, ids_in_use
+from . import blocks as _blocks
+from . import correlation as _correlation
+from . import history as _history
+from . import moves as _moves
+from . import plan as _plan
 from . import step as _step
+from . import victims as _victims
 from .advice import AdviceState
 from .blocks import Blocks
 from .correlation import Correlation
 from .history import INF, History
 from .moves import Moves
 from .params import UvmPrefetchParams
-from .parts import fields
+from .parts import check_caches, fields
 from .plan import Plan
 from .victims import Victims
 from .window import WindowMonitor
+
+check_caches((_step, _history, _correlation, _moves, _blocks, _victims, _plan, _tables))
 
 __all__ = ["INF", "UvmPrefetchParams", "UvmPrefetchPolicy"]
 

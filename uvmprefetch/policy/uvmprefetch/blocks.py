@@ -8,24 +8,14 @@ from __future__ import annotations
 
 import numba as nb
 import numpy as np
-from numba.experimental import structref
 
 from .history import INF
-from .parts import PartType
+from .parts import Part, define_part
 
 FIELDS = ("dirty", "dead", "pf_unused", "thrashed", "written", "w_iter", "last_use", "uses")
 
 
-@structref.register
-class BlocksType(PartType):
-    pass
-
-
-class BlocksRef(structref.StructRefProxy):
-    """The per-block arrays (``FIELDS``) as one argument of compiled code."""
-
-
-structref.define_proxy(BlocksRef, BlocksType, list(FIELDS))
+BlocksType, BlocksRef = define_part(__name__, "Blocks", FIELDS)
 
 
 @nb.njit(cache=True, nogil=True)
@@ -33,8 +23,11 @@ def _blocks_ref(arrays):
     return BlocksRef(*arrays)
 
 
-class Blocks:
+class Blocks(Part):
     """The block-state part: see the module docstring."""
+
+    FIELDS = FIELDS
+    make = staticmethod(_blocks_ref)
 
     def __init__(self, n_blocks: int) -> None:
         self.dirty = np.zeros(n_blocks, dtype=bool)
@@ -45,10 +38,8 @@ class Blocks:
         self.w_iter = np.full(n_blocks, -1, dtype=np.int64)  # last iteration (count of on_iteration) writing it
         self.last_use = np.zeros(n_blocks, dtype=np.int64)  # launch index of the last use (LRU tie-break)
         self.uses = np.zeros(n_blocks, dtype=np.int32)  # launches touching it this iteration (advice)
-        self.ref = _blocks_ref(tuple(getattr(self, f) for f in FIELDS))
+        self.build()
 
-    def nbytes(self) -> int:
-        return int(sum(getattr(self, f).nbytes for f in FIELDS))
 
 
 # ------------------------------------------------------------------------------------------- compiled

@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import numba as nb
 import numpy as np
-from numba.experimental import structref
 
 from ..tables import assoc_count, assoc_get, assoc_put, assoc_table, mix64
-from .parts import PartType, record
+from .parts import Part, define_part, record
 
 CORRELATION = np.dtype([
     ("clock", np.int64),  # the position tables' LRU clock
@@ -42,16 +41,7 @@ M_MATCHED, M_STABLE, M_SOFT, M_NONE, M_RESYNC = range(5)
 _SEED = np.int64(0x5EED)
 
 
-@structref.register
-class CorrelationType(PartType):
-    pass
-
-
-class CorrelationRef(structref.StructRefProxy):
-    """The tables' record and arrays (``FIELDS``) as one argument of compiled code."""
-
-
-structref.define_proxy(CorrelationRef, CorrelationType, list(FIELDS))
+CorrelationType, CorrelationRef = define_part(__name__, "Correlation", FIELDS)
 
 
 @nb.njit(cache=True, nogil=True)
@@ -59,8 +49,11 @@ def _correlation_ref(arrays):
     return CorrelationRef(*arrays)
 
 
-class Correlation:
+class Correlation(Part):
     """The correlation part: see the module docstring."""
+
+    FIELDS = FIELDS
+    make = staticmethod(_correlation_ref)
 
     def __init__(self, entries: int, n: int, stable_sync: bool) -> None:
         self.s = record(CORRELATION, n=n, stable_sync=stable_sync)
@@ -68,13 +61,11 @@ class Correlation:
         for f in ("sig_pos", "stab_pos", "exec_pos", "name_pos", "ngram_count", "stab_count"):
             setattr(self, f, assoc_table(entries))
         self.recent = np.zeros((2, n + 1), dtype=np.int64)  # the last exec ids / names committed
-        self.ref = _correlation_ref(tuple(getattr(self, f) for f in FIELDS))
+        self.build()
 
     def used(self) -> dict:
         return {t: int(np.count_nonzero(getattr(self, t)[:, 2])) for t in TABLES}
 
-    def nbytes(self) -> int:
-        return int(sum(getattr(self, f).nbytes for f in FIELDS))
 
 
 # ------------------------------------------------------------------------------------------- compiled

@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import numba as nb
 import numpy as np
-from numba.experimental import structref
 
-from .parts import PartType, record
+from .parts import Part, define_part, record
 
 INF = np.iinfo(np.int64).max // 4  # "no predicted use": above every position
 MAX_STARTS = 64  # iteration starts kept (older ones fall out of the trimmed history anyway)
@@ -42,16 +41,7 @@ FIELDS = ("s", "h_cum", "h_key", "h_name", "h_sig", "h_soft", "h_ptr", "f_blk", 
           "first_it", "first_pos", "starts", "pbuf", "wbuf")
 
 
-@structref.register
-class HistoryType(PartType):
-    pass
-
-
-class HistoryRef(structref.StructRefProxy):
-    """The history's record and arrays (``FIELDS``) as one argument of compiled code."""
-
-
-structref.define_proxy(HistoryRef, HistoryType, list(FIELDS))
+HistoryType, HistoryRef = define_part(__name__, "History", FIELDS)
 
 
 @nb.njit(cache=True, nogil=True)
@@ -59,8 +49,11 @@ def _history_ref(arrays):
     return HistoryRef(*arrays)
 
 
-class History:
+class History(Part):
     """The history part: see the module docstring. ``n_blocks`` is the number of block ids."""
+
+    FIELDS = FIELDS
+    make = staticmethod(_history_ref)
 
     def __init__(self, n_blocks: int, limit: int, scan_max: int) -> None:
         self.s = record(HISTORY, limit=limit, scan_max=scan_max, p=-1)
@@ -82,11 +75,7 @@ class History:
         self.starts = np.zeros(MAX_STARTS, dtype=np.int64)
         self.pbuf = np.zeros(n_blocks, dtype=np.int64)
         self.wbuf = np.zeros(n_blocks, dtype=np.int8)
-        self.ref = self.build()
-
-    def build(self) -> HistoryRef:
-        self.ref = _history_ref(tuple(getattr(self, f) for f in FIELDS))
-        return self.ref
+        self.build()
 
     def grow(self) -> None:
         """Room for the pending launch's commit (the per-position arrays grow together, so do the flat ones)."""
@@ -146,8 +135,6 @@ class History:
         self.grow()
         return int(commit_pending(self.ref))
 
-    def nbytes(self) -> int:
-        return int(sum(getattr(self, f).nbytes for f in FIELDS))
 
 
 def _grown(a: np.ndarray, n: int, fill) -> np.ndarray:

@@ -22,10 +22,9 @@ from __future__ import annotations
 
 import numba as nb
 import numpy as np
-from numba.experimental import structref
 
 from .history import INF
-from .parts import PartType, record
+from .parts import Part, define_part, record
 
 MOVES = np.dtype([
     ("moved_at_start", np.int64),  # the count of moved blocks when this iteration began
@@ -37,16 +36,7 @@ MOVES = np.dtype([
 FIELDS = ("s", "remap", "rend", "moved_to")
 
 
-@structref.register
-class MovesType(PartType):
-    pass
-
-
-class MovesRef(structref.StructRefProxy):
-    """The moves' record and arrays (``FIELDS``) as one argument of compiled code."""
-
-
-structref.define_proxy(MovesRef, MovesType, list(FIELDS))
+MovesType, MovesRef = define_part(__name__, "Moves", FIELDS)
 
 
 @nb.njit(cache=True, nogil=True)
@@ -54,8 +44,11 @@ def _moves_ref(arrays):
     return MovesRef(*arrays)
 
 
-class Moves:
+class Moves(Part):
     """The moves part: see the module docstring."""
+
+    FIELDS = FIELDS
+    make = staticmethod(_moves_ref)
 
     def __init__(self, n_blocks: int, track_moves: bool, layer_stride: bool) -> None:
         self.s = record(MOVES, track_moves=track_moves, layer_stride=layer_stride)
@@ -63,7 +56,7 @@ class Moves:
         self.remap = np.arange(n_blocks, dtype=np.int64)  # recorded block -> where its tensor lives now
         self.rend = np.zeros(n_blocks, dtype=np.int64)  # ... for its recorded entries before this position
         self.moved_to = np.zeros(n_blocks, dtype=bool)  # blocks that took a recorded block's next use
-        self.ref = _moves_ref(tuple(getattr(self, f) for f in FIELDS))
+        self.build()
 
     def settle(self, hist) -> tuple[int | None, int | None]:
         """At the end of an iteration that learned moves, the pointer on a record (``hist`` not yet told of the
@@ -107,8 +100,6 @@ class Moves:
             self.rend[:] = 0
         r["s_old"] = r["s_new"] = 0
 
-    def nbytes(self) -> int:
-        return int(sum(getattr(self, f).nbytes for f in FIELDS))
 
 
 # ------------------------------------------------------------------------------------------- compiled

@@ -9,6 +9,9 @@ the record's row: a view); that costs about a microsecond, so the hot path leave
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 import numpy as np
 from numba.core import types
 from numba.experimental import structref
@@ -19,6 +22,34 @@ class PartType(types.StructRef):
 
     def preprocess_fields(self, fields):
         return tuple((n, types.unliteral(t)) for n, t in fields)
+
+
+def define_part(module: str, name: str, fields) -> tuple[type, type]:
+    """The StructRef type and proxy of a part with these ``fields``: ``<name>Type`` and ``<name>Ref``, which the
+    part's ``module`` binds to those names (the cache finds a type by its module and name)."""
+    typ = structref.register(type(f"{name}Type", (PartType,), {"__module__": module}))
+    ref = type(f"{name}Ref", (structref.StructRefProxy,),
+               {"__module__": module, "__doc__": f"The {name} part's state as one argument of compiled code."})
+    structref.define_proxy(ref, typ, list(fields))
+    return typ, ref
+
+
+class Part:
+    """Base of a part's Python class: ``FIELDS`` names its record (``s``, with ``r`` its row) and arrays, and
+    ``make`` (a cached constructor of its StructRef, from the tuple of them) builds ``ref``."""
+
+    FIELDS: tuple = ()
+
+    @staticmethod
+    def make(arrays):
+        raise NotImplementedError
+
+    def build(self):
+        self.ref = self.make(tuple(getattr(self, f) for f in self.FIELDS))
+        return self.ref
+
+    def nbytes(self) -> int:
+        return int(sum(getattr(self, f).nbytes for f in self.FIELDS))
 
 
 def record(dtype: np.dtype, **values) -> np.ndarray:
@@ -33,3 +64,33 @@ def fields(rec: np.ndarray) -> dict:
     """A record's row as a dict of Python scalars (reports, tests)."""
     row = rec[0]
     return {k: row[k].item() for k in rec.dtype.names}
+
+
+def check_caches(modules) -> bool:
+    """Drop the cached compiled code of ``modules`` when any of their sources changed since it was cached; returns
+    whether it did. Numba keys a cached function by its own source file only, and a kernel compiled with a
+    function of another module keeps that function's old code when only the other module changed (after a
+    checkout of another version, say). So the digest of every module's source is kept beside the cache, and when it
+    differs every cached function of these modules is flushed (compiled anew on first use)."""
+    kernels = [v for m in modules for v in vars(m).values()
+               if hasattr(getattr(v, "_cache", None), "cache_path") and getattr(v, "py_func", None) is not None
+               and v.py_func.__module__ == m.__name__]
+    if not kernels:
+        return False
+    digest = hashlib.sha256()
+    for m in sorted(modules, key=lambda m: m.__name__):
+        digest.update(Path(m.__file__).read_bytes())
+    stamp = Path(kernels[0]._cache.cache_path) / f"{modules[0].__name__}.sources.sha256"
+    want = digest.hexdigest()
+    try:
+        if stamp.read_text() == want:
+            return False
+    except OSError:
+        pass
+    for k in kernels:
+        k._cache.flush()
+    try:
+        stamp.write_text(want)
+    except OSError:  # (a cache we cannot write is not ours to keep)
+        pass
+    return True

@@ -28,11 +28,10 @@ from __future__ import annotations
 
 import numba as nb
 import numpy as np
-from numba.experimental import structref
 
 from .blocks import mark_prefetched, take_victims
 from .history import INF
-from .parts import PartType, record
+from .parts import Part, define_part, record
 from .victims import choose, keys_of, pool_add, pool_refill, rank
 
 PLAN = np.dtype([
@@ -49,16 +48,7 @@ PLAN = np.dtype([
 FIELDS = ("s", "mark", "out")
 
 
-@structref.register
-class PlanType(PartType):
-    pass
-
-
-class PlanRef(structref.StructRefProxy):
-    """The plan's record and arrays (``FIELDS``) as one argument of compiled code."""
-
-
-structref.define_proxy(PlanRef, PlanType, list(FIELDS))
+PlanType, PlanRef = define_part(__name__, "Plan", FIELDS)
 
 
 @nb.njit(cache=True, nogil=True)
@@ -66,19 +56,20 @@ def _plan_ref(arrays):
     return PlanRef(*arrays)
 
 
-class Plan:
+class Plan(Part):
     """The planning part: see the module docstring. ``out`` receives each decision's blocks: those to prefetch,
     evict and discard, in that order."""
+
+    FIELDS = FIELDS
+    make = staticmethod(_plan_ref)
 
     def __init__(self, n_blocks: int, settings: dict) -> None:
         self.s = record(PLAN, v_hi=-1, **settings)
         self.r = self.s[0]
         self.mark = np.zeros(n_blocks, dtype=np.uint8)  # zeroed scratch (left zeroed)
         self.out = np.zeros(n_blocks, dtype=np.int64)
-        self.ref = _plan_ref(tuple(getattr(self, f) for f in FIELDS))
+        self.build()
 
-    def nbytes(self) -> int:
-        return int(sum(getattr(self, f).nbytes for f in FIELDS))
 
 
 # ------------------------------------------------------------------------------------------- compiled

@@ -22,10 +22,9 @@ from __future__ import annotations
 
 import numba as nb
 import numpy as np
-from numba.experimental import structref
 
 from .history import INF
-from .parts import PartType, record
+from .parts import Part, define_part, record
 
 # Victim classes above every history position: dead, then clean unpredicted, then dirty unpredicted.
 K_DEAD, K_CLEAN, K_DIRTY = 3 * INF, 2 * INF, INF + 1
@@ -42,16 +41,7 @@ POOL = np.dtype([
 FIELDS = ("s", "ids", "in_pool", "mark")
 
 
-@structref.register
-class VictimsType(PartType):
-    pass
-
-
-class VictimsRef(structref.StructRefProxy):
-    """The pool's record and arrays (``FIELDS``) as one argument of compiled code."""
-
-
-structref.define_proxy(VictimsRef, VictimsType, list(FIELDS))
+VictimsType, VictimsRef = define_part(__name__, "Victims", FIELDS)
 
 
 @nb.njit(cache=True, nogil=True)
@@ -59,8 +49,11 @@ def _victims_ref(arrays):
     return VictimsRef(*arrays)
 
 
-class Victims:
+class Victims(Part):
     """The victim part: see the module docstring. ``pool_k`` 0: no pool."""
+
+    FIELDS = FIELDS
+    make = staticmethod(_victims_ref)
 
     def __init__(self, n_blocks: int, pool_k: int, pool_launches: int, dead_reuse: bool) -> None:
         self.s = record(POOL, k=pool_k, launches=pool_launches, dead_reuse=dead_reuse, min=-1)
@@ -68,10 +61,8 @@ class Victims:
         self.ids = np.zeros(n_blocks, dtype=np.int64)
         self.in_pool = np.zeros(n_blocks, dtype=bool)
         self.mark = np.zeros(n_blocks, dtype=np.uint8)  # zeroed scratch (left zeroed)
-        self.ref = _victims_ref(tuple(getattr(self, f) for f in FIELDS))
+        self.build()
 
-    def nbytes(self) -> int:
-        return int(sum(getattr(self, f).nbytes for f in FIELDS))
 
 
 # ------------------------------------------------------------------------------------------- compiled
