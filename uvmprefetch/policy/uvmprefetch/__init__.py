@@ -91,11 +91,10 @@ class UvmPrefetchPolicy(Policy):
     Params: ClassVar[type] = UvmPrefetchParams
     description: ClassVar[str] = "ours: launch-history prediction, adaptive window, paced pre-eviction, advice"
 
-    def __init__(self, params: UvmPrefetchParams | None = None, **overrides) -> None:
-        super().__init__(params, **overrides)
-        # Read by the simulator: without invalidation the driver never learns of frees (like `demand`).
-        self.invalidates_frees = bool(self.params.invalidate)
-        self.invalidating = self.invalidates_frees  # on_start: and only where the caller can discard
+    @property
+    def invalidates_frees(self) -> bool:
+        """Read by the simulator: without invalidation the driver never learns of frees (like ``demand``)."""
+        return bool(self.params.invalidate)
 
     def on_start(self, ctx: PolicyContext) -> None:
         super().on_start(ctx)

@@ -10,24 +10,13 @@ import numba as nb
 import numpy as np
 
 from .history import INF
-from .parts import Part, define_part
+from .parts import Part
 
 FIELDS = ("dirty", "dead", "pf_unused", "thrashed", "written", "w_iter", "last_use", "uses")
 
 
-BlocksType, BlocksRef = define_part(__name__, "Blocks", FIELDS)
-
-
-@nb.njit(cache=True, nogil=True)
-def _blocks_ref(arrays):
-    return BlocksRef(*arrays)
-
-
-class Blocks(Part):
+class Blocks(Part, fields=FIELDS):
     """The block-state part: see the module docstring."""
-
-    FIELDS = FIELDS
-    make = staticmethod(_blocks_ref)
 
     def __init__(self, n_blocks: int) -> None:
         self.dirty = np.zeros(n_blocks, dtype=bool)
@@ -125,11 +114,8 @@ def note_thrash(bs, blocks, nu, p, lim):
 
 
 @nb.njit(cache=True, nogil=True)
-def take_victims(bs, chosen, nu, p, lim):
-    """Victims chosen for a decision: split into ``(evict, discard)`` (dead ones are discarded, no write-back; order
-    kept), ``note_thrash`` within ``lim`` (our own Belady choice of a prefetched block for a sooner need is not
-    thrash by itself: it counts for victims whose predicted use is within the next launches), then clean. Returns
-    ``(evict, discard, thrash, mispredicted)``."""
+def split_victims(bs, chosen):
+    """Victims leave: ``(evict, discard)`` (dead ones are discarded, no write-back; order kept); then clean."""
     n = chosen.shape[0]
     dead = bs.dead
     nd = 0
@@ -139,18 +125,24 @@ def take_victims(bs, chosen, nu, p, lim):
     evict = np.empty(n - nd, dtype=np.int64)
     discard = np.empty(nd, dtype=np.int64)
     a = 0
-    b = 0
     for i in range(n):
         x = chosen[i]
         if dead[x]:
-            discard[b] = x
-            b += 1
+            discard[i - a] = x
         else:
             evict[a] = x
             a += 1
+        bs.dirty[x] = False
+    return evict, discard
+
+
+@nb.njit(cache=True, nogil=True)
+def take_victims(bs, chosen, nu, p, lim):
+    """Victims chosen for a decision: ``note_thrash`` within ``lim`` (our own Belady choice of a prefetched block
+    for a sooner need is not thrash by itself: it counts for victims whose predicted use is within the next
+    launches), then ``split_victims``. Returns ``(evict, discard, thrash, mispredicted)``."""
     wasted, mis = note_thrash(bs, chosen, nu, p, lim)
-    for i in range(n):
-        bs.dirty[chosen[i]] = False
+    evict, discard = split_victims(bs, chosen)
     return evict, discard, wasted, mis
 
 

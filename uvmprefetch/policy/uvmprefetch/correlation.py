@@ -22,7 +22,7 @@ import numba as nb
 import numpy as np
 
 from ..tables import assoc_count, assoc_get, assoc_put, assoc_table, mix64
-from .parts import Part, define_part, record
+from .parts import Part
 
 CORRELATION = np.dtype([
     ("clock", np.int64),  # the position tables' LRU clock
@@ -41,23 +41,11 @@ M_MATCHED, M_STABLE, M_SOFT, M_NONE, M_RESYNC = range(5)
 _SEED = np.int64(0x5EED)
 
 
-CorrelationType, CorrelationRef = define_part(__name__, "Correlation", FIELDS)
-
-
-@nb.njit(cache=True, nogil=True)
-def _correlation_ref(arrays):
-    return CorrelationRef(*arrays)
-
-
-class Correlation(Part):
+class Correlation(Part, fields=FIELDS):
     """The correlation part: see the module docstring."""
 
-    FIELDS = FIELDS
-    make = staticmethod(_correlation_ref)
-
     def __init__(self, entries: int, n: int, stable_sync: bool) -> None:
-        self.s = record(CORRELATION, n=n, stable_sync=stable_sync)
-        self.r = self.s[0]
+        self.record_of(CORRELATION, n=n, stable_sync=stable_sync)
         for f in ("sig_pos", "stab_pos", "exec_pos", "name_pos", "ngram_count", "stab_count"):
             setattr(self, f, assoc_table(entries))
         self.recent = np.zeros((2, n + 1), dtype=np.int64)  # the last exec ids / names committed

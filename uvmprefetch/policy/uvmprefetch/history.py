@@ -18,7 +18,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from .parts import Part, define_part, record
+from .parts import Part
 
 INF = np.iinfo(np.int64).max // 4  # "no predicted use": above every position
 MAX_STARTS = 64  # iteration starts kept (older ones fall out of the trimmed history anyway)
@@ -41,23 +41,11 @@ FIELDS = ("s", "h_cum", "h_key", "h_name", "h_sig", "h_soft", "h_ptr", "f_blk", 
           "first_it", "first_pos", "starts", "pbuf", "wbuf")
 
 
-HistoryType, HistoryRef = define_part(__name__, "History", FIELDS)
-
-
-@nb.njit(cache=True, nogil=True)
-def _history_ref(arrays):
-    return HistoryRef(*arrays)
-
-
-class History(Part):
+class History(Part, fields=FIELDS):
     """The history part: see the module docstring. ``n_blocks`` is the number of block ids."""
 
-    FIELDS = FIELDS
-    make = staticmethod(_history_ref)
-
     def __init__(self, n_blocks: int, limit: int, scan_max: int) -> None:
-        self.s = record(HISTORY, limit=limit, scan_max=scan_max, p=-1)
-        self.r = self.s[0]
+        self.record_of(HISTORY, limit=limit, scan_max=scan_max, p=-1)
         h, f = 1024, 1 << 14  # initial room (positions, flat entries); doubled as needed
         self.h_cum = np.zeros(h, dtype=np.float64)
         self.h_key = np.zeros(h, dtype=np.int64)
@@ -100,7 +88,7 @@ class History(Part):
 
     def span(self, lo: int, hi: int) -> tuple[int, int]:
         """Flat index range (relative to ``fbase``) of positions ``lo..hi-1``."""
-        return _span(self.ref, lo, hi)
+        return flat_span(self.ref, lo, hi)
 
     def blocks_at(self, pos: int) -> np.ndarray:
         a, b = self.span(pos, pos + 1)
@@ -149,8 +137,8 @@ def _grown(a: np.ndarray, n: int, fill) -> np.ndarray:
 
 # ------------------------------------------------------------------------------------------- compiled
 @nb.njit(cache=True, nogil=True)
-def _span(h, lo, hi):
-    """Flat index range of positions ``lo..hi-1`` (``hi`` at most the end)."""
+def flat_span(h, lo, hi):
+    """Flat index range ``(a, b)`` of the entries of positions ``lo..hi-1`` (``hi`` at most the end)."""
     s = h.s[0]
     base = s.base
     a = h.h_ptr[lo - base] - s.fbase
@@ -201,29 +189,26 @@ def commit_pending(h):
     s.fn = fn + k
     s.pend = False
     blocks = h.pbuf[:k]
-    f_next = h.f_next
-    last_flat = h.last_flat
-    nu = h.nu
-    first_pos = h.first_pos
-    first_it = h.first_it
-    it = s.iters
     p = s.p if s.has_p else -1
     for i in range(k):
         h.f_blk[fn + i] = blocks[i]
     if s.phas_w:
         for i in range(k):
             h.f_w[fn + i] = h.wbuf[i]
+    first_pos = h.first_pos
     for i in range(k):
         x = blocks[i]
-        if first_it[x] != it:
-            first_it[x] = it
+        if h.first_it[x] != s.iters:
+            h.first_it[x] = s.iters
             first_pos[x] = r
+    last_flat = h.last_flat
     for i in range(k):
         pv = last_flat[blocks[i]]
         if pv >= fbase:
-            f_next[pv - fbase] = r
+            h.f_next[pv - fbase] = r
     for i in range(k):
         last_flat[blocks[i]] = f0 + i
+    nu = h.nu
     for i in range(k):
         x = blocks[i]
         v = nu[x]
@@ -275,9 +260,7 @@ def advance(h, mv, dead, q, lim):
     s = h.s[0]
     s.p = q
     s.has_p = True
-    base = s.base
-    a = h.h_ptr[q - base] - s.fbase
-    b = (h.h_ptr[q + 1 - base] - s.fbase) if q + 1 - base < s.n else s.fn
+    a, b = flat_span(h, q, q + 1)
     nu = h.nu
     remap = mv.remap
     it = s.iters

@@ -23,8 +23,8 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from .history import INF
-from .parts import Part, define_part, record
+from .history import INF, flat_span
+from .parts import Part
 
 MOVES = np.dtype([
     ("moved_at_start", np.int64),  # the count of moved blocks when this iteration began
@@ -36,23 +36,11 @@ MOVES = np.dtype([
 FIELDS = ("s", "remap", "rend", "moved_to")
 
 
-MovesType, MovesRef = define_part(__name__, "Moves", FIELDS)
-
-
-@nb.njit(cache=True, nogil=True)
-def _moves_ref(arrays):
-    return MovesRef(*arrays)
-
-
-class Moves(Part):
+class Moves(Part, fields=FIELDS):
     """The moves part: see the module docstring."""
 
-    FIELDS = FIELDS
-    make = staticmethod(_moves_ref)
-
     def __init__(self, n_blocks: int, track_moves: bool, layer_stride: bool) -> None:
-        self.s = record(MOVES, track_moves=track_moves, layer_stride=layer_stride)
-        self.r = self.s[0]
+        self.record_of(MOVES, track_moves=track_moves, layer_stride=layer_stride)
         self.remap = np.arange(n_blocks, dtype=np.int64)  # recorded block -> where its tensor lives now
         self.rend = np.zeros(n_blocks, dtype=np.int64)  # ... for its recorded entries before this position
         self.moved_to = np.zeros(n_blocks, dtype=bool)  # blocks that took a recorded block's next use
@@ -119,11 +107,9 @@ def next_birth(h, x, t, lim):
     ``x`` (``f_w`` 2: written while dead); ``lim`` if none before it. In-place writes (1) keep the tensor. A
     position's blocks are sorted."""
     s = h.s[0]
-    base = s.base
-    end = base + s.n
+    end = s.base + s.n
     while t < lim and t < end:
-        a = h.h_ptr[t - base] - s.fbase
-        b = (h.h_ptr[t + 1 - base] - s.fbase) if t + 1 < end else s.fn
+        a, b = flat_span(h, t, t + 1)
         lo = a + np.searchsorted(h.f_blk[a:b], x)
         if lo >= b or h.f_blk[lo] != x:
             return t  # (not recorded there: the links are stale, stop)
@@ -146,9 +132,7 @@ def learn_moves(mv, h, q, writes, rec_end, dead):
     ``(moved, settled)``: the number of moved blocks and of earlier moves revised (both 0 when the counts of
     written blocks differ)."""
     s = h.s[0]
-    base = s.base
-    a = h.h_ptr[q - base] - s.fbase
-    b = (h.h_ptr[q + 1 - base] - s.fbase) if q + 1 - base < s.n else s.fn
+    a, b = flat_span(h, q, q + 1)
     f_blk = h.f_blk
     f_w = h.f_w
     nu = h.nu

@@ -10,8 +10,10 @@ the record's row: a view); that costs about a microsecond, so the hot path leave
 from __future__ import annotations
 
 import hashlib
+import sys
 from pathlib import Path
 
+import numba as nb
 import numpy as np
 from numba.core import types
 from numba.experimental import structref
@@ -24,25 +26,42 @@ class PartType(types.StructRef):
         return tuple((n, types.unliteral(t)) for n, t in fields)
 
 
-def define_part(module: str, name: str, fields) -> tuple[type, type]:
-    """The StructRef type and proxy of a part with these ``fields``: ``<name>Type`` and ``<name>Ref``, which the
-    part's ``module`` binds to those names (the cache finds a type by its module and name)."""
+def define_part(module: str, name: str, fields) -> tuple[type, type, object]:
+    """The StructRef type, proxy and cached constructor (from a tuple of the fields' values) of a part with these
+    ``fields``. The type and proxy are ``<name>Type`` and ``<name>Ref``, which the part's ``module`` must bind to
+    those names (Numba's cache finds a type by its module and name)."""
     typ = structref.register(type(f"{name}Type", (PartType,), {"__module__": module}))
     ref = type(f"{name}Ref", (structref.StructRefProxy,),
                {"__module__": module, "__doc__": f"The {name} part's state as one argument of compiled code."})
     structref.define_proxy(ref, typ, list(fields))
-    return typ, ref
+
+    def make(values):
+        return ref(*values)
+
+    return typ, ref, nb.njit(cache=True, nogil=True)(make)
 
 
 class Part:
-    """Base of a part's Python class: ``FIELDS`` names its record (``s``, with ``r`` its row) and arrays, and
-    ``make`` (a cached constructor of its StructRef, from the tuple of them) builds ``ref``."""
+    """Base of a part's Python class, declared as ``class History(Part, fields=(...))``: ``fields`` names its record
+    (``s``, made by ``record_of``, with ``r`` its row) and arrays, in the order its StructRef takes them; the class
+    gets ``FIELDS``, ``make`` (the StructRef's cached constructor) and, in its module, ``<Name>Type`` and
+    ``<Name>Ref``. ``build`` makes ``ref`` from the current arrays (again after one is replaced)."""
 
     FIELDS: tuple = ()
 
-    @staticmethod
-    def make(arrays):
-        raise NotImplementedError
+    def __init_subclass__(cls, fields=(), **kw) -> None:
+        super().__init_subclass__(**kw)
+        cls.FIELDS = tuple(fields)
+        typ, ref, make = define_part(cls.__module__, cls.__name__, cls.FIELDS)
+        module = sys.modules[cls.__module__]
+        setattr(module, typ.__name__, typ)
+        setattr(module, ref.__name__, ref)
+        cls.make = staticmethod(make)
+
+    def record_of(self, dtype: np.dtype, **values) -> None:
+        """The part's scalars: a one-row record of ``dtype`` (``s``), ``r`` its row."""
+        self.s = record(dtype, **values)
+        self.r = self.s[0]
 
     def build(self):
         self.ref = self.make(tuple(getattr(self, f) for f in self.FIELDS))
@@ -72,9 +91,8 @@ def check_caches(modules) -> bool:
     function of another module keeps that function's old code when only the other module changed (after a
     checkout of another version, say). So the digest of every module's source is kept beside the cache, and when it
     differs every cached function of these modules is flushed (compiled anew on first use)."""
-    kernels = [v for m in modules for v in vars(m).values()
-               if hasattr(getattr(v, "_cache", None), "cache_path") and getattr(v, "py_func", None) is not None
-               and v.py_func.__module__ == m.__name__]
+    kernels = list({id(v): v for m in modules for v in vars(m).values()
+                    if hasattr(getattr(v, "_cache", None), "cache_path")}.values())
     if not kernels:
         return False
     digest = hashlib.sha256()

@@ -29,9 +29,9 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from .blocks import mark_prefetched, take_victims
-from .history import INF
-from .parts import Part, define_part, record
+from .blocks import mark_prefetched, split_victims, take_victims
+from .history import INF, flat_span
+from .parts import Part
 from .victims import choose, keys_of, pool_add, pool_refill, rank
 
 PLAN = np.dtype([
@@ -48,24 +48,12 @@ PLAN = np.dtype([
 FIELDS = ("s", "mark", "out")
 
 
-PlanType, PlanRef = define_part(__name__, "Plan", FIELDS)
-
-
-@nb.njit(cache=True, nogil=True)
-def _plan_ref(arrays):
-    return PlanRef(*arrays)
-
-
-class Plan(Part):
+class Plan(Part, fields=FIELDS):
     """The planning part: see the module docstring. ``out`` receives each decision's blocks: those to prefetch,
     evict and discard, in that order."""
 
-    FIELDS = FIELDS
-    make = staticmethod(_plan_ref)
-
     def __init__(self, n_blocks: int, settings: dict) -> None:
-        self.s = record(PLAN, v_hi=-1, **settings)
-        self.r = self.s[0]
+        self.record_of(PLAN, v_hi=-1, **settings)
         self.mark = np.zeros(n_blocks, dtype=np.uint8)  # zeroed scratch (left zeroed)
         self.out = np.zeros(n_blocks, dtype=np.int64)
         self.build()
@@ -238,24 +226,7 @@ def margin(bs, vs, nu, cur, view, p):
     for i in range(vkey.shape[0]):  # (only dead or unpredicted blocks go for the margin: a prefix)
         if vkey[i] > INF:
             c += 1
-    vict = vict[:c]
-    for i in range(c):
-        bs.dirty[vict[i]] = False
-    dead = bs.dead
-    nd = 0
-    for i in range(c):
-        if dead[vict[i]]:
-            nd += 1
-    evict = np.empty(c - nd, dtype=np.int64)
-    discard = np.empty(nd, dtype=np.int64)
-    a = 0
-    for i in range(c):
-        if dead[vict[i]]:
-            discard[i - a] = vict[i]
-        else:
-            evict[a] = vict[i]
-            a += 1
-    return evict, discard
+    return split_victims(bs, vict[:c])
 
 
 @nb.njit(cache=True, nogil=True)
@@ -342,8 +313,7 @@ def plan(parts, cur, view, ctx):
         lo = max(p + 1, ps.horizon)
         hi = min(p + window, end - 1)
         if lo > p + 1:  # (always re-check the very next launch: a block may have been evicted since)
-            pa = h.h_ptr[p + 1 - base] - s.fbase
-            pb = (h.h_ptr[p + 2 - base] - s.fbase) if p + 2 < end else s.fn
+            pa, pb = flat_span(h, p + 1, p + 2)
     free = max(0, capacity - used - ps.margin)
     paced = ps.pace and ps.pre_evict and ps.t_blk > 0
     q = max(ps.q_end, now)

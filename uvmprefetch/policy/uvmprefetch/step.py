@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import numba as nb
 import numpy as np
-from numba.experimental import structref
 
 from . import correlation as corr
 from .blocks import cur_marks, launch_marks, note_thrash
-from .history import INF, advance, commit_pending, has_room, rebuild, record_end, set_pending, trim
+from .history import INF, advance, commit_pending, flat_span, has_room, rebuild, record_end, set_pending, trim
 from .moves import learn_moves, learn_shift, moved_reach, remap_limit
-from .parts import PartType
+from .parts import define_part
 from .plan import plan
 from .victims import pool_add, pool_due
 
@@ -48,21 +47,8 @@ NEED_ROOM, MONITOR, DECIDED = range(3)
 FIELDS = ("hist", "corr", "moves", "blocks", "victims", "plan", "advice", "counts")
 
 
-@structref.register
-class PolicyStateType(PartType):
-    pass
-
-
-class PolicyState(structref.StructRefProxy):
-    """Every part of the policy (``FIELDS``: the parts' StructRefs, the advice and count records) as one argument."""
-
-
-structref.define_proxy(PolicyState, PolicyStateType, list(FIELDS))
-
-
-@nb.njit(cache=True, nogil=True)
-def policy_state(parts):
-    return PolicyState(*parts)
+# Every part of the policy (``FIELDS``: the parts' StructRefs, the advice and count records) as one argument
+PolicyStateType, PolicyStateRef, policy_state = define_part(__name__, "PolicyState", FIELDS)
 
 
 def entry_point(kernel, args: tuple):
@@ -132,9 +118,7 @@ def _learn(st, q, launch, rec_end):
             vr.stale = max(vr.stale, moved_reach(h, writes, rec_end))
             st.counts[0].moved_blocks += moved
     if s.soft != 0 and q >= s.iter_start and mr.layer_stride:
-        base = s.base
-        a = h.h_ptr[q - base] - s.fbase
-        b = (h.h_ptr[q + 1 - base] - s.fbase) if q + 1 < base + s.n else s.fn
+        a, b = flat_span(h, q, q + 1)
         ok_o, d_o, ok_n, d_n = learn_shift(h.f_blk[a:b], h.f_w[a:b], launch, st.blocks.w_iter, s.iters)
         if ok_o:
             mr.s_old = d_o
@@ -142,7 +126,7 @@ def _learn(st, q, launch, rec_end):
             mr.s_new = d_n
         if ok_o or ok_n:  # (shifted predictions lie within this iteration's record so far)
             vr.on = False
-            vr.stale = max(vr.stale, base + s.n + 1)
+            vr.stale = max(vr.stale, s.base + s.n + 1)
         if mr.s_old != 0 or mr.s_new != 0:
             mr.shift_it = True
 
@@ -253,8 +237,7 @@ def step(st, launch, blocks, writes, view):
         # what the launch used is what was predicted (and came in) plus what faults add (``fault``)
         cur = np.empty(0, dtype=np.int64)
         if s.has_p:
-            a = h.h_ptr[q - s.base] - s.fbase
-            b = (h.h_ptr[q + 1 - s.base] - s.fbase) if q + 1 < s.base + s.n else s.fn
+            a, b = flat_span(h, q, q + 1)
             cur = h.f_blk[a:b].copy()
         pool_add(vs, cur)
         again = 0
@@ -303,9 +286,7 @@ def fault(st, blocks, known):
     pool_add(st.victims, blocks)
     late = 0
     if s.has_p:
-        base = s.base
-        a = h.h_ptr[s.p - base] - s.fbase
-        b = (h.h_ptr[s.p + 1 - base] - s.fbase) if s.p + 1 < base + s.n else s.fn
+        a, b = flat_span(h, s.p, s.p + 1)
         mark = st.plan.mark
         for i in range(a, b):
             mark[h.f_blk[i]] = 1

@@ -23,8 +23,8 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from .history import INF
-from .parts import Part, define_part, record
+from .history import INF, flat_span
+from .parts import Part
 
 # Victim classes above every history position: dead, then clean unpredicted, then dirty unpredicted.
 K_DEAD, K_CLEAN, K_DIRTY = 3 * INF, 2 * INF, INF + 1
@@ -41,23 +41,11 @@ POOL = np.dtype([
 FIELDS = ("s", "ids", "in_pool", "mark")
 
 
-VictimsType, VictimsRef = define_part(__name__, "Victims", FIELDS)
-
-
-@nb.njit(cache=True, nogil=True)
-def _victims_ref(arrays):
-    return VictimsRef(*arrays)
-
-
-class Victims(Part):
+class Victims(Part, fields=FIELDS):
     """The victim part: see the module docstring. ``pool_k`` 0: no pool."""
 
-    FIELDS = FIELDS
-    make = staticmethod(_victims_ref)
-
     def __init__(self, n_blocks: int, pool_k: int, pool_launches: int, dead_reuse: bool) -> None:
-        self.s = record(POOL, k=pool_k, launches=pool_launches, dead_reuse=dead_reuse, min=-1)
-        self.r = self.s[0]
+        self.record_of(POOL, k=pool_k, launches=pool_launches, dead_reuse=dead_reuse, min=-1)
         self.ids = np.zeros(n_blocks, dtype=np.int64)
         self.in_pool = np.zeros(n_blocks, dtype=bool)
         self.mark = np.zeros(n_blocks, dtype=np.uint8)  # zeroed scratch (left zeroed)
@@ -356,10 +344,7 @@ def pool_due(vs, h, remap, q):
     unless the prediction came through a move or stride, which ``stale`` covers)."""
     if not vs.s[0].on:
         return
-    s = h.s[0]
-    base = s.base
-    a = h.h_ptr[q - base] - s.fbase
-    b = (h.h_ptr[q + 1 - base] - s.fbase) if q + 1 - base < s.n else s.fn
+    a, b = flat_span(h, q, q + 1)
     for i in range(a, b):
         _put(vs, h.f_blk[i])
         _put(vs, remap[h.f_blk[i]])
