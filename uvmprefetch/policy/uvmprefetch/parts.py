@@ -92,7 +92,7 @@ def check_caches(modules) -> bool:
     checkout of another version, say). So the digest of every module's source is kept beside the cache, and when it
     differs every cached function of these modules is flushed (compiled anew on first use)."""
     kernels = list({id(v): v for m in modules for v in vars(m).values()
-                    if hasattr(getattr(v, "_cache", None), "cache_path")}.values())
+                    if getattr(getattr(v, "_cache", None), "cache_path", None) is not None}.values())  # (cached)
     if not kernels:
         return False
     digest = hashlib.sha256()
