@@ -63,6 +63,41 @@ def build_model(model: str, config: str, seq: int, eager_attention: bool):
     return cls(cfg), cfg.vocab_size
 
 
+def deterministic_kernels() -> None:
+    """Deterministic kernels, so that two runs of the same training compare bitwise."""
+    import torch
+    # warn_only: an op without a deterministic kernel warns instead of killing the run; the caller's two
+    # plain runs then differ, and the comparison falls back to a tolerance and says so.
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
+def train(model, opt, vocab: int, gen, dev, *, batch: int, seq: int, iters: int, dtype: str = "fp32"):
+    """``iters`` steps on random token batches from ``gen``: (losses, seconds per iteration). Resets the CUDA
+    peak memory figures first, so that they are the training's."""
+    import torch
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    losses, iter_s = [], []
+    for _ in range(iters):
+        ids = torch.randint(0, vocab, (batch, seq), generator=gen).to(dev)
+        sync()
+        t0 = time.perf_counter()
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dtype == "bf16"):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        val = loss.item()
+        sync()
+        iter_s.append(time.perf_counter() - t0)
+        losses.append(val)
+    return losses, iter_s
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="gpt2", choices=sorted({m for m, _ in CONFIGS}))
@@ -89,12 +124,7 @@ def main(argv=None) -> int:
     if a.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("train_worker: --device cuda but torch sees no CUDA GPU")
     if a.deterministic:
-        # warn_only: an op without a deterministic kernel warns instead of killing the run; the caller's two
-        # plain runs then differ, and the comparison falls back to a tolerance and says so.
-        torch.use_deterministic_algorithms(True, warn_only=True)
-        torch.backends.cudnn.benchmark = False
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
+        deterministic_kernels()
     torch.manual_seed(a.seed)
     dev = torch.device(a.device)
     model, vocab = build_model(a.model, a.config, a.seq, eager_attention=a.deterministic)
@@ -103,24 +133,7 @@ def main(argv=None) -> int:
     foreach = {"auto": None, "on": True, "off": False}[a.foreach]
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=foreach)
     gen = torch.Generator().manual_seed(a.seed + 1)
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    if dev.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-
-    losses, iter_s = [], []
-    for _ in range(a.iters):
-        ids = torch.randint(0, vocab, (a.batch, a.seq), generator=gen).to(dev)
-        sync()
-        t0 = time.perf_counter()
-        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=a.dtype == "bf16"):
-            loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        val = loss.item()
-        sync()
-        iter_s.append(time.perf_counter() - t0)
-        losses.append(val)
+    losses, iter_s = train(model, opt, vocab, gen, dev, batch=a.batch, seq=a.seq, iters=a.iters, dtype=a.dtype)
 
     res = {
         "model": a.model, "config": a.config, "batch": a.batch, "seq": a.seq, "iters": a.iters, "dtype": a.dtype,
