@@ -44,15 +44,11 @@ ABLATION = [
     ("+ invalidate", "uvmprefetch:adaptive_window=false,advice=false"),
     ("+ adaptive window", "uvmprefetch:advice=false"),
     ("+ advice (uvmprefetch)", "uvmprefetch"),
-    # Mechanisms tried beyond the default (issue 4 follow-up), each on top of it; see docs/policies.md.
-    ("  old defaults (guard_soft, no fault_late_soft)", "uvmprefetch:guard_soft=true,fault_late_soft=false"),
-    ("  guard_soft + soft_moves", "uvmprefetch:guard_soft=true,soft_moves=true"),
+    # Each mechanism of the default switched off alone; see docs/policies.md.
     ("  no fault_late_soft", "uvmprefetch:fault_late_soft=false"),
     ("  no stall_aware", "uvmprefetch:stall_aware=false"),
     ("  margin=0 (no free margin)", "uvmprefetch:margin=0"),
-    ("  dead_reuse=false (dead blocks first, the old default)", "uvmprefetch:dead_reuse=false"),
-    ("  + deadline", "uvmprefetch:deadline=true"),
-    ("  + whole", "uvmprefetch:whole=true"),
+    ("  dead_reuse=false (dead blocks first)", "uvmprefetch:dead_reuse=false"),
 ]
 BASE = ["demand", "deepum", "oracle"]
 

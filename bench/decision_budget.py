@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT))
 from uvmprefetch import results  # noqa: E402
 from uvmprefetch.errors import UvmPrefetchError  # noqa: E402
 from uvmprefetch.policy import make_policy  # noqa: E402
-from uvmprefetch.sim.engine import HostModel  # noqa: E402
+from uvmprefetch.sim.host import HostModel  # noqa: E402
 from uvmprefetch.sim.replay import replay  # noqa: E402
 from uvmprefetch.sim.bench import load_traces, standard_trace_set  # noqa: E402
 

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Where the ``uvmprefetch`` policy's time goes inside its one-kernel step: microseconds per launch for each stage
+"""Where the ``uvmprefetch`` policy's time goes inside its compiled hook: microseconds per launch for each stage
 (issue 4's decision cost, taken apart).
 
-``bench/policy_cost.py`` times ``on_launch`` as a whole. This tool compiles a copy of
-``uvmprefetch/policy/_uvmkernels.py`` in which each ``# stamp: <stage>`` comment becomes a read of the CPU's cycle
+``bench/policy_cost.py`` times ``on_launch`` as a whole. This tool compiles a copy of the policy's folder
+``uvmprefetch/policy/uvmprefetch/`` in which each ``# stamp: <stage>`` comment becomes a read of the CPU's cycle
 counter (``llvm.readcyclecounter``), replays a trace under that copy, and adds up, for each stage, the cycles since
-the previous stamp. Only launches that take the one-kernel step (``_uvmkernels.step``) are stamped; the table says
-how many did. What the stamps do not cover (the Python around the call, crossing into it and back) is the
+the previous stamp. Launches are stamped from ``# stamp-start`` in the compiled hook (``step.step``) on; the table
+says how many were. What the stamps do not cover (the Python around the call, crossing into it and back) is the
 difference between ``on_launch`` and the stamped total.
 
 The copy lives in a temporary folder with its own, empty Numba cache, so the first replay compiles every kernel
@@ -35,14 +35,16 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-KERNELS = Path("uvmprefetch") / "policy" / "_uvmkernels.py"
+KERNELS = Path("uvmprefetch") / "policy" / "uvmprefetch"  # (the policy's folder: every module with markers)
 MARK = re.compile(r"^(?P<ind>[ \t]*)# stamp(?:-(?P<start>start)|: (?P<name>.+?))[ \t]*$")
 
 # The counters live in one int64 array: cycles per stage, calls per stage, the sum of each stage's rank among the
 # running launch's stamps (the table lists the stages by their mean rank: the order they run in), then the last
 # stamp, whether the running launch took the stamped step (the Python clears it before each on_launch, so a
 # kernel called from the general path adds nothing), and how many stamps the running launch has passed.
-PRELUDE = '''
+PRELUDE = '''"""The stamps of bench/kernel_profile.py (generated)."""
+import numba as nb
+import numpy as np
 from numba import types as _stamp_types
 from numba.core import cgutils as _stamp_cg
 from numba.extending import intrinsic as _stamp_intrinsic
@@ -99,30 +101,38 @@ def slots(n: int) -> dict[str, int]:
     return {"calls": n, "rank": 2 * n, "last": 3 * n, "active": 3 * n + 1, "seq": 3 * n + 2, "size": 3 * n + 3}
 
 
-def instrument(src: str) -> tuple[str, list[str]]:
-    """The kernels' source with a stamp call at each marker, and the stage names in stamp order."""
+def instrument(folder: Path) -> list[str]:
+    """Put a stamp call at each marker of the modules in ``folder`` (in place) and write the stamps' module there;
+    returns the stage names in the order their stamps were numbered."""
     names: list[str] = []
-    lines = []
-    for line in src.splitlines():
-        m = MARK.match(line)
-        if m is None:
-            lines.append(line)
-        elif m.group("start"):
-            lines.append(f"{m.group('ind')}_stamp_start()")
-        else:
-            name = m.group("name")
-            if name not in names:
-                names.append(name)
-            lines.append(f"{m.group('ind')}_stamp({names.index(name)})")
+    changed = {}
+    for path in sorted(folder.glob("*.py")):
+        lines, hit = [], False
+        for line in path.read_text().splitlines():
+            m = MARK.match(line)
+            if m is None:
+                lines.append(line)
+                continue
+            hit = True
+            if m.group("start"):
+                lines.append(f"{m.group('ind')}_stamp_start()")
+            else:
+                name = m.group("name")
+                if name not in names:
+                    names.append(name)
+                lines.append(f"{m.group('ind')}_stamp({names.index(name)})")
+        if hit:
+            out = "\n".join(lines) + "\n"
+            anchor = "import numpy as np\n"
+            if anchor not in out:
+                raise SystemExit(f"error: {path} does not import numpy as np: cannot place the stamps")
+            changed[path] = out.replace(anchor, anchor + "from ._stamps import _stamp, _stamp_start\n", 1)
     if not names:
         raise SystemExit(f"error: no '# stamp:' markers in {KERNELS}: nothing to time")
-    n = len(names)
-    prelude = PRELUDE.format(**slots(n))
-    out = "\n".join(lines) + "\n"
-    anchor = "import numpy as np\n"
-    if anchor not in out:
-        raise SystemExit(f"error: {KERNELS} does not import numpy as np: cannot place the stamps")
-    return out.replace(anchor, anchor + prelude, 1), names
+    for path, text in changed.items():
+        path.write_text(text)
+    (folder / "_stamps.py").write_text(PRELUDE.format(**slots(len(names))))
+    return names
 
 
 def cycles_per_us(kernels) -> float:
@@ -159,14 +169,13 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="uvmprefetch-kprof-"))
     try:
         shutil.copytree(ROOT / "uvmprefetch", work / "uvmprefetch", ignore=shutil.ignore_patterns("__pycache__"))
-        src, names = instrument((ROOT / KERNELS).read_text())
-        (work / KERNELS).write_text(src)
+        names = instrument(work / KERNELS)
         os.environ["NUMBA_CACHE_DIR"] = str(work / "numba-cache")  # (before numba is imported)
         sys.path.insert(0, str(work))
         import numpy as np
 
         from uvmprefetch.errors import UvmPrefetchError
-        from uvmprefetch.policy import _uvmkernels as kernels
+        from uvmprefetch.policy.uvmprefetch import _stamps as kernels
         from uvmprefetch.policy import make_policy
         from uvmprefetch.sim.replay import replay
         from uvmprefetch.trace.format import load
@@ -263,7 +272,7 @@ def main() -> int:
     path.write_text(json.dumps(out, indent=1))
 
     print(f"{out['trace']} at {args.oversub}x ({args.gpu}), launches from iteration {first}: {launches}, "
-          f"{stepped} of them in the one-kernel step" + (f"; {args.disturb:g} MiB read before each (--disturb)"
+          f"{stepped} of them stamped" + (f"; {args.disturb:g} MiB read before each (--disturb)"
                                                           if args.disturb else ""))
     print(f"on_launch: mean {mean:.1f} us, median {out['on_launch_median_us']:.1f} us; "
           f"cycle counter {per_us:.0f} per us")

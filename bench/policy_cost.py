@@ -1,7 +1,6 @@
 #!/usr/bin/env python3
-"""Decision cost of the learned policies: microseconds per ``on_launch`` call (issue 4 target: median <= 20 us
-per launch in Python on this machine), measured inside a simulator replay so that the hook sees real
-residency states.
+"""Decision cost of the learned policies: microseconds per ``on_launch`` call (target: median <= 20 us per launch
+on this machine), measured inside a simulator replay so that the hook sees real residency states.
 
 Each call is timed with ``time.perf_counter_ns`` around ``on_launch`` only (not the simulator); the other
 hooks (``on_fault``, ``on_free``, ``on_evict``) are timed too and reported per launch. Writes
@@ -15,7 +14,8 @@ iterations take other paths than the steady state: nothing learned yet, the allo
 ``--disturb MiB`` reads that much other memory before each ``on_launch`` (outside the timing), as the training
 framework's own work does between two hooks of a live run: the decision's cost is mostly misses on the policy's
 state, so a replay whose caches keep that state between launches shows the cheapest case. On the development
-CPU (32 MiB L3), 64 MiB took GPT-2 large at 2x from 47 to 110 us median (``--disturb 0`` against ``--disturb 64``).
+CPU (32 MiB L3), 64 MiB took ``uvmprefetch`` on GPT-2 large at 2x from ~18 to ~110-130 us median (``--disturb 0``
+against ``--disturb 64``).
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ def fault_model(nblocks: int, pattern: str, link_htod_bw: float, batch_size: int
     moves in 64 KB granules. A sparse touch (one element per block) is one entry and one granule per block.
     """
     try:
-        from uvmprefetch.sim.engine import DENSITY
+        from uvmprefetch.sim.faults import DENSITY
     except ImportError:  # the simulator is optional for calibration; 0.51 is nvidia-uvm's default threshold
         DENSITY = 0.51
     granules = MB2 // granule

@@ -13,7 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from uvmprefetch.config import RuntimeConfig
 from uvmprefetch.runtime.session import Session
-from uvmprefetch.trace import recorder as R
+from uvmprefetch.trace import ops as R
 from uvmprefetch.trace.format import PHASE, READ, WRITE, exec_id_of
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -117,10 +117,10 @@ def test_ablation_table_and_json(small_trace, tmp_path):
 def test_kernel_profile_times_every_marked_stage(tmp_path):
     import re
     # GIVEN the stage markers in the kernels' source
-    src = (ROOT / "uvmprefetch" / "policy" / "_uvmkernels.py").read_text()
+    src = "\n".join(p.read_text() for p in (ROOT / "uvmprefetch" / "policy" / "uvmprefetch").glob("*.py"))
     marked = set(re.findall(r"^\s*# stamp: (.+?)\s*$", src, flags=re.M))
     assert {"commit_step", "match", "launch_marks", "window pass"} <= marked
-    # WHEN the profiler replays the shipped small trace with a stamped copy of the kernels
+    # WHEN the profiler replays the shipped small trace with a stamped copy of the policy
     # (reading 1 MiB of other memory before each launch, as between two live hooks)
     r = run(["bench/kernel_profile.py", str(ROOT / "traces" / "gpt2-small-b2s128.uvmt"), "--disturb", "1",
              "--out", str(tmp_path)])
@@ -147,18 +147,28 @@ def test_kernel_profile_bad_input_is_one_line_error(tmp_path):
     assert r.returncode == 2 and "--disturb" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_kernel_profile_needs_markers():
+def test_kernel_profile_needs_markers(tmp_path):
     sys.path.insert(0, str(ROOT / "bench"))
     try:
         import kernel_profile
     finally:
         sys.path.remove(str(ROOT / "bench"))
-    src, names = kernel_profile.instrument("import numpy as np\n\ndef f():\n    # stamp-start\n    x = 1\n"
-                                           "    # stamp: one\n    return x\n")
+    # GIVEN a folder of modules, one with markers WHEN it is instrumented THEN the markers became stamp calls, the
+    # module imports them, and the stamps' module holds a counter array for the one stage
+    (tmp_path / "a.py").write_text("import numpy as np\n\ndef f():\n    # stamp-start\n    x = 1\n"
+                                   "    # stamp: one\n    return x\n")
+    (tmp_path / "b.py").write_text("import numpy as np\n")
+    names = kernel_profile.instrument(tmp_path)
+    src = (tmp_path / "a.py").read_text()
     assert names == ["one"] and "    _stamp_start()\n" in src and "    _stamp(0)\n" in src
-    assert "STAMPS = np.zeros(6" in src
+    assert "from ._stamps import _stamp, _stamp_start" in src and "_stamps" not in (tmp_path / "b.py").read_text()
+    assert "STAMPS = np.zeros(6" in (tmp_path / "_stamps.py").read_text()
+    # ... and a folder without markers is refused
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "c.py").write_text("import numpy as np\n")
     with pytest.raises(SystemExit, match="no '# stamp:' markers"):
-        kernel_profile.instrument("import numpy as np\n")
+        kernel_profile.instrument(empty)
 
 
 def test_decision_budget_is_the_largest_cost_before_the_first_one_over_the_tolerance():

@@ -78,7 +78,7 @@ def test_bad_input_is_one_line(trace_path, capsys, args, msg):
 def test_no_discard_flag_reaches_the_result(trace_path, capsys):
     """``--no-discard``: a policy's discards are evictions (``refused_discards``), nothing is dropped dead; the
     ``uvmprefetch`` policy, told so, takes no frees as deaths and discards nothing."""
-    args = ["replay", str(trace_path), "--oversub", "2", "--policy", "uvmprefetch:invalidate_always=true", "--json"]
+    args = ["replay", str(trace_path), "--oversub", "2", "--policy", "uvmprefetch:invalidate_without_discard=true", "--json"]
     assert main(args) == 0
     on = json.loads(capsys.readouterr().out)
     assert main([*args, "--no-discard"]) == 0

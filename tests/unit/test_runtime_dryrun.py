@@ -67,7 +67,7 @@ def test_report_shows_working_set_above_budget_served(runs):
 
 def test_dead_data_is_dropped_only_with_uvmprefetch_discard(runs, tmp_path):
     """As on the GPU: by default nothing is dropped dead or zero-filled, and the policy, told so, takes no frees as
-    deaths and asks for no discards; made to take them anyway (``invalidate_always``), its discards are
+    deaths and asks for no discards; made to take them anyway (``invalidate_without_discard``), its discards are
     evictions. With ``UVMPREFETCH_DISCARD=1`` the model drops dead blocks. The report says which, for replays."""
     be, pol = runs[3]["backend_result"], runs[3]["policy_report"]
     assert be["discards_issued"] is False and be["discards"] == 0 and be["zero_fill_blocks"] == 0
@@ -78,7 +78,7 @@ def test_dead_data_is_dropped_only_with_uvmprefetch_discard(runs, tmp_path):
         _run(tmp_path, name, {"UVMPREFETCH": "1", "UVMPREFETCH_BACKEND": "dryrun", "UVMPREFETCH_BUDGET": str(BUDGET),
                               "UVMPREFETCH_REPORT": str(report), **env})
         return json.loads(report.read_text())
-    old = run("always", UVMPREFETCH_POLICY="uvmprefetch:invalidate_always=true")
+    old = run("always", UVMPREFETCH_POLICY="uvmprefetch:invalidate_without_discard=true")
     assert old["policy_report"]["invalidating"] is True
     assert old["backend_result"]["refused_discards"] >= old["policy_report"]["discarded_blocks"] > 0
     on = run("discard", UVMPREFETCH_DISCARD="1")

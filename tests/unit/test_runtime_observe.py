@@ -227,7 +227,7 @@ def test_inferred_iteration_ends_reach_the_policy_through_the_dryrun_backend():
         rep = s.stop()
     assert got == ref and not rep["degraded"] and rep["errors"] == []
     assert rep["iterations"] == rep["inferred_iterations"] == 4
-    assert s.policy.iters_seen == 4 and len(s.policy.iter_starts) == 4
+    assert s.policy.history.r["iters"] == 4 and s.policy.history.r["n_starts"] == 4
     assert rep["model_iter_s"] and len(rep["model_iter_s"]) == 4
 
 def test_forked_child_does_not_observe_or_report(tmp_path):

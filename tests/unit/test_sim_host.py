@@ -9,7 +9,7 @@ import pytest
 from uvmprefetch.errors import ConfigError
 from uvmprefetch.gpus import get_profile
 from uvmprefetch.policy.base import Decision, Policy
-from uvmprefetch.sim.engine import HOST_PRESETS, HostModel, parse_host
+from uvmprefetch.sim.host import HOST_PRESETS, HostModel, parse_host
 from uvmprefetch.sim.replay import replay
 from uvmprefetch.trace import READ, WRITE, TraceBuilder
 
@@ -181,14 +181,14 @@ def test_without_discards_freed_memory_moves_like_live_data():
     """The shipped GPT-2 small trace at 1.5x: with discards ``uvmprefetch`` drops freed blocks and brings
     reused memory back zero-filled; without them (``discards=False``, the live cuda default) no freed
     block is dropped or zero-filled, every discard a policy asks for is an eviction (``uvmprefetch`` made to take
-    frees as deaths: ``invalidate_always``), and it moves more bytes both ways. By default ``uvmprefetch`` is told
+    frees as deaths: ``invalidate_without_discard``), and it moves more bytes both ways. By default ``uvmprefetch`` is told
     and asks for none. ``demand`` never learns of frees, so it runs the same either way."""
     from pathlib import Path
 
     from uvmprefetch.trace.format import load
     t = load(Path(__file__).resolve().parents[2] / "traces" / "gpt2-small-b2s128.uvmt")
-    on = replay(t, "uvmprefetch:invalidate_always=true", "h100-pcie", oversub=1.5)
-    off = replay(t, "uvmprefetch:invalidate_always=true", "h100-pcie", oversub=1.5, discards=False)
+    on = replay(t, "uvmprefetch:invalidate_without_discard=true", "h100-pcie", oversub=1.5)
+    off = replay(t, "uvmprefetch:invalidate_without_discard=true", "h100-pcie", oversub=1.5, discards=False)
     assert on["discards"] > 0 and on["zero_fill_blocks"] > 0
     assert off["discards"] == 0 and off["zero_fill_blocks"] == 0
     assert off["refused_discards"] >= off["policy_report"]["discarded_blocks"] > 0

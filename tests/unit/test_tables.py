@@ -6,7 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from uvmprefetch.errors import ConfigError
-from uvmprefetch.policy.tables import GrowArray, LruMap, SaturatingCounter, SetAssocTable
+from uvmprefetch.policy.tables import (ASSOC_WAYS, GrowArray, LruMap, SaturatingCounter, SetAssocTable, assoc_count,
+                                       assoc_get, assoc_put, assoc_set, assoc_table)
 
 
 def test_lru_map_evicts_least_recently_used():
@@ -105,72 +106,67 @@ def test_bad_sizes_raise_config_error(bad):
         SetAssocTable(bad, 2)
 
 
-def _compiled(rows):
-    from uvmprefetch.policy import _uvmkernels as k
-
-    return k, np.zeros((k.N_T, rows * k.TAB_WAYS, 3), dtype=np.int64), np.zeros(k.N_G, dtype=np.int64)
-
-
 @settings(max_examples=40, deadline=None)
 @given(st.integers(1, 3), st.lists(st.tuples(st.booleans(), st.integers(-40, 40)), max_size=120))
-def test_compiled_correlation_table_is_an_lru_per_set(rows, ops):
-    # GIVEN uvmprefetch's compiled position table (``_uvmkernels.tab_put`` / ``tab_get``: TAB_WAYS ways a set)
+def test_compiled_table_is_an_lru_per_set(rows, ops):
+    # GIVEN the compiled set-associative table (``assoc_put`` / ``assoc_get``: ASSOC_WAYS ways a set)
     # WHEN keys (negative ones too: they are hashes) are put and got THEN it holds what a reference does: per
-    # set an LRU list of TAB_WAYS keys, where a get (a hit) counts as a use, and a put of a new key into a full
+    # set an LRU list of ASSOC_WAYS keys, where a get (a hit) counts as a use, and a put of a new key into a full
     # set drops the least recently used
-    k, tabs, reg = _compiled(rows)
+    table = assoc_table(rows * ASSOC_WAYS)
+    clock = 0
     ref: dict = {}  # set -> [(key, value)], most recent last
     for i, (is_put, key) in enumerate(ops):
-        s = k._set_of(tabs, key)
+        s = assoc_set(table, key)
         lst = ref.setdefault(s, [])
         hit = [e for e in lst if e[0] == key]
         if is_put:
-            k.tab_put(tabs, k.T_SIG, key, i, reg)
+            clock = assoc_put(table, key, i, clock)
             if hit:
                 lst.remove(hit[0])
             lst.append((key, i))
-            del lst[:-k.TAB_WAYS]
+            del lst[:-ASSOC_WAYS]
         else:
-            got = k.tab_get(tabs, k.T_SIG, key, reg)
+            got, clock = assoc_get(table, key, clock)
             assert got == (hit[0][1] if hit else -1)
             if hit:
                 lst.remove(hit[0])
                 lst.append(hit[0])
-    held = {(int(a), int(b)) for a, b, c in tabs[k.T_SIG] if c}
+    held = {(int(a), int(b)) for a, b, c in table if c}
     assert held == {e for lst in ref.values() for e in lst}
-    assert not tabs[k.T_STAB].any()  # (the other tables untouched)
 
 
 def test_compiled_counts_start_over_each_generation():
-    # GIVEN the occurrence counts (``tab_count``) WHEN a key is counted three times in one generation (an
+    # GIVEN the table as a counter (``assoc_count``) WHEN a key is counted three times in one generation (an
     # iteration) and once in the next THEN it gets 0, 1, 2, then 0 again, and other keys count apart
-    k, tabs, _ = _compiled(4)
-    assert [k.tab_count(tabs, k.C_NGRAM, 7, 1) for _ in range(3)] == [0, 1, 2]
-    assert k.tab_count(tabs, k.C_NGRAM, -7, 1) == 0
-    assert k.tab_count(tabs, k.C_NGRAM, 7, 2) == 0 and k.tab_count(tabs, k.C_NGRAM, 7, 2) == 1
+    table = assoc_table(4 * ASSOC_WAYS)
+    assert [assoc_count(table, 7, 1) for _ in range(3)] == [0, 1, 2]
+    assert assoc_count(table, -7, 1) == 0
+    assert assoc_count(table, 7, 2) == 0 and assoc_count(table, 7, 2) == 1
 
 
-def test_compiled_ngram_keys_follow_the_committed_launches():
-    # GIVEN the exec-id / name n-grams of uvmprefetch (n = 2) WHEN launches (exec id, name) are committed THEN the
+def test_ngram_keys_follow_the_committed_launches():
+    # GIVEN uvmprefetch's correlation tables with n-grams of 2 WHEN launches (exec id, name) are committed THEN the
     # running launch's n-gram key depends on the last two committed and its own exec id, and on how often that
     # n-gram occurred in the iteration; the name n-gram committed at a position is the one a launch with that
     # name finds there; nothing before two launches are committed
-    k, tabs, reg = _compiled(16)
-    recent = np.zeros((2, 3), dtype=np.int64)
-    assert k.count_ngram(tabs, recent, reg, 5, 2, 1) == 0
+    from uvmprefetch.policy.uvmprefetch.correlation import Correlation, commit, count, name_key
+
+    c = Correlation(16 * ASSOC_WAYS, 2, False)
+    none = np.zeros(0, dtype=np.int64)
+    sig_args = (none, none, np.zeros(1, dtype=np.int64), 0)
+    assert count(c.ref, 5, False, sig_args) == (0, 0)
     for r, (e, nm) in enumerate([(1, 10), (2, 20), (3, 30), (1, 10), (2, 20)]):
-        k.commit_tables(tabs, recent, reg, e, nm, 1000 + r, r, 0, 0, 2)
-    a = k.count_ngram(tabs, recent, reg, 3, 2, 1)  # context (1, 2) then 3: as at position 2
-    b = k.count_ngram(tabs, recent, reg, 3, 2, 1)  # its second occurrence: another key
-    c = k.count_ngram(tabs, recent, reg, 4, 2, 1)
-    assert len({a, b, c}) == 3 and 0 not in (a, b, c)
-    # the name n-gram (20, 30, 10) was committed at position 3 ((10, 20, 30) at 2, then again (10, 20) + 30 ...)
-    k2, tabs2, reg2 = _compiled(16)
-    rec2 = np.zeros((2, 3), dtype=np.int64)
+        commit(c.ref, e, nm, 1000 + r, r, (0, 0))
+    a = count(c.ref, 3, False, sig_args)[1]  # context (1, 2) then 3: as at position 2
+    b = count(c.ref, 3, False, sig_args)[1]  # its second occurrence: another key
+    d = count(c.ref, 4, False, sig_args)[1]
+    assert len({a, b, d}) == 3 and 0 not in (a, b, d)
+    # the name n-gram (20, 30) + 10 was committed at position 3
+    c2 = Correlation(16 * ASSOC_WAYS, 2, False)
     for r, nm in enumerate([10, 20, 30, 10]):
-        k2.commit_tables(tabs2, rec2, reg2, nm, nm, 1000 + r, r, 0, 0, 2)
-    rec3 = np.array([[0, 0, 0], [20, 30, 0]], dtype=np.int64)  # the last two committed names: 20, 30
-    reg3 = reg2.copy()
-    reg3[k2.G_RECENT] = 2
-    assert k2.tab_get(tabs2, k2.T_NAME, k2.name_key(rec3, reg3, 10, 2), reg2) == 3
-    assert k2.tab_get(tabs2, k2.T_NAME, k2.name_key(rec3, reg3, 40, 2), reg2) == -1
+        commit(c2.ref, nm, nm, 1000 + r, r, (0, 0))
+    c2.recent[1, :2] = (20, 30)  # (the last two committed names, as a launch after 20, 30 sees them)
+    c2.r["n_recent"] = 2
+    assert assoc_get(c2.name_pos, name_key(c2.ref, 10), 0)[0] == 3
+    assert assoc_get(c2.name_pos, name_key(c2.ref, 40), 0)[0] == -1

@@ -85,7 +85,7 @@ def gpu_from_args(args):
 def host_from_args(args):
     """The ``HostModel`` that ``--host`` names, or None (ConfigError naming the flag on a bad one)."""
     from ..errors import ConfigError
-    from ..sim.engine import parse_host
+    from ..sim.host import parse_host
     try:
         return parse_host(args.host)
     except ConfigError as e:

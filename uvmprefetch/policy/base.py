@@ -193,7 +193,8 @@ class Policy:
 
 def parse_params(cls: type, values: dict | str | None, owner: str = "policy") -> Params:
     """Build ``cls`` (a frozen dataclass) from a dict or a ``"k=v,k=v"`` string, converting strings to the
-    field's type. Unknown keys and bad values raise one ``ConfigError`` naming the parameter."""
+    field's type. Unknown keys and bad values raise one ``ConfigError`` naming the parameter; a key in the class's
+    optional ``REMOVED`` mapping (name -> what became of it) raises one that says so."""
     if values is None:
         values = {}
     if isinstance(values, str):
@@ -206,6 +207,9 @@ def parse_params(cls: type, values: dict | str | None, owner: str = "policy") ->
         values = items
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - set(fields))
+    removed = [k for k in unknown if k in getattr(cls, "REMOVED", {})]
+    if removed:  # (a parameter that existed once: say what became of it)
+        raise ConfigError(f"{owner}: parameter {removed[0]} {cls.REMOVED[removed[0]]}")
     if unknown:
         valid = ", ".join(fields) or "(none)"
         raise ConfigError(f"{owner}: unknown parameter(s) {', '.join(unknown)}; valid: {valid}")

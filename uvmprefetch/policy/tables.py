@@ -4,6 +4,9 @@
 - ``SetAssocTable``: a hardware-style set-associative table (``rows`` sets of ``ways`` entries, LRU inside
   a set): what DeepUM's per-kernel block correlation tables are. Storage is allocated per touched set, so
   thousands of mostly-empty tables stay cheap, but the bound is always ``rows * ways`` entries.
+- ``assoc_table`` / ``assoc_get`` / ``assoc_put`` / ``assoc_count``: the same set-associative LRU table for
+  compiled code, in one int64 array of ``(key, value, stamp)`` entries with 64-bit hashed keys (the correlation
+  tables of ``uvmprefetch``); ``mix64`` is its hash.
 - ``SaturatingCounter``: an integer clamped to ``[lo, hi]`` (hysteresis for the window monitor).
 - ``GrowArray``: an append-only NumPy array with amortised O(1) appends (the launch history).
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any, Hashable, Iterator
 
+import numba as nb
 import numpy as np
 
 from ..errors import ConfigError
@@ -252,3 +256,88 @@ def group_by(keys: np.ndarray, vals: np.ndarray, n: int, order: np.ndarray | Non
     np.cumsum(np.bincount(keys, minlength=n), out=ptr[1:])
     return ptr, vals[idx]
 
+
+
+# ------------------------------------------------------------------ a set-associative table for compiled code
+ASSOC_WAYS = 8  # ways a set
+_U30, _U27, _U31 = np.uint64(30), np.uint64(27), np.uint64(31)
+_GOLD, _M1, _M2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+
+
+def assoc_table(entries: int) -> np.ndarray:
+    """An empty compiled table of at least ``entries`` entries (whole sets of ``ASSOC_WAYS``): an int64 array of
+    ``(key, value, stamp)`` rows, stamp 0 meaning empty. Keys are any int64 (hashes), values non-negative."""
+    rows = max(1, int(entries) // ASSOC_WAYS)
+    return np.zeros((rows * ASSOC_WAYS, 3), dtype=np.int64)
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def mix64(h, v):
+    """A 64-bit hash of ``h`` combined with ``v`` (splitmix64's finaliser), never 0 (the tables' "none")."""
+    x = np.uint64(h) ^ (np.uint64(v) + _GOLD)
+    x = (x ^ (x >> _U30)) * _M1
+    x = (x ^ (x >> _U27)) * _M2
+    k = np.int64(x ^ (x >> _U31))
+    return k if k != 0 else np.int64(1)
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def assoc_set(table, key):
+    """Index of the first entry of ``key``'s set."""
+    return np.int64(np.uint64(mix64(key, 0)) % np.uint64(table.shape[0] // ASSOC_WAYS)) * ASSOC_WAYS
+
+
+@nb.njit(cache=True, nogil=True)
+def assoc_get(table, key, clock):
+    """``(value, clock)``: the value of ``key`` (-1 if absent) and the LRU clock after the lookup. A hit is a use:
+    the entry is stamped with the clock, advanced."""
+    s = assoc_set(table, key)
+    for i in range(s, s + ASSOC_WAYS):
+        if table[i, 2] != 0 and table[i, 0] == key:
+            clock += 1
+            table[i, 2] = clock
+            return table[i, 1], clock
+    return np.int64(-1), clock
+
+
+@nb.njit(cache=True, nogil=True)
+def assoc_put(table, key, value, clock):
+    """``key`` -> ``value`` (a use); a new key takes an empty way of its set, else the least recently used one.
+    Returns the clock, advanced."""
+    s = assoc_set(table, key)
+    j = s
+    for i in range(s, s + ASSOC_WAYS):
+        st = table[i, 2]
+        if st != 0 and table[i, 0] == key:
+            j = i
+            break
+        if st < table[j, 2]:
+            j = i
+    clock += 1
+    table[j, 0] = key
+    table[j, 1] = value
+    table[j, 2] = clock
+    return clock
+
+
+@nb.njit(cache=True, nogil=True)
+def assoc_count(table, key, gen):
+    """How many times ``key`` was counted before in generation ``gen`` (> 0; entries of older generations are
+    free), this time counted: the table as a bounded counter per key, stamped with the generation instead of
+    the clock. A set full of this generation's keys starts its first way over."""
+    s = assoc_set(table, key)
+    j = -1
+    for i in range(s, s + ASSOC_WAYS):
+        if table[i, 2] == gen:
+            if table[i, 0] == key:
+                c = table[i, 1]
+                table[i, 1] = c + 1
+                return c
+        elif j < 0:
+            j = i
+    if j < 0:
+        j = s
+    table[j, 0] = key
+    table[j, 1] = 1
+    table[j, 2] = gen
+    return np.int64(0)

@@ -12,14 +12,11 @@ launch, and the live runtime's ``dryrun`` backend feeds it live observations thr
   (their room is freed when the write-back completes). It is never exceeded.
 - The compute stream runs launches in order. Launch ``i`` starts at the end of ``i-1``, or later if some
   of its blocks are still in flight (late prefetch) or missing (faults).
-- Host-to-device (H2D) and device-to-host (D2H) copy engines are separate FIFO queues; one block moves in
-  ``gpu.transfer_time(bytes)`` (the UVMSmart size curve); a prefetch of consecutive blocks moves as one
-  transfer. Fault migrations go to the front of the H2D queue (the driver services faults first): queued
+- Host-to-device (H2D) and device-to-host (D2H) copy engines (``sim/link.py``) are separate FIFO queues; one
+  block moves in ``gpu.transfer_time(bytes)`` (the UVMSmart size curve); a prefetch of consecutive blocks moves
+  as one transfer. Fault migrations go to the front of the H2D queue (the driver services faults first): queued
   prefetches are pushed back by the link time the faults take.
-- Missing blocks fault: ``ceil(entries / fault_batch_size)`` batches of ``fault_batch_latency_s`` each plus
-  the transfers. A faulted 2 MiB block costs ``ceil(0.51 * 32) = 17`` fault entries (the driver's density
-  prefetcher upgrades to the whole block once 51 % of its 64 KiB pages faulted); with 64 KiB blocks each
-  block is one entry and the density prefetcher is modelled explicitly over its 2 MiB region.
+- Missing blocks fault (``sim/faults.py``: fault batches, the driver's density prefetcher).
 - When room is needed and the policy left none, the model evicts by the driver's rule: the least recently
   *migrated* resident block, never one of the running launch. Evicting a dirty live block writes it back
   on D2H; a clean or dead one is dropped for free (``writeback_clean=True`` models a driver without dirty
@@ -31,174 +28,34 @@ launch, and the live runtime's ``dryrun`` backend feeds it live observations thr
 - ``Advice.READ_MOSTLY``: a write to such a block invalidates the host copy (one fault-batch latency per
   launch that writes any). ``Advice.PREFER_HOST``: the block stays in host memory and the kernel reads it
   over the link: ``blocks * block_size / remote_bw`` is added to the launch's duration.
-- Optional host clock (``HostModel``; off by default, and then none of its code runs): the thread that
-  launches the kernels. Launch ``i`` cannot start before the host issued it: the host clock advances by a
-  per-launch cost, the policy's decision (fixed, or its measured ``on_launch`` wall time), a cost per discarded
-  block, and, with ``blocking_evict``, waits until the D2H engine has written back what the decision evicted
-  (the live cuda backend's eviction calls held the training thread on the H100:
-  bench/results/gpu-20261123b/README.md); with ``sync_iterations`` it waits for the GPU at each iteration's end.
-  See ``docs/simulator.md`` "Host clock".
+- Optional host clock (``sim/host.py``; off by default, and then none of its code runs): launch ``i`` cannot
+  start before the thread that launches the kernels issued it (per-launch cost, the policy's decision, discards,
+  and with ``blocking_evict`` the write-backs the decision queued). See ``docs/simulator.md`` "Host clock".
 - A policy with ``ideal = True`` gets infinite memory: every launch starts when the previous one ends.
-- Optional SSD tier (``gpu.ssd_bw > 0``; off by default, and then none of its code runs): bounded host memory
-  (``host_capacity_bytes``) with an SSD behind it, reached over a direct GPU<->SSD path (link + SSD queue);
-  write-backs that do not fit in host memory, and those a policy sends with ``Decision.evict_ssd``, go to the
-  SSD and come back through it. See ``docs/tiers.md``.
+- Optional SSD tier (``sim/ssd.py``, when ``gpu.ssd_bw > 0``): bounded host memory with an SSD behind it. See
+  ``docs/tiers.md``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import time
 
 import numpy as np
 
 from ..errors import ConfigError, SimError  # SimError lives in the error hierarchy; re-exported here
 from ..gpus import GpuProfile
 from ..policy.base import EMPTY, Advice, Decision, LaunchInfo, Policy, PolicyContext
+from .faults import _PREFER_HOST, DENSITY, REGION, FaultPath
+from .host import HOST_PRESETS, HostModel, host_launch, parse_host  # noqa: F401 - (re-exported: their old home)
+from .link import Link, Queue, fifo_finish
+from .ssd import SsdTier
 
-DENSITY = 0.51  # nvidia-uvm tree prefetcher threshold (uvm_perf_prefetch.c, default 51 %)
-REGION = 2 << 20  # the driver's VA block: the density prefetcher's scope
-_READ_MOSTLY = int(Advice.READ_MOSTLY)  # plain ints: enum attribute lookups are slow in the per-launch path
-_PREFER_HOST = int(Advice.PREFER_HOST)
+_READ_MOSTLY = int(Advice.READ_MOSTLY)  # (a plain int: enum attribute lookups are slow in the per-launch path)
 # Counters also reported per iteration (``result()``: ``iteration_<name>``, from one ``end_iteration`` to the next)
 _PER_ITERATION = ("bytes_htod", "bytes_dtoh", "stall_s", "faults")
 
 
-@dataclasses.dataclass(frozen=True)
-class HostModel:
-    """The host thread that issues the launches (docs/simulator.md "Host clock"). All costs in seconds.
-
-    ``launch_s``: per launch, outside the policy (framework dispatch, the runtime's observation);
-    ``decision_s``: a fixed decision cost per launch; ``measure_decision``: add the policy's own ``on_launch``
-    wall time on this machine times ``decision_scale`` (not reproducible run to run; for benchmarks);
-    ``discard_block_s``: per block a decision discards; ``blocking_evict``: the host waits until the D2H engine has
-    finished the write-backs its decision queued (the live cuda backend's synchronous eviction calls);
-    ``sync_iterations``: at each iteration's end the host waits for the GPU to finish (a training loop that reads
-    its loss, ``loss.item()``), so no lead the host built up in one iteration carries into the next.
-    """
-
-    launch_s: float = 0.0
-    decision_s: float = 0.0
-    measure_decision: bool = False
-    decision_scale: float = 1.0
-    discard_block_s: float = 0.0
-    blocking_evict: bool = False
-    sync_iterations: bool = False
-
-    def __post_init__(self) -> None:
-        for f in ("launch_s", "decision_s", "decision_scale", "discard_block_s"):
-            v = getattr(self, f)
-            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0):
-                raise ConfigError(f"host model: {f} must be a number >= 0, got {v!r}")
-
-
-# Named host models for the command line (``--host``); docs/simulator.md "Host clock" says where they come from.
-HOST_PRESETS = {
-    "none": None,
-    # What the live cuda backend did on the H100 (bench/results/gpu-20261123b/): decisions on the training
-    # thread, synchronous evictions, ~10 us of PyTorch dispatch + observation per launch (assumed, not measured),
-    # discards that held the thread 159 us per block (9.82 s for 61 739 blocks, GPT-2 large at 1.5x), and the
-    # loss read at each iteration's end (bench/gpu/train_worker.py: ``loss.item()``).
-    "live-sync": HostModel(launch_s=10e-6, measure_decision=True, blocking_evict=True, discard_block_s=159e-6,
-                           sync_iterations=True),
-}
-
-
-def parse_host(spec: "str | HostModel | None") -> "HostModel | None":
-    """``None``/``"none"``, a preset name (``live-sync``), ``"k=v,..."``, or ``"preset:k=v,..."``."""
-    if spec is None or isinstance(spec, HostModel):
-        return spec
-    from ..policy.base import parse_params
-    name, sep, rest = str(spec).partition(":")
-    name = name.strip()
-    if not sep and "=" in name:
-        name, rest = "", spec
-    if name and name not in HOST_PRESETS:
-        raise ConfigError(f"host model {name!r} is unknown; valid: {', '.join(HOST_PRESETS)} or k=v pairs "
-                          f"({', '.join(f.name for f in dataclasses.fields(HostModel))})")
-    base = HOST_PRESETS.get(name) if name else HostModel()
-    if not rest.strip():
-        return base
-    over = parse_params(HostModel, rest, owner="host model")
-    changed = {f.name: getattr(over, f.name) for f in dataclasses.fields(HostModel)
-               if f.name in {p.partition("=")[0].strip() for p in rest.split(",")}}
-    return dataclasses.replace(base or HostModel(), **changed)
-
-
-class _Queue:
-    """A growable FIFO of (block, value) pairs in NumPy arrays (head/tail indices, compacted when half empty)."""
-
-    def __init__(self, vdtype) -> None:
-        self.blk = np.zeros(1024, dtype=np.int64)
-        self.val = np.zeros(1024, dtype=vdtype)
-        self.head = 0
-        self.tail = 0
-
-    def __len__(self) -> int:
-        return self.tail - self.head
-
-    def push(self, blocks: np.ndarray, values) -> None:
-        n = blocks.shape[0]
-        if self.tail + n > self.blk.shape[0]:
-            live = self.tail - self.head
-            cap = max(2 * (live + n), 1024)
-            blk = np.zeros(cap, dtype=np.int64)
-            val = np.zeros(cap, dtype=self.val.dtype)
-            blk[:live] = self.blk[self.head:self.tail]
-            val[:live] = self.val[self.head:self.tail]
-            self.blk, self.val, self.head, self.tail = blk, val, 0, live
-        self.blk[self.tail:self.tail + n] = blocks
-        self.val[self.tail:self.tail + n] = values
-        self.tail += n
-
-    def view(self) -> tuple[np.ndarray, np.ndarray]:
-        return self.blk[self.head:self.tail], self.val[self.head:self.tail]
-
-    def push_sorted(self, blocks: np.ndarray, values: np.ndarray) -> None:
-        """Push and keep the queue sorted by value (stable): SSD write-backs end out of D2H order."""
-        blk, val = self.view()
-        if not blk.shape[0] or values.min() >= val[-1]:
-            self.push(blocks, values)
-            return
-        allb, allv = np.concatenate([blk, blocks]), np.concatenate([val, values])
-        o = np.argsort(allv, kind="stable")
-        self.head = self.tail = 0
-        self.push(allb[o], allv[o])
-
-
-class Link:
-    """The host link's two copy engines: when each is next free, and how long each has been busy.
-
-    Every ``GpuModel`` has one of its own unless several are given the same object: data-parallel GPUs
-    behind one PCIe switch share its bandwidth (``sim/multigpu.py``), and a transfer of any of them then
-    queues behind what the others issued before it.
-    """
-
-    __slots__ = ("h2d", "d2h", "busy_htod", "busy_dtoh", "members", "fault_end")
-
-    def __init__(self) -> None:
-        self.h2d = 0.0  # when the host-to-device engine is next free
-        self.d2h = 0.0
-        self.busy_htod = 0.0  # seconds of transfer time queued on it so far
-        self.busy_dtoh = 0.0
-        self.members: list = []  # the GpuModels using it (a fault delays every member's queued prefetches)
-        # When the last fault migration ends: faults go ahead of queued prefetches but not of each other (with
-        # one GPU a launch's faults always end before the next launch's begin, so this only binds when shared).
-        self.fault_end = 0.0
-
-
-def _fifo_finish(start: float, rooms: np.ndarray, times: np.ndarray) -> np.ndarray:
-    """Finish times of transfers served in order by one engine free at ``start``; transfer ``k`` takes
-    ``times[k]`` and cannot start before ``rooms[k]`` (when its room on the GPU is free).
-
-    s_k = max(e_{k-1}, r_k), e_k = s_k + t_k  =>  e_k = C_k + max(start, max_{j<=k}(r_j - C_{j-1})).
-    """
-    c = np.cumsum(times)
-    return c + np.maximum(start, np.maximum.accumulate(rooms - (c - times)))
-
-
-class GpuModel:
+class GpuModel(FaultPath, SsdTier):
     """One simulated GPU driven launch by launch. See the module docstring for the model.
 
     Parameters
@@ -272,9 +129,9 @@ class GpuModel:
         self.wb_done = np.zeros(n, dtype=np.float64)  # a block cannot come back before its write-back ends
         self._protect = np.zeros(n, dtype=bool)
         self._seq = 0
-        self._lrm = _Queue(np.int64)  # resident blocks in migration order (lazy deletion by mig_seq)
-        self._inflight = _Queue(np.float64)  # in-flight blocks in H2D order, with arrival times
-        self._wb = _Queue(np.float64)  # evicted blocks whose write-back holds a slot until the given time
+        self._lrm = Queue(np.int64)  # resident blocks in migration order (lazy deletion by mig_seq)
+        self._inflight = Queue(np.float64)  # in-flight blocks in H2D order, with arrival times
+        self._wb = Queue(np.float64)  # evicted blocks whose write-back holds a slot until the given time
         self.n_resident = 0
         self.n_inflight = 0
         # Clocks.
@@ -294,19 +151,6 @@ class GpuModel:
         self.entries_per_block = math.ceil(DENSITY * granules) if granules > 1 else 1
         self.region_blocks = max(1, REGION // bs)
         self.remote_bw = gpu.remote_access_bw or gpu.link_htod_bw
-        # The SSD tier (docs/tiers.md), only when the profile has one: everything below is skipped otherwise.
-        self.tier = bool(getattr(gpu, "ssd_bw", 0) > 0)
-        if self.tier:
-            self.on_ssd = np.zeros(n, dtype=bool)  # the block's current data has a copy on the SSD
-            self.hosted = np.zeros(n, dtype=bool)  # the block's current data holds room in (bounded) host memory
-            self.unbacked = np.zeros(n, dtype=bool)  # resident, clean, but its host copy was reclaimed: write back
-            self.n_host = 0
-            hc = int(gpu.host_capacity_bytes)
-            self.host_cap = hc // bs if hc > 0 else None  # None = unlimited host memory
-            self.t_ssd = 0.0  # the SSD's one FIFO queue (reads and writes): when it is next free
-            self.ssd_lat = float(gpu.ssd_latency_s)
-            self.t_ssd_rd = bs / gpu.ssd_bw
-            self.t_ssd_wr = bs / (gpu.ssd_write_bw or gpu.ssd_bw)
         # Metrics.
         self.m = dict(launches=0, block_accesses=0, stall_s=0.0, fault_stall_s=0.0, late_stall_s=0.0, faults=0,
                       fault_entries=0, fault_batches=0, late_blocks=0, bytes_htod=0, bytes_dtoh=0,
@@ -318,10 +162,7 @@ class GpuModel:
                       compute_s=0.0)
         if host is not None:
             self.m.update(host_stall_s=0.0, host_decision_s=0.0, host_blocked_s=0.0)
-        if self.tier:
-            self.m.update(bytes_to_ssd=0, bytes_from_ssd=0, ssd_busy_s=0.0,
-                          host_to_ssd_bytes=0, host_reclaimed_blocks=0, peak_host_blocks=0,
-                          host_capacity_blocks=self.host_cap if self.host_cap is not None else -1)
+        self._tier_setup(gpu, n)  # (the SSD tier, when the profile has one: docs/tiers.md)
         self.iter_ends: list[tuple[int, float]] = []
         self._iter_counts: list[tuple] = []  # the counters of ``_PER_ITERATION`` at each ``end_iteration``
         self.events: dict[str, list] = {"compute": [], "h2d": [], "d2h": [], "fault": [], "resident": [], "block": []}
@@ -414,7 +255,7 @@ class GpuModel:
                 if dec is not None and not dec.is_empty():
                     self._apply(dec, now)
             else:
-                now, dec = self._host_launch(info, now, host)
+                now, dec = host_launch(self, info, now, host)
             far = self.advice[blocks] == _PREFER_HOST
             need = blocks[~far] if far.any() else blocks
             missing = need[~self.resident[need] & ~self.in_flight[need]]
@@ -463,35 +304,6 @@ class GpuModel:
         if self.check:
             self._check_invariants()
         return {"start": start, "end": end, "stall": start - now, "faults": n_fault, "late": n_late}
-
-    def _host_launch(self, info: LaunchInfo, now: float, host: HostModel) -> tuple[float, "Decision | None"]:
-        """``on_launch`` and its Decision on the host clock: returns when the launch was issued (the compute
-        stream cannot start it earlier) and the Decision."""
-        m = self.m
-        t0 = time.perf_counter() if host.measure_decision else 0.0
-        dec = self.policy.on_launch(info, self)
-        cost = host.decision_s + ((time.perf_counter() - t0) * host.decision_scale if host.measure_decision else 0.0)
-        m["host_decision_s"] += cost
-        h = self.host_t + host.launch_s + cost
-        if dec is not None and dec.discard.size:
-            h += host.discard_block_s * dec.discard.size
-        if h > now:  # host-bound: the GPU idles until the launch is issued; the decision's moves start then
-            m["host_stall_s"] += h - now
-            now = h
-            self._advance(now)
-        if dec is not None and not dec.is_empty():
-            d2h_before = self.t_d2h
-            self._apply(dec, now)
-            if host.blocking_evict and self.t_d2h > d2h_before and self.t_d2h > now:
-                # the eviction calls return when their write-backs are done (one FIFO stream: the earlier
-                # ones first): the host waits for the D2H queue it just added to, then issues the launch
-                wait = self.t_d2h - now
-                m["host_blocked_s"] += wait
-                m["host_stall_s"] += wait
-                now = h = self.t_d2h
-                self._advance(now)
-        self.host_t = h
-        return now, dec
 
     def end_iteration(self, k: int) -> None:
         """Iteration ``k`` ended with the last launch given; calls ``policy.on_iteration(k)``."""
@@ -755,7 +567,7 @@ class GpuModel:
         ready = np.maximum(rooms, self.wb_done[b])
         if self.tier:
             ready = np.maximum(ready, self._ssd_read(b, now))
-        arr = _fifo_finish(start, ready, times)
+        arr = fifo_finish(start, ready, times)
         self._issue(b, arr)
         self.t_h2d = float(arr[-1])
         self.link.busy_htod += float(times.sum())
@@ -767,27 +579,6 @@ class GpuModel:
         if self._timeline:
             self.events["h2d"].append((start, self.t_h2d, b.shape[0], "prefetch"))
 
-    def _transfer_times(self, b: np.ndarray) -> np.ndarray:
-        """Link time per block: dead blocks need none (zero-filled on the GPU); a run of consecutive live
-        blocks moves as one transfer (its time shared evenly), which matters for 64 KiB blocks."""
-        live = ~self.dead[b]
-        t = np.zeros(b.shape[0])
-        if self.region_blocks == 1:
-            t[live] = self.t_blk_h2d
-            return t
-        brk = np.ones(b.shape[0], dtype=bool)
-        brk[1:] = (b[1:] != b[:-1] + 1) | (live[1:] != live[:-1])
-        run_id = np.cumsum(brk) - 1
-        run_bytes = np.bincount(run_id) * self.block_size
-        per = run_bytes / self._bw_vec(run_bytes) / np.bincount(run_id)
-        t = per[run_id]
-        t[~live] = 0.0
-        return t
-
-    def _bw_vec(self, nbytes: np.ndarray) -> np.ndarray:
-        kb = np.maximum(nbytes, 1) / 1024.0
-        return self.gpu.link_htod_bw * (2.0 / math.pi) * np.arctan(0.0729 * kb)
-
     def _issue(self, b: np.ndarray, arrive: np.ndarray) -> None:
         if self._timeline:
             self._since[b] = arrive
@@ -798,87 +589,6 @@ class GpuModel:
         self._inflight.push(b, arrive)
         self._note_used()
 
-    def _service_faults(self, missing: np.ndarray, now: float) -> float:
-        """Migrate ``missing`` on demand (with the driver's density prefetch at small block sizes);
-        returns when the last one is on the GPU. Faults go ahead of queued prefetches."""
-        m = self.m
-        gpu = self.gpu
-        n = missing.shape[0]
-        entries = n * self.entries_per_block
-        batches = math.ceil(entries / gpu.fault_batch_size)
-        rooms = self._make_room(n, now, can_wait=True)
-        if rooms.shape[0] < n:
-            raise SimError(f"cannot make room for {n} faulted blocks (capacity {self.capacity_blocks})")
-        extra = EMPTY
-        if self.region_blocks > 1:
-            # The density prefetcher only takes room that can be had without waiting.
-            extra = self._density_prefetch(missing)
-            if extra.size:
-                r_extra = self._make_room(extra.shape[0], now, can_wait=False, pending=n)
-                extra = extra[: r_extra.shape[0]]
-                rooms = np.concatenate([rooms, r_extra])
-        blocks = np.concatenate([missing, extra]) if extra.size else missing
-        total = blocks.shape[0]
-        times = np.zeros(total)
-        live = ~self.dead[blocks]
-        times[:n][live[:n]] = self.t_fault_blk
-        if extra.size:
-            times[n:] = self._transfer_times(extra)
-        link = float(times.sum())
-        ready = np.maximum(rooms, self.wb_done[blocks])
-        if self.tier:
-            ready = np.maximum(ready, self._ssd_read(blocks, now))
-        ends = _fifo_finish(max(now + batches * gpu.fault_batch_latency_s, self.link.fault_end),
-                            ready, times)
-        done = float(ends[-1])
-        self.link.fault_end = done
-        # Faults preempt the H2D queue: everything queued after now slips by the link time they took (on a
-        # shared link, every GPU's queued prefetches do).
-        if link > 0:
-            for e in self.link.members:
-                if len(e._inflight):
-                    blk, arr = e._inflight.view()
-                    late = arr > now
-                    arr[late] += link
-                    e.arrive[blk[late]] = arr[late]
-        self.t_h2d = max(self.t_h2d + link if self.t_h2d > now else now, done)
-        self.link.busy_htod += link
-        if self._timeline:
-            self._since[blocks] = ends
-        self.resident[blocks] = True
-        self.n_resident += total
-        self._migrated(blocks)
-        self._lrm.push(blocks, self.mig_seq[blocks])
-        self._note_used()
-        nz = int((~live).sum())
-        m["zero_fill_blocks"] += nz
-        m["faults"] += n
-        m["fault_entries"] += entries
-        m["fault_batches"] += batches
-        moved_fault = int(live[:n].sum()) * self.block_size
-        moved_extra = int(live[n:].sum()) * self.block_size
-        m["bytes_htod"] += moved_fault + moved_extra
-        m["driver_prefetch_bytes"] += moved_extra
-        if self._timeline:
-            self.events["fault"].append((now, n, batches))
-            self.events["h2d"].append((now, done, total, "fault"))
-        return done
-
-    def _density_prefetch(self, missing: np.ndarray) -> np.ndarray:
-        """The driver's tree prefetcher, at its coarsest level: when more than 51 % of a 2 MiB region would
-        be on the GPU after these faults, the rest of the region comes along (host-preferred blocks excepted)."""
-        rb = self.region_blocks
-        regions = np.unique(missing // rb)
-        idx = (regions[:, None] * rb + np.arange(rb)[None, :]).ravel()
-        idx = idx[idx < self.max_blocks]
-        present = self.resident[idx] | self.in_flight[idx]
-        present[np.isin(idx, missing, assume_unique=False)] = True
-        reg_of = idx // rb
-        frac = np.bincount(np.searchsorted(regions, reg_of), weights=present, minlength=regions.size) / rb
-        dense = frac[np.searchsorted(regions, reg_of)] > DENSITY
-        extra = idx[dense & ~present & (self.advice[idx] != _PREFER_HOST)]
-        return extra
-
     def _check_invariants(self) -> None:
         assert self.used_blocks <= self.capacity_blocks, (self.used_blocks, self.capacity_blocks)
         assert self.n_resident == int(self.resident.sum()), (self.n_resident, int(self.resident.sum()))
@@ -886,124 +596,4 @@ class GpuModel:
         assert not (self.resident & self.in_flight).any()
         assert len(self._inflight) == self.n_inflight
         if self.tier:
-            assert self.n_host == int(self.hosted.sum()), (self.n_host, int(self.hosted.sum()))
-            assert self.host_cap is None or self.n_host <= self.host_cap, (self.n_host, self.host_cap)
-            assert not (self.hosted & self.on_ssd).any(), "a block is both in host memory and on the SSD"
-            assert not (self.unbacked & ~self.resident).any(), "an unbacked block is not resident"
-            assert not (self.unbacked & (self.hosted | self.on_ssd)).any()
-            assert not (self.dirty & self.on_ssd).any(), "a dirty block has a current SSD copy"
-            _, rel = self._wb.view()
-            assert (np.diff(rel) >= 0).all(), "write-back queue out of order"
-
-    # ------------------------------------------------------------------------------------ the SSD tier
-    def _release(self, b: np.ndarray) -> None:
-        """``b``'s host/SSD copies are no longer current (written on the GPU, or dead): free their room."""
-        h = b[self.hosted[b]]
-        if h.size:
-            h = np.unique(h)
-            self.hosted[h] = False
-            self.n_host -= h.shape[0]
-        self.on_ssd[b] = False
-        self.unbacked[b] = False
-
-    def _reclaim(self, k: int, victims: np.ndarray) -> int:
-        """Free up to ``k`` blocks of host room held by copies of blocks now resident on the GPU (clean: the copy
-        is a cache while the GPU has the data); those blocks then need a write-back when evicted."""
-        cand = np.flatnonzero(self.hosted & self.resident)
-        if victims.size and cand.size:
-            cand = cand[~np.isin(cand, victims)]
-        cand = cand[:k]
-        if cand.size:
-            self.hosted[cand] = False
-            self.n_host -= cand.shape[0]
-            self.unbacked[cand] = True
-            self.m["host_reclaimed_blocks"] += cand.shape[0]
-        return int(cand.shape[0])
-
-    def _tier_split(self, victims: np.ndarray, live: np.ndarray, wb: np.ndarray, to_ssd: bool):
-        """Where evicted ``victims`` go: (to host, to SSD) masks. A block whose current data is on the SSD is
-        dropped. Asked for SSD: every block that needs a write-back is written there. Otherwise the blocks that need a
-        write-back go to host memory while it has room (a block that still holds host room reuses it), the
-        rest to the SSD."""
-        cur = self.on_ssd[victims]
-        if to_ssd:  # write-backs go to the SSD; clean blocks with a current copy anywhere are dropped
-            return np.zeros(victims.shape[0], dtype=bool), wb & ~cur
-        need = wb & ~cur
-        host = need & self.hosted[victims]
-        sw = np.zeros(victims.shape[0], dtype=bool)
-        new = np.flatnonzero(need & ~host)
-        if self.host_cap is None:
-            host[new] = True
-        else:
-            room = max(self.host_cap - self.n_host, 0)
-            if new.shape[0] > room:
-                room += self._reclaim(new.shape[0] - room, victims)
-            host[new[:room]] = True
-            sw[new[room:]] = True
-        return host, sw
-
-    def _host_store(self, b: np.ndarray) -> None:
-        """Written back to host memory: ``b`` now holds host room."""
-        new = b[~self.hosted[b]]
-        self.hosted[new] = True
-        self.n_host += new.shape[0]
-        self.on_ssd[b] = False
-        if self.n_host > self.m["peak_host_blocks"]:
-            self.m["peak_host_blocks"] = self.n_host
-
-    def _to_ssd(self, victims: np.ndarray, sw: np.ndarray, rel: np.ndarray, now: float) -> None:
-        """GPU -> SSD, the direct path (GPUDirect Storage style, as G10 assumes): each block crosses the link on
-        the D2H engine, then is written by the SSD (its own FIFO queue), store-and-forward per block and
-        pipelined across blocks. The block's GPU room is free when its SSD write ends."""
-        b = victims[sw]
-        k = b.shape[0]
-        m = self.m
-        start = max(self.t_d2h, now)
-        d2h_end = start + self.t_blk_d2h * np.arange(1, k + 1)
-        self.t_d2h = float(d2h_end[-1])
-        link = getattr(self, "link", None)
-        if link is not None and hasattr(link, "busy_dtoh"):
-            link.busy_dtoh += k * self.t_blk_d2h
-        ends = _fifo_finish(max(self.t_ssd, now) + self.ssd_lat, d2h_end, np.full(k, self.t_ssd_wr))
-        self.t_ssd = float(ends[-1])
-        rel[sw] = ends
-        self.wb_done[b] = ends
-        self._release(b)
-        self.on_ssd[b] = True
-        m["bytes_dtoh"] += k * self.block_size
-        m["writebacks"] += k
-        m["bytes_to_ssd"] += k * self.block_size
-        m["ssd_busy_s"] += self.ssd_lat + k * self.t_ssd_wr
-        if self._timeline:
-            self.events["d2h"].append((start, self.t_d2h, k, "to-ssd"))
-
-    def _host_to_ssd(self, b: np.ndarray, now: float) -> None:
-        """Off-GPU blocks whose data is in host memory move to the SSD (host room is freed at once: the host
-        buffer is handed to the SSD's DMA; the GPU link is not used). A block whose write-back to host memory is
-        still under way is written to the SSD once it has arrived (in order, as ``_to_ssd`` does)."""
-        k = b.shape[0]
-        ends = _fifo_finish(max(self.t_ssd, now) + self.ssd_lat, self.wb_done[b], np.full(k, self.t_ssd_wr))
-        end = float(ends[-1])
-        self.t_ssd = end
-        self.wb_done[b] = np.maximum(self.wb_done[b], ends)
-        self._release(b)
-        self.on_ssd[b] = True
-        self.m["bytes_to_ssd"] += k * self.block_size
-        self.m["host_to_ssd_bytes"] += k * self.block_size
-        self.m["ssd_busy_s"] += self.ssd_lat + k * self.t_ssd_wr
-
-    def _ssd_read(self, b: np.ndarray, now: float) -> np.ndarray:
-        """SSD reads for those of ``b`` (about to cross the link to the GPU, in this order) whose data is on the
-        SSD: one request batch on the SSD queue (latency once, then one block per ``t_ssd_rd``). Returns per
-        block when it is ready to cross the link (0 for blocks that come from host memory)."""
-        src = self.on_ssd[b] & ~self.dead[b]
-        ready = np.zeros(b.shape[0])
-        k = int(src.sum())
-        if k:
-            s = max(self.t_ssd, now) + self.ssd_lat
-            ends = s + self.t_ssd_rd * np.arange(1, k + 1)
-            ready[src] = ends
-            self.t_ssd = float(ends[-1])
-            self.m["bytes_from_ssd"] += k * self.block_size
-            self.m["ssd_busy_s"] += self.ssd_lat + k * self.t_ssd_rd
-        return ready
+            self._check_tier()

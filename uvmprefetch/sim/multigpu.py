@@ -36,7 +36,8 @@ from ..gpus import GpuProfile, get_profile
 from ..policy import make_policy
 from ..policy.base import LaunchInfo
 from ..trace.format import Trace
-from .engine import GpuModel, Link, SimError
+from .engine import GpuModel, SimError
+from .link import Link
 from .layout import Layout, build_layout
 from .replay import DEFAULT_BLOCK, capacity_for, launch_durations
 

@@ -20,7 +20,8 @@ from ..gpus import GpuProfile, get_profile
 from ..policy import make_policy
 from ..policy.base import LaunchInfo, Policy
 from ..trace.format import Trace
-from .engine import GpuModel, SimError, parse_host
+from .engine import GpuModel, SimError
+from .host import parse_host
 from .layout import Layout, build_layout
 
 DEFAULT_BLOCK = 2 << 20

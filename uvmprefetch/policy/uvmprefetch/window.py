@@ -14,7 +14,7 @@ The window moves geometrically (x2 / /2) between ``lo`` and ``hi``. Every change
 
 from __future__ import annotations
 
-from .tables import SaturatingCounter
+from ..tables import SaturatingCounter
 
 _LOG_CAP = 4096  # changes kept for the report (the window moves rarely once settled)
 

@@ -1,0 +1,80 @@
+"""The parameters of ``uvmprefetch`` (``uvmprefetch:k=v,...``): one frozen dataclass, validated on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ...errors import ConfigError
+from ..base import Params
+
+# Experiment switches that were off by default and measured no better than the default (docs/policies.md lists
+# what each did): a spec naming one gets an error that says so instead of "unknown parameter".
+_DROPPED = "was removed (an experiment switch that was off by default and measured no better)"
+REMOVED: dict[str, str] = {
+    "deadline": _DROPPED,
+    "whole": _DROPPED,
+    "fault_late": _DROPPED[:-1] + "; fault_late_soft, on by default, covers the case that paid)",
+    "guard_soft": _DROPPED,
+    "guess_unpredicted": _DROPPED,
+    "soft_moves": _DROPPED,
+    "invalidate_always": "was renamed invalidate_without_discard",
+}
+
+
+@dataclass(frozen=True)
+class UvmPrefetchParams(Params):
+    """Tunables of ``uvmprefetch``. The switches exist for ablations; the defaults are the measured best."""
+
+    REMOVED: ClassVar[dict[str, str]] = REMOVED
+
+    prefetch: bool = True  # prefetch predicted blocks
+    pre_evict: bool = True  # choose victims ourselves (else the driver's eviction makes room)
+    invalidate: bool = True  # freed blocks are dead: dropped, never written back (where the caller can discard)
+    # ... and also where the caller cannot discard (its discards then become write-backs): for A/B runs against
+    # the default, which takes frees as live data there
+    invalidate_without_discard: bool = False
+    adaptive_window: bool = True  # the window monitor moves the window (else it stays at `window`)
+    advice: bool = True  # READ_MOSTLY / PREFER_HOST where it pays
+    # with the H2D queue busy, the next launch's blocks of older data at a data-dependent (soft) slot that would
+    # arrive after it starts are left to fault (a fault goes ahead of the queue)
+    fault_late_soft: bool = True
+    track_moves: bool = True  # translate predicted blocks of tensors the allocator placed elsewhere
+    stable_sync: bool = True  # re-synchronise on the blocks of older data a launch reads
+    layer_stride: bool = True  # following an earlier layer of this iteration, shift its blocks by the stride
+    window: int = 1024  # initial lookahead, in launches
+    window_min: int = 64  # below this the plan cannot cover a layer's launches
+    window_max: int = 8192
+    patience: int = 4  # monitor events before the window moves
+    pace: bool = True  # evict for later launches only while the link would idle before the next decision
+    stall_aware: bool = True  # the pacing budget counts the running launch's wait for in-flight blocks
+    lead_s: float = 0.0  # extra link time allowed beyond the next decision point
+    margin: float = 0.01  # fraction of capacity kept free by pre-evicting dead / unpredicted blocks
+    dead_reuse: bool = True  # a dead block whose address is predicted to be used again ranks by that use
+    ngram: int = 3  # predecessors in the exec-id / name correlation context
+    history_launches: int = 1 << 17  # launches of history kept (bounded state)
+    table_entries: int = 1 << 17  # entries per correlation table (a multiple of its 8 ways, at least 8)
+    scan_max: int = 1 << 15  # most history entries scanned per decision (bounds the cost per launch)
+    victim_pool: int = 256  # victims come from a pool refilled by a full scan of this many (0: always scan all)
+    pool_launches: int = 64  # ... refilled at least this often (a bound on what its bookkeeping could miss)
+
+    def __post_init__(self) -> None:
+        for f in ("window", "window_min", "window_max", "patience", "ngram", "history_launches", "table_entries",
+                  "scan_max", "pool_launches"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ConfigError(f"uvmprefetch: {f} must be a positive integer, got {v!r}")
+        if self.window_min > self.window_max:
+            raise ConfigError(f"uvmprefetch: window_min {self.window_min} > window_max {self.window_max}")
+        if not self.window <= self.window_max:
+            raise ConfigError(f"uvmprefetch: window {self.window} > window_max {self.window_max}")
+        if self.window < self.window_min:  # an explicit small window lowers the floor with it
+            object.__setattr__(self, "window_min", self.window)
+        if not (isinstance(self.lead_s, (int, float)) and self.lead_s >= 0):
+            raise ConfigError(f"uvmprefetch: lead_s must be >= 0, got {self.lead_s!r}")
+        if not (isinstance(self.margin, (int, float)) and 0 <= self.margin < 0.5):
+            raise ConfigError(f"uvmprefetch: margin must be in [0, 0.5), got {self.margin!r}")
+        if not isinstance(self.victim_pool, int) or isinstance(self.victim_pool, bool) or self.victim_pool < 0:
+            raise ConfigError(f"uvmprefetch: victim_pool must be an integer >= 0, got {self.victim_pool!r}")
+        if self.history_launches < 16:
+            raise ConfigError(f"uvmprefetch: history_launches must be >= 16, got {self.history_launches}")

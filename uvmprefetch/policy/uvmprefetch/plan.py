@@ -1,0 +1,414 @@
+"""Move planning: what to prefetch, evict and discard now, from the predicted next uses.
+
+Each decision lists *candidates* in order of need: the running launch's missing blocks, then the blocks of the
+next ``window`` predicted launches that are not on the GPU (the *window pass*, in growing chunks of 16, 32, ...
+positions, only as far as one decision can place: free room plus what the link can take before the next decision
+point). Recorded blocks are translated through the learned moves and the layer stride, and each block's predicted
+next use is brought to the earliest candidate position ahead of the pointer. Candidates take free room first;
+beyond it each takes a victim only if the victim's predicted next use is later than its own need (never evict a
+block needed sooner than the one it brings in). Evictions for launches after the next one are *paced* to the
+link: only until the H2D queue reaches the next decision point, rounded up to a whole block after an exact match
+(the link never idles for part of a block: ResNet-152 at 2x, steady state 1.05x -> 1.01x the oracle), down after a
+soft one (an eviction for an uncertain prediction costs more than the idle). With the queue busy, the running
+launch's own misses fault instead (faults go ahead of queued prefetches; their room stays reserved), and so do the
+next launch's blocks of older data at a soft slot that would arrive after it starts (``fault_late_soft``).
+
+The *verified span* ``[v_lo, v_hi]`` lists positions whose recorded blocks all have ``p < nu <= t`` (``t``: the
+position); past the list's cut the window pass skips their updates. A pass without translation or layer shift
+leaves every position it scanned so, and so the span grows along the passes; nothing else that runs between two
+passes breaks it (``advance`` without translation sets a block's next use to its next recorded entry, a commit sets
+only next uses that are not ahead of the pointer, and a window update only brings a next use ahead of the pointer
+nearer). Whatever else rewrites next uses empties it: a learned move or its revision, an advance through the
+translation, a jump, the moves settled at an iteration's end, a trim of the history.
+
+Where nothing is to be placed, a free ``margin`` of the capacity is kept by pre-evicting dead or unpredicted blocks.
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from .blocks import mark_prefetched, split_victims, take_victims
+from .history import INF, flat_span
+from .parts import Part
+from .victims import choose, keys_of, pool_add, pool_refill, rank
+
+PLAN = np.dtype([
+    ("horizon", np.int64),  # positions before it were planned (re-checked only for the next launch)
+    ("q_end", np.float64),  # predicted end of the H2D queue
+    ("v_lo", np.int64), ("v_hi", np.int64),  # the verified span (empty: v_lo > v_hi)
+    ("waits", np.bool_),  # the running launch waits for blocks still in flight
+    # settings
+    ("margin", np.int64), ("t_blk", np.float64), ("lat", np.float64), ("lead_s", np.float64),
+    ("prefetch", np.bool_), ("pre_evict", np.bool_), ("pace", np.bool_), ("stall_aware", np.bool_),
+    ("fault_late_soft", np.bool_),
+], align=True)
+
+FIELDS = ("s", "mark", "out")
+
+
+class Plan(Part, fields=FIELDS):
+    """The planning part: see the module docstring. ``out`` receives each decision's blocks: those to prefetch,
+    evict and discard, in that order."""
+
+    def __init__(self, n_blocks: int, settings: dict) -> None:
+        self.record_of(PLAN, v_hi=-1, **settings)
+        self.mark = np.zeros(n_blocks, dtype=np.uint8)  # zeroed scratch (left zeroed)
+        self.out = np.zeros(n_blocks, dtype=np.int64)
+        self.build()
+
+
+
+# ------------------------------------------------------------------------------------------- compiled
+@nb.njit(cache=True, nogil=True)
+def missing(cur, resident, in_flight):
+    """``cur`` blocks neither resident nor in flight, in order."""
+    out = np.empty(cur.shape[0], dtype=np.int64)
+    m = 0
+    for i in range(cur.shape[0]):
+        x = cur[i]
+        if not (resident[x] or in_flight[x]):
+            out[m] = x
+            m += 1
+    return out[:m]
+
+
+@nb.njit(cache=True, nogil=True)
+def count_le(pos, start, v):
+    """How many of ``pos[start:]`` are ``<= v``."""
+    c = 0
+    for i in range(start, pos.shape[0]):
+        if pos[i] <= v:
+            c += 1
+    return c
+
+
+@nb.njit(cache=True, nogil=True)
+def first_not_above(vkey, pos, start):
+    """The first ``i`` with ``vkey[i] <= pos[start + i]`` (``len(vkey)`` if none): victims are taken while their key
+    (next use) is later than the need of the block they make room for."""
+    for i in range(vkey.shape[0]):
+        if not vkey[i] > pos[start + i]:
+            return i
+    return vkey.shape[0]
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def _cand_entries(f_blk, a, b, t, p, tr, nu, lst, m, lim):
+    """The window pass over the entries ``[a, b)`` of position ``t``: each recorded block translated (``tr``:
+    ``(remap, rend, remap_lim, shift_from, s_old, s_new, w_iter, it, dead)``), its next use brought to ``t`` when
+    that is nearer and ahead of the pointer ``p``, and listed (``lst``: ``(out_b, out_p, mark, resident,
+    in_flight)``) while fewer than ``lim`` are, if not present and not listed yet. Returns the new count of listed
+    candidates and how many entries were missing as recorded; ``lim < 0``: the updates alone (nothing listed or
+    counted)."""
+    remap, rend, remap_lim, shift_from, s_old, s_new, w_iter, it, dead = tr
+    out_b, out_p, mark, resident, in_flight = lst
+    listing = lim >= 0
+    got = 0
+    nb_ = nu.shape[0]
+    shifted = (s_old != 0 or s_new != 0) and t >= shift_from
+    translated = remap_lim > 0 and t < remap_lim
+    for i in range(a, b):
+        x0 = f_blk[i]
+        if listing and not (resident[x0] or in_flight[x0]):
+            got += 1
+        x = remap[x0] if translated else x0
+        # (a moved block from its next birth on, while not dead, is a candidate as recorded too: the next tensor
+        # at its address may have moved as the first did, or stayed there when the address holds live data)
+        two = translated and x != x0 and t >= rend[x0] and not dead[x0]
+        for k in range(2 if two else 1):
+            if k == 1:
+                x = x0
+            if shifted:
+                y = x + (s_old if w_iter[x] != it else s_new)
+                if 0 <= y < nb_:
+                    x = y
+            if t > p:
+                old = nu[x]
+                if old <= p or old > t:
+                    nu[x] = t
+            if not listing or m >= lim or resident[x] or in_flight[x] or mark[x] != 0:
+                continue
+            mark[x] = 1
+            out_b[m] = x
+            out_p[m] = t
+            m += 1
+    return m, got
+
+
+@nb.njit(cache=True, nogil=True)
+def window_candidates(h, miss, span, p, cap, tr, present, verified, extra):
+    """The candidates in order of need, with their positions: ``miss`` (position -1), the next launch's entries
+    ``[pa, pb)`` (position ``p + 1``; listed when the horizon is past it), then the window pass over positions
+    ``lo..hi`` (``span``: ``(pa, pb, lo, hi)``) in chunks of 16, 32, ... while fewer than ``cap`` scanned blocks
+    are missing, at most ``scan_max`` entries. ``present``: ``(resident, in_flight, mark)``. Returns ``(blk, pos,
+    scan_hi, spanned)``: ``scan_hi`` the last position scanned (``p`` if none), ``spanned`` the entries the chunks
+    covered.
+
+    One pass suffices because positions ascend along the candidates: the first occurrence of a block that updates
+    its next use has its earliest position, and no later one can update it again. ``extra >= 0``: the caller reads
+    no more than ``extra`` candidates beyond those up to position ``p + 1`` (its free room, its pacing budget, and
+    the first left out); the list stops there, a prefix of the whole one, while the scan goes on as before (its
+    chunks, its count, the updates). ``verified``: ``(v_lo, v_hi)``, positions past that cut whose updates can be
+    skipped (see the module docstring)."""
+    s = h.s[0]
+    pa, pb, lo, hi = span
+    v_lo, v_hi = verified
+    resident, in_flight, mark = present
+    base = s.base
+    fbase = s.fbase
+    nflat = s.fn
+    end = base + s.n
+    h_ptr = h.h_ptr
+    f_blk = h.f_blk
+    nu = h.nu
+    n = 0
+    if lo <= hi:
+        hend = (h_ptr[hi + 1 - base] - fbase) if hi + 1 < end else nflat
+        n = hend - (h_ptr[lo - base] - fbase)
+    n += miss.shape[0] + max(0, pb - pa)
+    if tr[2] > 0:
+        n *= 2  # (a moved block may be a candidate twice)
+    out_b = np.empty(n, dtype=np.int64)
+    out_p = np.empty(n, dtype=np.int64)
+    lst = (out_b, out_p, mark, resident, in_flight)
+    m = 0
+    for i in range(miss.shape[0]):  # (position -1: never translated, shifted, or a next use)
+        x = miss[i]
+        if not (resident[x] or in_flight[x] or mark[x] != 0):
+            mark[x] = 1
+            out_b[m] = x
+            out_p[m] = -1
+            m += 1
+    lim = out_b.shape[0]  # (no limit up to position p + 1)
+    m, _ = _cand_entries(f_blk, pa, pb, p + 1, p, tr, nu, lst, m, lim)
+    scan_hi = p
+    got = 0
+    spanned = 0
+    start = lo
+    chunk = 16
+    while start <= hi and got < cap and spanned < s.scan_max:
+        stop = min(hi, start + chunk - 1)
+        for t in range(start, stop + 1):
+            if t == max(lo, p + 2) and extra >= 0:
+                lim = m + extra
+            a = h_ptr[t - base] - fbase
+            b = (h_ptr[t + 1 - base] - fbase) if t + 1 < end else nflat
+            # (with the list cut and the count past ``cap``, the rest of the chunk only updates next uses; not even
+            # that in the verified span)
+            if m < lim or got < cap:
+                m, g = _cand_entries(f_blk, a, b, t, p, tr, nu, lst, m, lim)
+                got += g
+            elif not v_lo <= t <= v_hi:
+                m, _ = _cand_entries(f_blk, a, b, t, p, tr, nu, lst, m, -1)
+            if b > a:
+                spanned += b - a
+        scan_hi = stop
+        start = stop + 1
+        chunk *= 2
+    for i in range(m):
+        mark[out_b[i]] = 0
+    return out_b[:m], out_p[:m], scan_hi, spanned
+
+
+@nb.njit(cache=True, nogil=True)
+def margin(bs, vs, nu, cur, view, p):
+    """Keep the free margin: dead or unpredicted victims for the room it lacks (``view``: ``(resident, capacity,
+    used, margin)``), written to the caller's ``out`` by ``plan``. Returns the victims (evicted, then discarded)."""
+    resident, capacity, used, want = view
+    empty = np.empty(0, dtype=np.int64)
+    short = want - (capacity - used)
+    if short <= 0:
+        return empty, empty
+    vict, vkey, _ = rank(resident, cur, keys_of(vs, bs, nu), p, short, vs.mark)
+    c = 0
+    for i in range(vkey.shape[0]):  # (only dead or unpredicted blocks go for the margin: a prefix)
+        if vkey[i] > INF:
+            c += 1
+    return split_victims(bs, vict[:c])
+
+
+@nb.njit(cache=True, nogil=True)
+def _late_left_out(h, bs, pl, cand, timing):
+    """The prefetches of a decision made while the H2D queue is busy (``cand``: ``(blk, pos, placed, q)``; ``timing``:
+    ``(now, dur)``): the running launch's own misses fault instead (a fault goes ahead of queued prefetches), and so,
+    with ``fault_late_soft``, do a soft next launch's blocks of older data that would arrive after it starts (its
+    guesses; what this iteration wrote is where the record said)."""
+    s = h.s[0]
+    ps = pl.s[0]
+    blk, pos, placed, q = cand
+    now, dur = timing
+    p = s.p
+    soft_next = ps.fault_late_soft and s.has_p and p + 1 < s.base + s.n and h.h_soft[p + 1 - s.base] > 0
+    keep = np.empty(placed, dtype=np.bool_)
+    c = 0
+    m = 0
+    for i in range(placed):
+        if not bs.dead[blk[i]]:
+            c += 1  # (arrival = q + t_blk * the live blocks queued up to here)
+        ok = pos[i] >= 0
+        if (ok and soft_next and pos[i] == p + 1 and bs.w_iter[blk[i]] != s.iters
+                and q + ps.t_blk * c > now + dur + ps.lat):
+            ok = False
+        keep[i] = ok
+        if ok:
+            m += 1
+    out = np.empty(m, dtype=np.int64)
+    j = 0
+    for i in range(placed):
+        if keep[i]:
+            out[j] = blk[i]
+            j += 1
+    return out
+
+
+@nb.njit(cache=True, nogil=True)
+def _write_out(out, pf, evict, discard):
+    a = pf.shape[0]
+    b = a + evict.shape[0]
+    out[:a] = pf
+    out[a:b] = evict
+    out[b:b + discard.shape[0]] = discard
+
+
+@nb.njit(cache=True, nogil=True)
+def plan(parts, cur, view, ctx):
+    """The decision for the running launch (``cur``: its blocks). ``parts``: ``(history, moves, blocks, victims,
+    plan)``; ``view``: ``(resident, in_flight, n_ids, capacity, used, now)``; ``ctx``: ``(duration, window,
+    remap_lim, shift_from)``: the running launch's duration, the window, the positions the learned moves apply
+    before (0: none) and the first position the layer stride applies to (``INF``: none). The blocks go to the plan's
+    ``out``: those to prefetch, evict, discard. Returns ``(status, n_prefetch, n_evict, n_discard, thrash,
+    mispredicted, live, pooled, refilled)``: status 0 when there was nothing to place (then at most the free
+    margin was kept; counted nowhere), ``live`` the prefetched blocks that cross the link, ``pooled`` whether the
+    victims came from the pool, ``refilled`` whether a full scan refilled it."""
+    h, mv, bs, vs, pl = parts
+    s = h.s[0]
+    ps = pl.s[0]
+    vr = vs.s[0]
+    resident, in_flight, n_ids, capacity, used, now = view
+    dur, window, remap_lim, shift_from = ctx
+    res = resident[:n_ids]
+    infl = in_flight[:n_ids]
+    has_p = s.has_p
+    p = s.p if has_p else np.int64(-1)
+    base = s.base
+    end = base + s.n
+    nu = h.nu
+    empty = np.empty(0, dtype=np.int64)
+    pool_k = 0
+    if has_p:
+        vr.age += 1
+        if p >= vr.stale:
+            pool_k = vr.k
+    # stamp: plan (its call)
+    miss = missing(cur, res, infl) if cur.shape[0] else empty
+    # stamp: missing
+    scan = ps.prefetch and has_p
+    pa = 0
+    pb = 0
+    lo = 0
+    hi = -1
+    if scan:
+        lo = max(p + 1, ps.horizon)
+        hi = min(p + window, end - 1)
+        if lo > p + 1:  # (always re-check the very next launch: a block may have been evicted since)
+            pa, pb = flat_span(h, p + 1, p + 2)
+    free = max(0, capacity - used - ps.margin)
+    paced = ps.pace and ps.pre_evict and ps.t_blk > 0
+    q = max(ps.q_end, now)
+    waits = ps.stall_aware and ps.waits
+    cap = 0
+    if lo <= hi:
+        # the window pass stops once more blocks are missing than this decision could place (free room + what the
+        # link can take before the next decision): the rest would be re-read next time anyway
+        if paced:
+            spare = (now + dur + ps.lead_s - q) / ps.t_blk
+            if waits:  # (the next decision point comes only after the running launch's blocks arrive)
+                spare = (dur + ps.lead_s) / ps.t_blk
+            cap = free + max(0, int(spare)) + 8
+        else:
+            cap = free + capacity
+        if free == 0 and cap <= 8:
+            hi = min(hi, p + 1)  # link busy, no room: only the next launch can be served now
+    until = now + dur + ps.lead_s
+    if waits:
+        until += max(0.0, q - now)
+    budget = 0
+    extra = -1
+    if paced:
+        # evictions make room for at most the candidates up to the next launch and this many more (read only when
+        # the candidates outnumber the free room): rounded up after an exact match, down after a soft one
+        room = (until - (q + free * ps.t_blk)) / ps.t_blk
+        budget = max(0, int(np.ceil(room) if s.soft == 0 else room))
+        extra = free + budget + 1
+    s_old = mv.s[0].s_old
+    s_new = mv.s[0].s_new
+    plain = remap_lim == 0 and not (shift_from < INF and (s_old != 0 or s_new != 0))
+    if not plain:  # (a translated or shifted pass updates other blocks than those recorded)
+        ps.v_lo = 0
+        ps.v_hi = -1
+    tr = (mv.remap, mv.rend, remap_lim, shift_from, s_old, s_new, bs.w_iter, s.iters, bs.dead)
+    blk, pos, scan_hi, spanned = window_candidates(h, miss, (pa, pb, lo, hi), p, cap, tr, (res, infl, pl.mark),
+                                                   (ps.v_lo, ps.v_hi), extra)
+    # stamp: window pass
+    if scan and plain and lo <= scan_hi:
+        if ps.v_lo <= lo <= ps.v_hi + 1:
+            ps.v_hi = max(ps.v_hi, scan_hi)
+        else:
+            ps.v_lo = lo
+            ps.v_hi = scan_hi
+    if not (miss.shape[0] or pb > pa or spanned > 0):
+        if ps.pre_evict and ps.margin > 0:
+            evict, discard = margin(bs, vs, nu, cur, (res, capacity, used, ps.margin), p)
+            _write_out(pl.out, empty, evict, discard)
+            return 0, 0, evict.shape[0], discard.shape[0], 0, 0, 0, False, False
+        return 0, 0, 0, 0, 0, 0, 0, False, False
+    n = blk.shape[0]
+    near_pos = p + 1 if has_p else np.int64(-1)
+    evict = empty
+    discard = empty
+    wasted = 0
+    mis = 0
+    pooled = False
+    refill = empty
+    if not ps.pre_evict:
+        # without victims of our own the driver evicts for whatever is queued: the running and the next launch's
+        # blocks go beyond the free room, further ones only into free room
+        placed = min(n, max(count_le(pos, 0, near_pos), free))
+    else:
+        placed = min(free, n)
+        rest = n - placed
+        if rest and paced:
+            rest = min(rest, count_le(pos, placed, near_pos) + budget)
+        if rest:
+            vict, vkey, pooled, refill = choose(vs, keys_of(vs, bs, nu), res, cur, p, rest, pool_k)
+            k_ok = first_not_above(vkey, pos, placed)
+            if k_ok:
+                evict, discard, wasted, mis = take_victims(bs, vict[:k_ok], nu, p, near_pos + max(1, window // 8))
+                # stamp: take_victims
+            placed += k_ok
+    pf = empty
+    if ps.prefetch:
+        pf = blk[:placed]
+        if placed and q > now + ps.lat:
+            pf = _late_left_out(h, bs, pl, (blk, pos, placed, q), (now, dur))
+            # stamp: late blocks left out
+        if has_p:
+            if placed == n:
+                ps.horizon = max(ps.horizon, scan_hi + 1)
+            elif placed:
+                ps.horizon = max(ps.horizon, pos[placed] if pos[placed] >= 0 else p + 1)
+    live = 0
+    if pf.shape[0]:
+        live = mark_prefetched(bs, pf)
+        ps.q_end = q + live * ps.t_blk
+        if has_p and not refill.shape[0]:
+            pool_add(vs, pf)
+    # stamp: prefetched marked, pool
+    if refill.shape[0]:
+        pool_refill(vs, refill, cur, infl, pf)
+        # stamp: pool_refill
+    _write_out(pl.out, pf, evict, discard)
+    # stamp: decision copied out
+    return 1, pf.shape[0], evict.shape[0], discard.shape[0], wasted, mis, live, pooled, refill.shape[0] > 0
