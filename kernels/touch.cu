@@ -78,13 +78,14 @@ __device__ void uvmp_touch_impl(const Chunk* table, unsigned long long first, un
     }
 }
 
-extern "C" __global__ void uvmp_touch(const Chunk* table, unsigned long long first, unsigned int n,
+// Addresses travel as 64-bit integers: the launcher (CuPy) passes NumPy scalars and knows no pointer types.
+extern "C" __global__ void uvmp_touch(unsigned long long table, unsigned long long first, unsigned int n,
                                       unsigned long long spin_ns, unsigned int stamp, unsigned long long sink) {
-    uvmp_touch_impl<false>(table, first, n, spin_ns, stamp, sink, nullptr, 0ull);
+    uvmp_touch_impl<false>((const Chunk*)table, first, n, spin_ns, stamp, sink, nullptr, 0ull);
 }
 
-extern "C" __global__ void uvmp_touch_count(const Chunk* table, unsigned long long first, unsigned int n,
+extern "C" __global__ void uvmp_touch_count(unsigned long long table, unsigned long long first, unsigned int n,
                                             unsigned long long spin_ns, unsigned int stamp, unsigned long long sink,
-                                            unsigned int* counts, unsigned long long count_base) {
-    uvmp_touch_impl<true>(table, first, n, spin_ns, stamp, sink, counts, count_base);
+                                            unsigned long long counts, unsigned long long count_base) {
+    uvmp_touch_impl<true>((const Chunk*)table, first, n, spin_ns, stamp, sink, (unsigned int*)counts, count_base);
 }

@@ -3,8 +3,8 @@
 
 Kernel arguments (``kernels/touch.cu``)::
 
-    uvmp_touch(const Chunk* table, u64 first, u32 n, u64 spin_ns, u32 stamp, u64 sink)
-    uvmp_touch_count(..., u32* counts, u64 count_base)
+    uvmp_touch(u64 table, u64 first, u32 n, u64 spin_ns, u32 stamp, u64 sink)
+    uvmp_touch_count(u64 table, u64 first, u32 n, u64 spin_ns, u32 stamp, u64 sink, u64 counts, u64 count_base)
 """
 
 from __future__ import annotations

@@ -12,9 +12,34 @@ compute stream is made PyTorch's current stream, which the backend orders its GP
 
 from __future__ import annotations
 
+import os
+import sys
+
 import numpy as np
 
+import _common as C
 from _replay_core import MB2
+
+
+def preload_shim() -> None:
+    """Re-execute this process with the runtime's shim in ``LD_PRELOAD`` unless it is there already, as
+    ``uvmprefetch run`` and ``UVMPREFETCH=1`` start a program: the cuda backend refuses to start in a process
+    whose CUDA PyTorch initialised without the shim in front of libcudart (the replay's own memory is its arena
+    either way).
+
+    Raises
+    ------
+    uvmprefetch.errors.ShimError
+        The shim cannot be built here.
+    """
+    from uvmprefetch.runtime.shim import preloaded, shim_path
+    if preloaded() is not None:
+        return
+    ld = " ".join(filter(None, [str(shim_path()), os.environ.get("LD_PRELOAD", "")]))
+    argv = list(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, *argv[1:]], env=C.child_env({"LD_PRELOAD": ld}, base=os.environ))
 
 
 class ArenaShim:

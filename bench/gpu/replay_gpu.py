@@ -238,6 +238,13 @@ def main(argv=None) -> int:
     os.environ.update(C.SHARED_GPU_ENV)  # the shim the runtime loads never hands out more than the GPU has free
     log = (lambda s: None) if args.quiet else (lambda s: print(f"[{NAME}] {s}", file=sys.stderr, flush=True))
     C.require_gpu(args, NAME)
+    if not args.dry_run:
+        from _replay_runtime import preload_shim
+        from uvmprefetch.errors import ShimError
+        try:
+            preload_shim()
+        except ShimError as e:
+            C.fail(NAME, f"cannot start: {e}", 5)
     env = C.environment(args.dry_run)
     traces = resolve_traces(args)
     profile, prof_desc = card_profile(env.get("device", ""), args.profile)
