@@ -23,7 +23,7 @@ import types
 import numpy as np
 
 from _evict_cuda import Cuda
-from _evict_fake import GPU, HOST, MB2, NONE, FakeRuntime
+from _evict_fake import GPU, HOST, MB2, FakeRuntime
 from _replay_core import READ, TABLE_DTYPE, WRITE, Device
 
 FAKE_NAME = "fake GPU (dry run)"

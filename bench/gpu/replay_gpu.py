@@ -164,9 +164,11 @@ def _gib(x) -> str:
 
 def parse_args(argv):
     p = C.parser(NAME, __doc__.split("\n\n")[0], EPILOG)
-    p.add_argument("traces", nargs="*", help="trace files (.uvmt) or standard trace names (uvmprefetch/trace/standard.py)")
+    p.add_argument("traces", nargs="*",
+                   help="trace files (.uvmt) or standard trace names (uvmprefetch/trace/standard.py)")
     p.add_argument("--standard", action="store_true", help="also the four standard traces (recorded on first use)")
-    p.add_argument("--trace-dir", default=None, help="cache of the standard traces (default ~/.cache/uvmprefetch/traces)")
+    p.add_argument("--trace-dir", default=None,
+                   help="cache of the standard traces (default ~/.cache/uvmprefetch/traces)")
     p.add_argument("--policies", default="demand,uvmprefetch", help="online policies (default demand,uvmprefetch)")
     p.add_argument("--oversub", default="1.5", help="footprint / budget ratios, comma-separated (default 1.5)")
     p.add_argument("--scale", default=None,
@@ -184,7 +186,8 @@ def parse_args(argv):
     p.add_argument("--case-timeout", type=float, default=90.0,
                    help="seconds one replay may launch for; a replay cut there is a failed check (default 90)")
     p.add_argument("--baseline", type=Path, default=None,
-                   help="baseline file to update (default bench/baselines/gpu.json; out/gpu-dryrun/gpu.json with --dry-run)")
+                   help="baseline file to update (default bench/baselines/gpu.json; out/gpu-dryrun/gpu.json with "
+                        "--dry-run)")
     p.add_argument("--no-baseline", action="store_true", help="do not write the baseline file")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     args = p.parse_args(argv)

@@ -10,7 +10,6 @@ replay loop, the touch plan, the cuda backend with its policy, books and Mover a
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ sys.path.insert(0, str(GPU))
 from _replay_core import CHUNK, READ, TABLE_DTYPE, WRITE, Run, replay_on_device, self_test, touch_plan  # noqa: E402
 from _replay_fake import FakeDevice, check_log, installed  # noqa: E402
 from _replay_runtime import make_runtime  # noqa: E402
+from _scripts import run_script  # noqa: E402
 
 from uvmprefetch.gpus import get_profile  # noqa: E402
 from uvmprefetch.sim.layout import build_layout  # noqa: E402
@@ -38,11 +38,7 @@ TRACES = REPO / "traces"
 
 
 def _run(*args: str, timeout: float = 1200.0) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("UVMPREFETCH")}
-    env["CUDA_VISIBLE_DEVICES"] = ""
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
-    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    return run_script(SCRIPT, *args, timeout=timeout)
 
 
 def _plan_as_log(plan):
