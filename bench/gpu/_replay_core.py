@@ -101,6 +101,25 @@ def touch_plan(trace, base: np.ndarray, chunk: int = CHUNK) -> TouchPlan:
     return TouchPlan(ptr, off, length.astype(np.uint32), np.repeat(mode, n).astype(np.uint32))
 
 
+SAMPLE_STRIDE = 1 << 16  # the data check reads one byte every 64 KiB of the arena
+
+
+def last_stamps(plan: TouchPlan, samples: np.ndarray, launches: int) -> tuple[np.ndarray, np.ndarray]:
+    """For arena offsets ``samples`` (sorted): the stamp the last of the first ``launches`` launches to write each
+    one left there (the launch index, low 8 bits), and whether any wrote it."""
+    want = np.zeros(samples.size, np.uint8)
+    hit = np.zeros(samples.size, bool)
+    w = np.flatnonzero((plan.mode[: plan.ptr[launches]] & WRITE) != 0)
+    lo = np.searchsorted(samples, plan.off[w])
+    hi = np.searchsorted(samples, plan.off[w] + plan.length[w])
+    stamp = (np.searchsorted(plan.ptr, w, side="right") - 1) & 0xFF
+    for a, b, s in zip(lo.tolist(), hi.tolist(), stamp.tolist()):  # in launch order: the last writer wins
+        if b > a:
+            want[a:b] = s
+            hit[a:b] = True
+    return want, hit
+
+
 class Device:
     """What the replay needs of a GPU: a ``_evict_cuda.Cuda`` (memory, the compute stream, copies) and touch
     kernels launched on its stream. Subclasses: ``_replay_cuda.CudaDevice`` and ``_replay_fake.FakeDevice``.
@@ -140,6 +159,13 @@ class Device:
 
     def destroy(self, ev) -> None:
         self.rt.cudaEventDestroy(ev)
+
+    def read_bytes(self, base: int, offsets: np.ndarray) -> np.ndarray:
+        """The bytes at ``base + offsets`` of managed memory, read from the host (the driver migrates their
+        pages back)."""
+        import ctypes
+        view = np.ctypeslib.as_array((ctypes.c_uint8 * (int(offsets.max()) + 1)).from_address(int(base)))
+        return view[offsets].copy()
 
     def upload(self, arr: np.ndarray) -> int:
         """A device copy of ``arr``'s bytes (freed with the device); waits for the copy."""
@@ -296,6 +322,7 @@ def _replay(dev: Device, run: Run, runtime_factory, deadline: float) -> dict:
             rt.close()
             for ev in events:
                 dev.destroy(ev)
+    data = check_data(dev, plan, base, run.arena_bytes, launched)  # (the runtime's moves have all finished)
     ideal = float(np.sum(durs[:launched]))
     host = backend.get("host_time") or {}
     stages = host.get("total_s") or {}
@@ -311,7 +338,7 @@ def _replay(dev: Device, run: Run, runtime_factory, deadline: float) -> dict:
            / launched if launched else 0.0,
            "events_per_s": launched / loop_s if loop_s > 0 else None,
            "arena_base": base, "arena_bytes": run.arena_bytes, "table_bytes": run.table_bytes,
-           "budget_bytes": run.budget_bytes}
+           "budget_bytes": run.budget_bytes, "data": data}
     out.update(dev.measured(backend))
     for k in ("prefetch_issued_bytes", "prefetch_useful_bytes", "accuracy", "coverage", "expected_faults",
               "budget_evictions", "policy_evictions", "over_budget_launches", "footprint_bytes", "oversub",
@@ -321,3 +348,17 @@ def _replay(dev: Device, run: Run, runtime_factory, deadline: float) -> dict:
     out["runtime"] = {k: backend.get(k) for k in ("host_time", "mover", "cuda_calls", "cupti_status", "gpu",
                                                   "driver_version", "discards_issued")}
     return out
+
+
+def check_data(dev: Device, plan: TouchPlan, base: int, arena_bytes: int, launches: int) -> dict:
+    """Did every written byte keep what its last writer wrote, through every move the runtime made? One byte
+    every ``SAMPLE_STRIDE`` of the arena, read back from the host after the replay."""
+    samples = np.arange(7, arena_bytes, SAMPLE_STRIDE, dtype=np.int64)
+    want, hit = last_stamps(plan, samples, launches)
+    if not hit.any():
+        return {"checked": 0, "wrong": 0, "first_wrong": None}
+    got = dev.read_bytes(base, samples[hit])
+    bad = np.flatnonzero(got != want[hit])
+    return {"checked": int(hit.sum()), "wrong": int(bad.size),
+            "first_wrong": None if not bad.size else {"offset": int(samples[hit][bad[0]]), "got": int(got[bad[0]]),
+                                                      "want": int(want[hit][bad[0]])}}

@@ -4,8 +4,7 @@
   buffers with a residency per 2 MiB block, streams as timelines on a virtual clock, as strict as a driver about
   the calls) that also counts what moved each way and what faulted.
 - ``FakeTouchKernels`` stands for ``kernels/touch.cu``: it reads the same chunk table from fake device memory,
-  visits each chunk's bytes (one byte per chunk is written, enough to fault its block the way the kernel does),
-  faults non-resident blocks in, queues its time on the compute stream (its spin, or longer when it faulted),
+  writes the launch's stamp into the bytes it writes (as the kernel does), faults non-resident blocks in, queues its time on the compute stream (its spin, or longer when it faulted),
   and records which bytes it touched and in which order (``log``).
 - ``installed(rt)`` puts the fake where the live runtime looks for CUDA while the replay runs: PyTorch's
   ``torch.cuda`` streams, events and device queries (the backend's ``Mover`` and GPU-progress events), the
@@ -82,13 +81,11 @@ class FakeTouchKernels:
             raise RuntimeError("fake touch kernel: a chunk leaves its allocation (an illegal address on a GPU)")
         written = (ch["mode"] & WRITE) != 0
         rel = lo - a.base
-        a.buf[rel[written]] = stamp & 0xFF  # (one byte a chunk: what the fake's residency needs)
-        if counts is not None:  # the self-test's variant: counts every byte and writes every written byte
-            for s, e, r, w in zip((lo - count_base).tolist(), (hi - count_base).tolist(), rel.tolist(),
-                                  written.tolist()):
+        for r, n in zip(rel[written].tolist(), (hi - lo)[written].tolist()):
+            a.buf[r:r + n] = stamp & 0xFF
+        if counts is not None:  # the self-test's variant: counts every byte
+            for s, e in zip((lo - count_base).tolist(), (hi - count_base).tolist()):
                 counts[s:e] += 1
-                if w:
-                    a.buf[r:r + e - s] = stamp & 0xFF
         nbytes = int((hi - lo).sum())
         if a.kind != "managed":
             return t["launch_s"] + nbytes / t["hbm_bw"]
@@ -136,6 +133,10 @@ class FakeDevice(Device):
     def clock(self) -> float:
         """The fake's virtual clock: real time less the time spent emulating the GPU on the CPU."""
         return self.rt.vnow()
+
+    def read_bytes(self, base: int, offsets: np.ndarray) -> np.ndarray:
+        a, off = self.rt._find(int(base), 1, ("managed",))
+        return a.buf[off + offsets]
 
     def measured(self, backend_result: dict) -> dict:
         m = dict(self.rt.moved)

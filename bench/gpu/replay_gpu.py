@@ -13,7 +13,8 @@ The arena never exceeds ``--max-fraction`` of the GPU memory free at start (the 
 a trace that does not fit at ``--scale`` is halved again until it does, and the result says so
 (``uvmprefetch.trace.scale``: sizes, access ranges, FLOPs and durations shrink together). ``--dry-run`` replays
 the shipped small trace on the CPU through the same loop and the same runtime over a fake CUDA driver
-(``_replay_fake.py``), and checks that every launch touched exactly its bytes, once, in trace order.
+(``_replay_fake.py``), and checks that every launch touched exactly its bytes, once, in trace order. On both, the
+bytes the kernels wrote are read back after the replay: a move that lost data fails the case.
 """
 
 from __future__ import annotations
@@ -361,14 +362,19 @@ def record_case(name, label, pol, ratio, sc, note, run, meas, profile, args, che
     checks.append(C.Check(f"{name} ran", "cut at --case-timeout" if meas["cut"] else f"{meas['launches']} launches",
                           "every launch", not meas["cut"]))
     evictions = (meas.get("budget_evictions") or 0) + (meas.get("policy_evictions") or 0)
-    moved = evictions > 0 if ratio > 1 else True
-    if pol != "demand":
-        moved = moved and (meas.get("prefetch_issued_bytes") or 0) > 0
-    if dev.kind == "fake" and ratio > 1:  # the fake driver saw the evictions happen, not only the books
-        moved = moved and (meas.get("bytes_dtoh") or 0) > 0
-    checks.append(C.Check(f"{name} moves issued by the runtime's mover", f"{evictions} evictions, "
-                          f"{_gib(meas.get('prefetch_issued_bytes'))} GiB prefetched", "evictions under the budget"
-                          + ("" if pol == "demand" else ", prefetches"), moved))
+    wanted = (["evictions under the budget"] if ratio > 1 else []) + ([] if pol == "demand" else ["prefetches"])
+    if wanted:  # (demand with everything fitting moves nothing: no check)
+        moved = evictions > 0 if ratio > 1 else True
+        if pol != "demand":
+            moved = moved and (meas.get("prefetch_issued_bytes") or 0) > 0
+        if dev.kind == "fake" and ratio > 1:  # the fake driver saw the evictions happen, not only the books
+            moved = moved and (meas.get("bytes_dtoh") or 0) > 0
+        checks.append(C.Check(f"{name} moves issued by the runtime's mover", f"{evictions} evictions, "
+                              f"{_gib(meas.get('prefetch_issued_bytes'))} GiB prefetched", ", ".join(wanted), moved))
+    d = meas["data"]
+    checks.append(C.Check(f"{name} written data intact after the moves", f"{d['wrong']} of {d['checked']} sampled "
+                          "bytes wrong" + (f" (first: {d['first_wrong']})" if d["wrong"] else ""),
+                          "0 wrong, > 0 checked", d["checked"] > 0 and d["wrong"] == 0))
     if dev.kind == "fake":
         from _replay_fake import check_log
         ok, what = check_log(dev.kernels.log, run.trace, run.layout.base, meas["arena_base"])

@@ -182,6 +182,7 @@ def test_dry_run_writes_results_and_baseline(tmp_path):
     for n in names:
         assert checks[f"{n} touched each launch's bytes once, in order"]["ok"] is True
         assert checks[f"{n} moves issued by the runtime's mover"]["ok"] is True
+        assert checks[f"{n} written data intact after the moves"]["ok"] is True
         assert checks[f"{n} prediction"]["ok"] is None  # the fake's timings are not a GPU's: reported, not judged
     for c in res["cases"]:
         m, p = c["measured"], c["predicted"]
@@ -219,3 +220,20 @@ def test_bad_input_is_one_line(tmp_path, args, words):
     assert proc.returncode == 2, proc.stderr
     err = proc.stderr.strip().splitlines()
     assert len(err) == 1 and words in err[0] and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_the_data_check_sees_a_move_that_loses_data():
+    dev, run, meas = _fake_run("demand")
+    assert meas["data"]["checked"] > 100 and meas["data"]["wrong"] == 0
+    # GIVEN a driver whose eviction to the host loses what it moves
+    dev = FakeDevice()
+    migrate = dev.rt._migrate
+
+    def losing(a, off, n, to_gpu):
+        if not to_gpu:
+            a.buf[off:off + n] = 0
+        return migrate(a, off, n, to_gpu)
+    dev.rt._migrate = losing
+    meas = replay_on_device(dev, run, make_runtime, time.monotonic() + 600)
+    # THEN the written bytes read back wrong
+    assert meas["data"]["wrong"] > 0 and meas["data"]["first_wrong"]["got"] == 0
