@@ -5,8 +5,9 @@ A trace's allocations are laid out as the simulator lays them out (``uvmprefetch
 that address space becomes one managed allocation, the *arena*, 2 MiB aligned: layout block ``b`` is the arena's
 ``b``-th 2 MiB block, so the GPU replay and the simulator's prediction see the same blocks. Each launch becomes
 one touch kernel (``kernels/touch.cu``) over its byte ranges (``touch_plan``), launched on one stream in trace
-order; after it is queued, the launch goes to the live runtime exactly as the runtime's observer hands it a
-PyTorch op (its blocks, written blocks, phase, iteration, duration), and the runtime's policy and mover act on it.
+order; the launch goes to the live runtime exactly as the runtime's observer hands it a PyTorch op (its blocks,
+written blocks, phase, iteration, duration; after its kernel was queued or before, as the runtime observes:
+``RuntimeAdapter.hook_after_launch``), and the runtime's policy and mover act on it.
 Frees reach the runtime before the launch that follows them, iteration ends after the iteration's last launch;
 at each iteration end the host waits for the GPU (a training loop that reads its loss), so per-iteration times
 are GPU times between events.
@@ -229,6 +230,7 @@ class Run:
     spin_s: np.ndarray  # what each kernel spins to: the duration less the profile's launch overhead
     budget_bytes: int
     policy: str
+    hook_after_launch: bool = True  # the runtime sees each launch after its kernel was queued (RuntimeAdapter)
 
     @property
     def arena_bytes(self) -> int:
@@ -241,7 +243,8 @@ class Run:
 
 def replay_on_device(dev: Device, run: Run, runtime_factory, deadline: float) -> dict:
     """Replay ``run`` on ``dev`` under the live runtime that ``runtime_factory(dev, arena, arena_bytes, budget,
-    policy)`` builds (``_replay_runtime.RuntimeAdapter``); stop launching at ``time.monotonic() > deadline``.
+    policy, hook_after_launch)`` builds (``_replay_runtime.RuntimeAdapter``); stop launching at
+    ``time.monotonic() > deadline``.
     Returns the measured figures (the replay JSON fields a GPU can give) and the runtime's own report."""
     mark = dev.cuda.mark()
     try:
@@ -271,7 +274,8 @@ def _replay(dev: Device, run: Run, runtime_factory, deadline: float) -> dict:
     durs = np.asarray(run.durations, dtype=np.float64).tolist()
     touch = dev.kernels.touch
     with dev.runtime_env():
-        rt = runtime_factory(dev, base, run.arena_bytes, run.budget_bytes, run.policy)
+        rt = runtime_factory(dev, base, run.arena_bytes, run.budget_bytes, run.policy, run.hook_after_launch)
+        after = rt.hook_after_launch  # the runtime sees a launch after its kernel was queued, or before
         events = [dev.event()]
         iter_ends: list[int] = []
         waited = 0.0
@@ -298,9 +302,12 @@ def _replay(dev: Device, run: Run, runtime_factory, deadline: float) -> dict:
                     waited += end_iteration(its[i - 1])
                 if dptr[i + 1] > dptr[i]:
                     rt.free(dead[dptr[i]:dptr[i + 1]])
-                touch(table, ptr[i], ptr[i + 1] - ptr[i], spin_ns[i], i & 0xFF)
+                if after:
+                    touch(table, ptr[i], ptr[i + 1] - ptr[i], spin_ns[i], i & 0xFF)
                 rt.launch(i, exec_ids[i], names[i], phases[i], its[i], durs[i], blocks[lptr[i]:lptr[i + 1]],
                           wblocks[wptr[i]:wptr[i + 1]])
+                if not after:
+                    touch(table, ptr[i], ptr[i + 1] - ptr[i], spin_ns[i], i & 0xFF)
                 launched = i + 1
                 if (i & 63) == 63 and time.monotonic() > deadline:
                     cut = i + 1 < L

@@ -74,6 +74,13 @@ class RuntimeAdapter:
     budget of ``budget_bytes`` and the policy ``policy`` (a name with optional parameters), driven with the
     layout's block numbers. ``compute_stream``: the stream the replay's kernels run on.
 
+    ``hook_after_launch`` (default True): the runtime sees a launch after its kernel was queued, as its
+    dispatcher-mode observer reports an op after the op ran (``runtime/observe.py``); the backend's GPU-progress
+    event is recorded then and follows the kernel. The policy's prefetches for that launch itself then go out
+    after the kernel was queued (the simulator decides before a launch starts). False: before the kernel, as an
+    observer called at the op's start would (a what-if for today's backend: its progress event then precedes the
+    kernel, so a running launch's blocks are protected only during its own hook).
+
     Raises
     ------
     uvmprefetch.errors.ConfigError, DeviceError
@@ -81,7 +88,7 @@ class RuntimeAdapter:
     """
 
     def __init__(self, base: int, arena_bytes: int, budget_bytes: int, policy: str, compute_stream: int,
-                 free_bytes: int, total_bytes: int) -> None:
+                 free_bytes: int, total_bytes: int, hook_after_launch: bool = True) -> None:
         import torch
 
         from uvmprefetch.config import Budget, RuntimeConfig
@@ -94,6 +101,7 @@ class RuntimeAdapter:
         self.policy = build_policy(cfg)
         self.backend = CudaBackend(cfg, self.policy, shim=ArenaShim(base, arena_bytes, free_bytes, total_bytes))
         torch.cuda.set_stream(torch.cuda.ExternalStream(int(compute_stream)))
+        self.hook_after_launch = bool(hook_after_launch)
         self.base = int(base)
         self.first = self.base // MB2  # the runtime numbers blocks address // block size
         self._ids = np.full(int(arena_bytes) // MB2, -1, dtype=np.int64)  # layout block -> the backend's id
@@ -132,7 +140,9 @@ class RuntimeAdapter:
         self.backend.close()
 
 
-def make_runtime(dev, base: int, arena_bytes: int, budget_bytes: int, policy: str) -> RuntimeAdapter:
+def make_runtime(dev, base: int, arena_bytes: int, budget_bytes: int, policy: str,
+                 hook_after_launch: bool = True) -> RuntimeAdapter:
     """``replay_on_device``'s ``runtime_factory``: the adapter on ``dev``'s compute stream."""
     free, total = dev.cuda.mem_get_info()
-    return RuntimeAdapter(base, arena_bytes, budget_bytes, policy, int(dev.cuda.stream), free, total)
+    return RuntimeAdapter(base, arena_bytes, budget_bytes, policy, int(dev.cuda.stream), free, total,
+                          hook_after_launch)

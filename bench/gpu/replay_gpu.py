@@ -182,6 +182,10 @@ def parse_args(argv):
     p.add_argument("--host", default="measured",
                    help="the prediction's host clock: measured (default: live-sync with this run's own host time per "
                         "launch), none, live-sync, or k=v pairs (docs/simulator.md 'Host clock')")
+    p.add_argument("--hook", choices=("after", "before"), default="after",
+                   help="when the runtime sees a launch: after its kernel was queued (default: as the live "
+                        "runtime's observer sees an op) or before it (a what-if: the policy's prefetches for the "
+                        "launch itself go out first)")
     p.add_argument("--time-limit", type=float, default=270.0,
                    help="seconds for the whole script; no case starts after it (default 270)")
     p.add_argument("--case-timeout", type=float, default=90.0,
@@ -267,7 +271,8 @@ def main(argv=None) -> int:
     log(f"{dev.name}: {free / 2**30:.1f} of {total / 2**30:.1f} GiB free; arena cap {cap / 2**30:.2f} GiB; "
         f"profile {prof_desc}")
     bpath = None if args.no_baseline else baseline.path_for(args.dry_run, args.baseline)
-    payload = {"profile": prof_desc, "host": args.host, "max_fraction": args.max_fraction, "cap_bytes": cap,
+    payload = {"profile": prof_desc, "host": args.host, "hook": args.hook, "max_fraction": args.max_fraction,
+               "cap_bytes": cap,
                "free_bytes": free, "total_bytes": total, "device_kind": dev.kind, "warm_s": warm_s,
                "self_test": what, "cases": []}
     rows: list[list] = []
@@ -309,7 +314,8 @@ def run_cases(args, traces, dev, profile, cap, start, checks, rows, keep, log) -
     skipped: list[str] = []
     over = lambda: time.monotonic() - start > args.time_limit  # noqa: E731
     for label, path in traces:
-        names = [f"replay/{label}/{pol}/{r:g}" for r in args.ratios for pol in args.policy_list]
+        suffix = "" if args.hook == "after" else "/hook-before"
+        names = [f"replay/{label}/{pol}/{r:g}{suffix}" for r in args.ratios for pol in args.policy_list]
         if over():
             skipped += names
             continue
@@ -327,7 +333,7 @@ def run_cases(args, traces, dev, profile, cap, start, checks, rows, keep, log) -
         for ratio in args.ratios:
             budget = capacity_for(lay, None, ratio)
             for pol in args.policy_list:
-                name = f"replay/{label}/{pol}/{ratio:g}"
+                name = f"replay/{label}/{pol}/{ratio:g}{suffix}"
                 if over():
                     skipped.append(name)
                     continue
@@ -335,7 +341,7 @@ def run_cases(args, traces, dev, profile, cap, start, checks, rows, keep, log) -
                     checks.append(C.Check(f"{name} ran", f"budget {budget >> 20} MiB below the widest launch "
                                           f"({widest * 2} MiB)", "a budget that holds every launch", False))
                     continue
-                run = Run(st, lay, plan, dur, spin, budget, pol)
+                run = Run(st, lay, plan, dur, spin, budget, pol, args.hook == "after")
                 log(f"{name}: scale {sc:.4g}, footprint {lay.footprint_blocks * 2} MiB, budget {budget >> 20} MiB, "
                     f"{st.n_launches} launches, {plan.n_chunks} chunks")
                 if dev.kind == "fake":
@@ -389,7 +395,7 @@ def record_case(name, label, pol, ratio, sc, note, run, meas, profile, args, che
     return {"name": name, "trace": label, "policy": pol, "oversub_asked": ratio, "scale": sc, "scale_note": note,
             "footprint_bytes": run.layout.footprint_blocks * (2 << 20), "budget_bytes": run.budget_bytes,
             "oversub": run.layout.footprint_blocks / (run.budget_bytes // (2 << 20)),
-            "profile": profile.name, "host": args.host, "measured": meas, "predicted": pred,
+            "profile": profile.name, "host": args.host, "hook": args.hook, "measured": meas, "predicted": pred,
             "error": err, "steady_s_measured": m_st, "steady_s_predicted": p_st, "steady_error": rel_err(p_st, m_st),
             "fault_ratio": rel_err(pred["faults"], meas["faults"]) if pred and meas["faults"] else None}
 
@@ -419,6 +425,7 @@ def baseline_case(c: dict) -> dict:
             "ideal_s": m["ideal_s"], "stall_s": m["stall_s"], "faults": m["faults"], "bytes_htod": m["bytes_htod"],
             "bytes_dtoh": m["bytes_dtoh"], "measured_by": m.get("measured_by"), "cut": m["cut"],
             "iteration_times_s": m["iteration_times_s"], "profile": c["profile"], "host_model": c["host"],
+            "hook": c["hook"], "data_bytes_checked": m["data"]["checked"], "data_bytes_wrong": m["data"]["wrong"],
             "predicted_time_s": p.get("time_s"), "predicted_s_per_iter": c["steady_s_predicted"],
             "predicted_stall_s": p.get("stall_s"), "predicted_host_stall_s": p.get("host_stall_s"),
             "predicted_faults": p.get("faults"), "predicted_bytes_htod": p.get("bytes_htod"),
