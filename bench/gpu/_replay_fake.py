@@ -5,7 +5,8 @@
   the calls) that also counts what moved each way and what faulted.
 - ``FakeTouchKernels`` stands for ``kernels/touch.cu``: it reads the same chunk table from fake device memory,
   writes the launch's stamp into the bytes it writes (as the kernel does), faults non-resident blocks in, queues its time on the compute stream (its spin, or longer when it faulted),
-  and records which bytes it touched and in which order (``log``).
+  and records which bytes it touched and in which order (``log``). Its effect on residency happens when it is
+  launched, as if the GPU were idle (on a GPU a queued kernel may start after moves issued behind it).
 - ``installed(rt)`` puts the fake where the live runtime looks for CUDA while the replay runs: PyTorch's
   ``torch.cuda`` streams, events and device queries (the backend's ``Mover`` and GPU-progress events), the
   ``cuda.bindings.runtime`` module (the ``Mover``'s calls) and the driver probe ``uvmprefetch.runtime.device

@@ -2,8 +2,9 @@
 it is here, so that when the runtime's internals change only this module does.
 
 The replay drives the runtime at its backend level, as the runtime's own observer does for a PyTorch op: one
-``LaunchInfo`` per launch after its kernel was queued (``CudaBackend.launch``), the blocks that died before it
-(``free``), each iteration's end (``end_iteration``). The backend's policy decides, its residency books and
+``LaunchInfo`` per launch after its kernel was queued (``CudaBackend.launch``; before it with
+``hook_after_launch=False``), the blocks that died before it (``free``), each iteration's end
+(``end_iteration``). The backend's policy decides, its residency books and
 budget pick the victims, and its ``Mover`` issues every prefetch, eviction and advice on its own streams: the
 moves are the live runtime's, call for call. Memory is not PyTorch's: the replay's arena, one managed
 allocation, stands where the shim's list of managed allocations stands (``ArenaShim``), and the replay's
