@@ -139,10 +139,10 @@ next)
     keep_next evict_microbench.json
     # 2. issue 38: the four standard traces replayed with touch kernels at 1/8 of their size, 1.5x, demand and
     #    uvmprefetch under the live runtime, each with the simulator's prediction (~2.5 min, at most 3.5: it
-    #    records the traces, ~30 s, and compiles the policies, ~60 s on a fresh machine, first; no case starts
-    #    after 150 s). Written straight into $OUT after every case: a command cut later keeps them.
-    step replay-gpu 210 "$PY" bench/gpu/replay_gpu.py --standard --scale 1/8 --oversub 1.5 \
-        --policies demand,uvmprefetch --time-limit 150 --case-timeout 45 --out "${OUT:-$NEXT}"
+    #    records the traces, ~30 s, and compiles the policy, ~1 min on a fresh machine, first; no case starts
+    #    after 150 s, so the smaller traces go first). Written into $OUT after every case: a cut keeps them.
+    step replay-gpu 210 "$PY" bench/gpu/replay_gpu.py resnet-152 bert-large vit-large gpt2-large --scale 1/8 \
+        --oversub 1.5 --policies demand,uvmprefetch --time-limit 150 --case-timeout 45 --out "${OUT:-$NEXT}"
     keep_next replay_gpu.json
     ;;
 part1)
