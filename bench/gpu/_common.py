@@ -517,3 +517,14 @@ def geomean(xs: list[float]) -> float:
 
 def which(prog: str) -> str | None:
     return shutil.which(prog)
+
+
+def host_available_bytes() -> int | None:
+    """``MemAvailable`` of ``/proc/meminfo`` in bytes (None where it cannot be read)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None

@@ -4,7 +4,7 @@
 # run them on the device machine, never on a machine whose Python others use.
 #
 #   bench/gpu/run_all.sh next      # the next GPU session's first command: its measurements, most decisive
-#                                  # first, each step under its own limit (below; ~2 min today, at most ~6)
+#                                  # first, each step under its own limit (below; ~4 min today, at most ~9)
 #   bench/gpu/run_all.sh part1     # calibrate + tests/gpu + correctness           (~6 min, at most ~9)
 #   bench/gpu/run_all.sh part2     # 1.5x: oversub --trace (managed, uvmprefetch, deepum) + fidelity --from
 #                                  # oversub, without and with the live-sync host clock (~8 min, at most ~9.5)
@@ -137,6 +137,13 @@ next)
     # 1. issue 33 step 1: copy-out + discard + copy-in against UVM eviction, remote access (~1 min, at most ~5)
     step evict-microbench 330 "$PY" bench/gpu/evict_microbench.py --out "$NEXT" --time-limit 280
     keep_next evict_microbench.json
+    # 2. issue 38: the four standard traces replayed with touch kernels at 1/8 of their size, 1.5x, demand and
+    #    uvmprefetch under the live runtime, each with the simulator's prediction (~2.5 min, at most 3.5: it
+    #    records the traces, ~30 s, and compiles the policy, ~1 min on a fresh machine, first; no case starts
+    #    after 150 s, so the smaller traces go first). Written into $OUT after every case: a cut keeps them.
+    step replay-gpu 210 "$PY" bench/gpu/replay_gpu.py resnet-152 bert-large vit-large gpt2-large --scale 1/8 \
+        --oversub 1.5 --policies demand,uvmprefetch --time-limit 150 --case-timeout 45 --out "${OUT:-$NEXT}"
+    keep_next replay_gpu.json
     ;;
 part1)
     setup
@@ -260,6 +267,7 @@ summary)
 dry-run)
     RES=out/gpu-dryrun
     step evict-microbench 120 "$PY" bench/gpu/evict_microbench.py --dry-run --quiet
+    step replay-gpu 300 "$PY" bench/gpu/replay_gpu.py --dry-run --quiet
     step calibrate 120 "$PY" bench/gpu/calibrate.py --dry-run --quiet
     step correctness 300 "$PY" bench/gpu/correctness.py --dry-run
     step overhead 300 "$PY" bench/gpu/overhead.py --dry-run --rounds 1

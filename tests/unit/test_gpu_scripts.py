@@ -18,7 +18,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 GPU = REPO / "bench" / "gpu"
-SCRIPTS = ["calibrate", "correctness", "overhead", "oversub", "fidelity", "diagnose", "distributed"]
+SCRIPTS = ["calibrate", "correctness", "overhead", "oversub", "fidelity", "diagnose", "distributed", "replay_gpu"]
 sys.path.insert(0, str(GPU))
 
 
