@@ -772,6 +772,12 @@ UVM_EXPORT void uvmobs_stop() {
 
 UVM_EXPORT int uvmobs_state() { return g_state.load(); }
 
+// In a forked child: record nothing from now on, without taking a lock (the parent's other threads may have held
+// one at the fork). The callbacks stay registered and return at once.
+UVM_EXPORT void uvmobs_quiet() {
+    if (g_state.load() != kFailed) g_state.store(kOff);
+}
+
 UVM_EXPORT void uvmobs_set_optimizer(int on) { g_optimizer.store(on != 0, std::memory_order_relaxed); }
 
 UVM_EXPORT void uvmobs_set_timing(int on) { g_timing.store(on != 0); }

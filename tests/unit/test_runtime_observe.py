@@ -1,6 +1,6 @@
-"""Observation on the CPU: the dispatcher mode sees forward, backward and optimizer launches with their
-accesses, storage deaths reach ``on_free``, the address layout reuses memory like a caching allocator, and a
-failing backend never breaks the user's program."""
+"""Observation on the CPU, by both observers (the C++ one with its planner thread, and the Python dispatch mode):
+forward, backward and optimizer launches are seen with their accesses, storage deaths reach ``on_free``, the
+address layout reuses memory like a caching allocator, and a failing backend never breaks the user's program."""
 
 import numpy as np
 import pytest
@@ -51,9 +51,23 @@ class RecordingBackend:
         pass
 
 
-def session(backend, **kw):
-    cfg = RuntimeConfig(enabled=True, backend="dryrun", policy="demand", log="quiet", **kw)
-    return Session(cfg, backend=backend)
+OBSERVERS = ["python", "native"]
+
+
+@pytest.fixture(params=OBSERVERS)
+def observer(request):
+    if request.param == "native":
+        from uvmprefetch.runtime import native, native_observer
+        try:
+            native_observer.load()
+        except native.NativeBuildError as e:
+            pytest.skip(f"the C++ observer cannot be built here: {e}")
+    return request.param
+
+
+def session(backend, observer="python", **kw):
+    cfg = RuntimeConfig(enabled=True, backend="dryrun", policy="demand", log="quiet", observer=observer, **kw)
+    return Session(cfg, backend=backend, dormant=False)
 
 
 def train(steps=2, seed=0, update="adam", clip=False):
@@ -80,10 +94,10 @@ def train(steps=2, seed=0, update="adam", clip=False):
     return losses
 
 
-def observed(**kw):
+def observed(observer, **kw):
     """``train(**kw)`` under a session on a ``RecordingBackend``: (backend, session)."""
     be = RecordingBackend()
-    s = session(be).start()
+    s = session(be, observer).start()
     try:
         train(**kw)
     finally:
@@ -91,8 +105,8 @@ def observed(**kw):
     return be, s
 
 
-def test_forward_backward_optimizer_and_iterations_seen():
-    be, s = observed(steps=2)
+def test_forward_backward_optimizer_and_iterations_seen(observer):
+    be, s = observed(observer, steps=2)
     phases = {PHASE[p] for p in ("forward", "backward", "optimizer")}
     assert phases <= {i.phase for i in be.launches}
     assert be.iters == [0, 1] and s.iteration == 2
@@ -109,10 +123,10 @@ def test_forward_backward_optimizer_and_iterations_seen():
 
 
 
-def test_iterations_inferred_without_a_torch_optim_step():
+def test_iterations_inferred_without_a_torch_optim_step(observer):
     # No optimizer hook fires: the launch after each backward pass starts an iteration, so the policy's
     # per-iteration state still resets.
-    be, s = observed(steps=4, update="manual")
+    be, s = observed(observer, steps=4, update="manual")
     assert be.iters == [0, 1, 2, 3] and s.iteration == 4 and s.iter_ends.inferred == 4
     seg = {k: [(i.exec_id, i.phase) for i in be.launches if i.iteration == k] for k in range(5)}
     assert seg[1] == seg[2] == seg[3] and seg[1]  # update, forward, backward: the same launches every iteration
@@ -120,11 +134,11 @@ def test_iterations_inferred_without_a_torch_optim_step():
     assert seg[0] and seg[0][-1][1] == PHASE["backward"] and seg[4] and all(p == PHASE["forward"] for _, p in seg[4])
 
 
-def test_a_hooked_step_after_gradient_clipping_ends_each_iteration_once():
+def test_a_hooked_step_after_gradient_clipping_ends_each_iteration_once(observer):
     # Clipping runs forward-phase ops between the backward pass and the step: they end the first iteration
     # (no hook has been seen yet), so that step's hook ends none; after it only the hooks end iterations. Three
     # loops, three ends.
-    be, s = observed(steps=3, clip=True)
+    be, s = observed(observer, steps=3, clip=True)
     assert be.iters == [0, 1, 2] and s.iter_ends.inferred == 1 and s.iteration == 3
 
 
@@ -132,15 +146,17 @@ def s_name(s, info):
     return {v: k for k, v in s.names.items()}[info.name]
 
 
-def test_tensor_death_reaches_on_free():
+def test_tensor_death_reaches_on_free(observer):
     be = RecordingBackend()
-    s = session(be).start()
+    s = session(be, observer).start()
     try:
         x = torch.ones(4 * BS // 4)  # 4 blocks
         y = x * 2
+        s.flush()
         blocks_y = be.launches[-1].write_blocks.copy()
         del y
         z = x + 1  # the next launch drains the death first
+        s.flush()
         assert be.frees, "no free reported"
         _, freed = be.frees[-1]
         assert set(blocks_y.tolist()) <= set(freed.tolist())
@@ -159,10 +175,10 @@ def test_accesses_modes():
     assert tensor_extent(v) == (8, (1 + 4 * 2) * 4)
 
 
-def test_failing_backend_degrades_training_goes_on(capsys):
+def test_failing_backend_degrades_training_goes_on(capsys, observer):
     ref = train(steps=3)
     be = RecordingBackend(fail_at=5)
-    s = session(be).start()
+    s = session(be, observer).start()
     try:
         got = train(steps=3)
     finally:
@@ -212,15 +228,15 @@ def test_dryrun_backend_respects_budget(policy):
 
 
 
-def test_inferred_iteration_ends_reach_the_policy_through_the_dryrun_backend():
+def test_inferred_iteration_ends_reach_the_policy_through_the_dryrun_backend(observer):
     # A hand-written update under the real dryrun backend and the default policy: every inferred end reaches
     # uvmprefetch's on_iteration (its per-iteration counts reset), the report counts them, and training is as
     # without the runtime.
     from uvmprefetch.config import parse_budget
     ref = train(steps=4, update="manual")
     cfg = RuntimeConfig(enabled=True, backend="dryrun", policy="uvmprefetch", log="quiet",
-                        budget=parse_budget("256KiB"))
-    s = Session(cfg).start()
+                        budget=parse_budget("256KiB"), observer=observer)
+    s = Session(cfg, dormant=False).start()
     try:
         got = train(steps=4, update="manual")
     finally:

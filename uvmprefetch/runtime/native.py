@@ -199,8 +199,9 @@ def built(lib: Library) -> tuple[Path | None, str]:
     return (folder / lib.filename, "") if not why else (None, why)
 
 
-def build(lib: Library) -> Path:
-    """The path of a verified build of ``lib``, building it first when needed.
+def build(lib: Library, say=None) -> Path:
+    """The path of a verified build of ``lib``, building it first when needed (``say(msg)``, if given, is told
+    before a build starts: it takes seconds).
 
     Raises
     ------
@@ -227,6 +228,9 @@ def build(lib: Library) -> Path:
             except OSError:  # not ours to remove: build beside it, never load it
                 folder = Path(tempfile.mkdtemp(prefix=f"{lib.name}-{key}-", dir=root))
         tmp = Path(tempfile.mkdtemp(prefix=f".{lib.name}-build-", dir=root))  # 0700
+        if say is not None:
+            say(f"building {lib.filename} for this {'torch ' + facts['torch'] if lib.torch else 'compiler'} "
+                f"(once, into {root})")
         try:
             _make(lib, src, tmp, facts)
             rec = {"key": key, "lib_sha256": _sha256(tmp / lib.filename), **facts}

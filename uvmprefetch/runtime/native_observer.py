@@ -9,7 +9,6 @@ The allocator ring's records mirror ``uvm::AllocEvent`` (``kernels/uvmevents.h``
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 
 import numpy as np
@@ -60,6 +59,7 @@ class ObserverLib:
             "uvmobs_set_active": (ctypes.c_int, [ctypes.c_int]),
             "uvmobs_stop": (None, []),
             "uvmobs_state": (ctypes.c_int, []),
+            "uvmobs_quiet": (None, []),
             "uvmobs_set_optimizer": (None, [ctypes.c_int]),
             "uvmobs_set_timing": (None, [ctypes.c_int]),
             "uvmobs_mark": (ctypes.c_uint64, [ctypes.c_uint32, ctypes.c_uint64]),
@@ -168,14 +168,14 @@ _loaded: ObserverLib | None = None
 _why_not: str | None = None
 
 
-def load() -> ObserverLib:
-    """The observer library, built on first use (``runtime/native.py``) and loaded once per process.
+def load(say=None) -> ObserverLib:
+    """The observer library, built on first use (``runtime/native.py``; ``say(msg)`` is told before a build) and
+    loaded once per process.
 
     Raises
     ------
     NativeBuildError
-        No compiler, torch headers, make; the build failed; or ``UVMPREFETCH_OBSERVER=python`` asks for the
-        fallback. The message is one line that says which.
+        No compiler, torch headers or make, or the build failed: one line that says which.
     """
     global _loaded, _why_not
     with _lock:
@@ -184,9 +184,7 @@ def load() -> ObserverLib:
         if _why_not is not None:
             raise native.NativeBuildError(_why_not)
         try:
-            if os.environ.get("UVMPREFETCH_OBSERVER", "").lower() == "python":
-                raise native.NativeBuildError("UVMPREFETCH_OBSERVER=python asks for the Python observer")
-            _loaded = ObserverLib(native.build(native.OBSERVER))
+            _loaded = ObserverLib(native.build(native.OBSERVER, say=say))
         except native.NativeBuildError as e:
             _why_not = str(e)
             raise
@@ -198,8 +196,6 @@ def load() -> ObserverLib:
 
 def status() -> tuple[bool, str]:
     """(available, detail) without building: what ``doctor`` reports."""
-    if os.environ.get("UVMPREFETCH_OBSERVER", "").lower() == "python":
-        return False, "UVMPREFETCH_OBSERVER=python: the Python dispatch-mode observer is used"
     path, why = native.built(native.OBSERVER)
     if path is not None:
         import json

@@ -7,7 +7,7 @@ and how far the GPU has got.
   stack included) over to it. A launch's phase is ``backward`` when ``torch._C._current_autograd_node()`` is
   set, ``optimizer`` between the global optimizer step pre/post hooks, ``forward`` otherwise; each optimizer
   step ends an iteration.
-- **Tensor deaths** come from finalizers on storages (PyTorch keeps one Python object per live storage, so a
+- **Tensor deaths** (this Python observer) come from finalizers on storages (PyTorch keeps one Python object per live storage, so a
   ``weakref.finalize`` fires when the storage itself dies). Finalizers run on whatever thread drops the last
   reference, so they only append to a queue; the session drains it before the next launch (hook order:
   ``on_free`` before ``on_launch``).
@@ -41,9 +41,9 @@ from ..trace.recorder import accesses_of, launches_kernel, tensor_extent  # noqa
 VirtualLayout = FirstFit
 
 
-@dataclass
+@dataclass(eq=False)
 class Storage:
-    """One live storage as the runtime sees it."""
+    """One live storage as the runtime sees it (hashed by identity: one object per allocation id)."""
 
     id: int  # allocation id (dense, in first-sight order; also the trace's allocation id)
     key: int  # the storage's data_ptr when first seen
@@ -70,7 +70,8 @@ class StorageTracker:
         self._lock = threading.Lock()
 
     def lookup(self, storage) -> Storage | None:
-        """The ``Storage`` for a torch ``UntypedStorage``, registering it on first sight."""
+        """The ``Storage`` for a torch ``UntypedStorage``, registering it on first sight (its death comes from a
+        finalizer: the Python observer)."""
         nbytes = storage.nbytes()
         if nbytes <= 0:
             return None
@@ -78,6 +79,29 @@ class StorageTracker:
         s = self.live.get(key)
         if s is not None and s.nbytes == nbytes:
             return s
+        s = self.register(key, nbytes)
+        weakref.finalize(storage, self.dead.append, s)
+        return s
+
+    def at(self, key: int, nbytes: int) -> Storage:
+        """The live ``Storage`` at address ``key`` of ``nbytes`` (the C++ observer's ranges), registering it on first
+        sight; one of another size there died unreported (its free was not seen): it is queued dead first."""
+        s = self.live.get(key)
+        if s is not None:
+            if s.nbytes == nbytes:
+                return s
+            self.dead.append(s)
+        return self.register(key, nbytes)
+
+    def kill(self, key: int) -> None:
+        """The allocation at address ``key`` was freed (an allocator event): its storage, if one was seen, is
+        queued dead."""
+        s = self.live.get(key)
+        if s is not None:
+            self.dead.append(s)
+            del self.live[key]
+
+    def register(self, key: int, nbytes: int) -> Storage:
         with self._lock:
             base = self.layout.alloc(nbytes) if self.layout is not None else key
             s = Storage(self.next_id, key, base, nbytes)
@@ -87,7 +111,6 @@ class StorageTracker:
             self.peak_live_bytes = max(self.peak_live_bytes, self.live_bytes)
             for b in self.blocks_of(base, nbytes):
                 self.block_refs[b] += 1
-        weakref.finalize(storage, self.dead.append, s)
         return s
 
     def blocks_of(self, start: int, length: int) -> range:

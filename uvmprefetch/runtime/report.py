@@ -34,6 +34,10 @@ def build_report(s) -> dict:
         s._note_error("policy report", e)
         pol = {}
     cap = int(getattr(s.backend, "capacity_bytes", 0) or 0)
+    nat = _native(s)
+    dormant = nat.get("dormant_launches", {}) if nat else {}
+    by_phase = {p: n + dormant.get(p, 0) for p, n in s.phase_launches.items()}
+    never_woke = bool(nat) and nat.get("planner", {}).get("woke") is None and nat["planner"].get("dormant")
     rep = {
         "uvmprefetch": __version__,
         "backend": s.cfg.backend,
@@ -43,12 +47,15 @@ def build_report(s) -> dict:
         "budget_bytes": cap if s.cfg.budget is not None else None,
         "capacity_bytes": cap,
         "block_size": s.block_size,
-        "launches": s.index,
-        "launches_by_phase": dict(s.phase_launches),
+        "observer": {"kind": s.observer, "why_not_native": s.observer_why or None},
+        "launches": sum(by_phase.values()),
+        "launches_planned": s.index,
+        "launches_by_phase": by_phase,
         "iterations": s.iteration,
         "inferred_iterations": s.iter_ends.inferred,
         "allocations_seen": s.tracker.next_id,
-        "working_set_bytes": int(s.tracker.peak_live_bytes),
+        # null while nothing was planned (the model fitted: no storage was looked at)
+        "working_set_bytes": None if never_woke else int(s.tracker.peak_live_bytes),
         # dryrun: the high-water mark of the caching-allocator-like address space is what would be managed
         "peak_managed_bytes": int(be.get("peak_managed_bytes") or (s.tracker.layout.peak_top if s.tracker.layout
                                                                    else s.tracker.peak_live_bytes)),
@@ -67,17 +74,27 @@ def build_report(s) -> dict:
         "errors": s.errors[:20],
         "policy_report": pol,
         "backend_result": be,
-        "observe_time": {"ops": s.ops, "op_s": round(s.op_s, 6), "after_op_s": round(s.after_op_s, 6),
-                         "note": "host seconds over every dispatched op: op_s = the ops themselves (PyTorch below "
-                                 "the dispatch mode, kernel launches included); after_op_s = the runtime after "
-                                 "each op (observation + launch hook; the hook's own split is "
-                                 "backend_result.host_time)"},
+        "observe_time": nat or {
+            "observer": "python", "ops": s.ops, "op_s": round(s.op_s, 6), "after_op_s": round(s.after_op_s, 6),
+            "note": "host seconds over every dispatched op: op_s = the ops themselves (PyTorch below the dispatch "
+                    "mode, kernel launches included); after_op_s = the runtime after each op (observation + "
+                    "launch hook; the hook's own split is backend_result.host_time)"},
     }
     if s.cfg.backend == "dryrun":
         rep["model_time_s"] = be.get("time_s")
         rep["model_stall_s"] = be.get("stall_s")
         rep["model_iter_s"] = be.get("iteration_times_s")
     return rep
+
+
+def _native(s) -> dict:
+    if s.native is None:
+        return {}
+    try:
+        return s.native.result()
+    except Exception as e:  # noqa: BLE001
+        s._note_error("observer report", e)
+        return {}
 
 
 def summary(rep: dict) -> str:
@@ -88,9 +105,14 @@ def summary(rep: dict) -> str:
     def pct(v):
         return f"{v:.0%}" if isinstance(v, (int, float)) else "n/a"
 
+    ot = rep.get("observe_time") or {}
+    planner = ot.get("planner") or {}
+    observer = rep["observer"]["kind"] + (" observer, planner never woke: the model fitted" if planner.get("dormant")
+                                          and not planner.get("woke") else " observer")
     lines = [
         f"uvmprefetch: {rep['backend']} run, policy {rep['policy']}, {rep['launches']} launches, "
-        f"{rep['iterations']} iterations" + (" (DEGRADED: prefetcher switched off)" if rep["degraded"] else ""),
+        f"{rep['iterations']} iterations, {observer}" + (" (DEGRADED: prefetcher switched off)" if rep["degraded"]
+                                                         else ""),
         f"  working set {sz(rep['working_set_bytes'])}, budget {sz(rep['budget_bytes']) if rep['budget_bytes'] else 'none'}"
         f", peak resident {sz(rep['peak_resident_bytes'])}, peak managed {sz(rep['peak_managed_bytes'])}",
         f"  moved {sz(rep['bytes_htod'])} to GPU, {sz(rep['bytes_dtoh'])} to host; faults "
