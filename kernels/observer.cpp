@@ -126,12 +126,12 @@ FlopKind flop_kind(const std::string& base) {
     return it == kinds.end() ? kNoFlops : it->second;
 }
 
-OpInfo* make_info(const at::RecordFunction& fn, const c10::OperatorName& opname) {
+OpInfo* make_info(const char* key, const c10::OperatorName& opname) {
     auto handle = c10::Dispatcher::singleton().findSchema(opname);
     if (!handle) return nullptr;
     const c10::FunctionSchema& schema = handle->schema();
     auto* info = new OpInfo();
-    info->key = fn.name();
+    info->key = key;
     info->base = opname.name;
     info->name = opname.name + (opname.overload_name.empty() ? "" : "." + opname.overload_name);
     // OpOverload.is_view: some argument is aliased, and none written
@@ -191,7 +191,7 @@ const OpInfo* op_info(const at::RecordFunction& fn) {
     auto opname = fn.operator_name();  // a copy: only on a miss
     if (!opname) return nullptr;       // a named range (not an op): its name is not stable, never cached
     std::lock_guard<std::mutex> lk(g_mu);
-    OpInfo* info = make_info(fn, *opname);
+    OpInfo* info = make_info(key, *opname);
     if (!info) return nullptr;
     info->id = uint32_t(g_ops.size());
     g_ops.push_back(info);
@@ -716,7 +716,10 @@ UVM_EXPORT int uvmobs_start(int device_type, int active) {
     try {
         {
             std::lock_guard<std::mutex> lk(g_mu);
-            if (g_state.load() == kFailed) return -2;
+            if (g_state.load() == kFailed) {  // a failure ends one run's observation; a new run starts clean
+                g_error.clear();
+                g_state.store(g_full ? kDormant : kOff);
+            }
             g_dev = device_type == 1 ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
             if (g_full == 0) {
                 g_full = at::addGlobalCallback(at::RecordFunctionCallback(&on_start, &on_end)
@@ -831,6 +834,25 @@ UVM_EXPORT size_t uvmobs_error(char* buf, size_t n) {
 
 // Tests: the callback throws once this many op runs were recorded (-1: never).
 UVM_EXPORT void uvmobs_test_fail_after(int64_t n) { g_fail_after.store(n); }
+
+// Tests: what the observer concludes about an op for device type `device_type` (0 CPU, 1 CUDA):
+// out = [found, launches a kernel, decomposes (CompositeImplicitAutograd), has an autocast kernel].
+UVM_EXPORT void uvmobs_op_facts(const char* name, const char* overload, int device_type, int* out) {
+    std::lock_guard<std::mutex> lk(g_mu);
+    const c10::DeviceType saved = g_dev;
+    g_dev = device_type == 1 ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
+    OpInfo* info = nullptr;
+    try {
+        info = make_info(nullptr, c10::OperatorName(name, overload));
+    } catch (...) {
+    }
+    g_dev = saved;
+    out[0] = info != nullptr;
+    out[1] = info && info->launches;
+    out[2] = info && info->decomposes;
+    out[3] = info && info->autocast;
+    delete info;
+}
 
 // Tests: the Python name the execution id hashes for ScalarType `code`.
 UVM_EXPORT const char* uvmobs_dtype_name(int code) { return uvm_py_dtype_name(c10::ScalarType(code)); }

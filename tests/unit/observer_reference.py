@@ -62,3 +62,21 @@ def reference_op(func, args, kwargs, out, in_optimizer: bool, device_type: str):
 
 
 __all__ = ["Op", "READ", "ReferenceMode", "WRITE", "reference_op"]
+
+
+def native_ops(lib, recs) -> list:
+    """The C++ observer's records (``lib.drain_ops()``) as ``Op`` tuples; marks are skipped."""
+    from uvmprefetch.runtime import native_observer as no
+    a, b, c, d = (recs[k].tolist() for k in "abcd")
+    f = recs["a"].view("<f8").tolist()
+    ops, i = [], 0
+    while i < len(a):
+        if c[i] >> 56 != no.HEAD:
+            i += 1
+            continue
+        n = d[i]
+        ranges = tuple((a[j], b[j], c[j] & no.LEN_MASK, (c[j] >> 48) & 0xF) for j in range(i + 2, i + 2 + n))
+        phase = PHASE[("forward", "backward", "optimizer")[(c[i] >> 32) & 0xFF]]
+        ops.append(Op((lib.op_name(c[i] & 0xFFFFFFFF), b[i], phase, ranges, f[i + 1])))
+        i += 2 + n
+    return ops

@@ -69,6 +69,7 @@ class ObserverLib:
             "uvmobs_error": (ctypes.c_size_t, [ctypes.c_char_p, ctypes.c_size_t]),
             "uvmobs_test_fail_after": (None, [ctypes.c_int64]),
             "uvmobs_dtype_name": (ctypes.c_char_p, [ctypes.c_int]),
+            "uvmobs_op_facts": (None, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int)]),
             "uvmalloc_install": (ctypes.c_int, []),
             "uvmalloc_uninstall": (None, []),
             "uvmalloc_set_events": (None, [ctypes.c_int]),
