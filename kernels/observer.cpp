@@ -66,13 +66,12 @@ std::atomic<bool> g_optimizer{false};
 std::atomic<bool> g_timing{false};
 std::atomic<int64_t> g_fail_after{-1};  // tests: throw inside the callback once this many ops were recorded
 c10::DeviceType g_dev = c10::DeviceType::CPU;
-at::CallbackHandle g_full = 0, g_count = 0;
+at::CallbackHandle g_full = 0;
 std::mutex g_mu;  // start/stop/switch, the op table's insertions, the error text
 std::string g_error;
 std::unordered_set<std::string> g_no_kernel, g_skip_ns;
 
 std::atomic<uint64_t> g_recorded{0};     // op runs pushed (or dropped by a full ring)
-std::atomic<uint64_t> g_counted[3];      // kernel-launching mode-level ops seen while dormant, per phase
 std::atomic<uint64_t> g_callback_ns{0};  // time inside the active callbacks (with timing on)
 std::atomic<uint64_t> g_gate_late{0}, g_gate_fault{0}, g_gate_waits{0};
 
@@ -635,28 +634,6 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     }
 }
 
-// Dormant: no arguments (no boxing), only the mode-level kernel-launching ops counted by phase.
-std::unique_ptr<at::ObserverContext> count_start(const at::RecordFunction& fn) {
-    Pending& p = t_p;
-    if (p.owner != nullptr || g_state.load(std::memory_order_relaxed) != kDormant) return nullptr;
-    try {
-        const OpInfo* info = op_info(fn);
-        if (info == nullptr || passes_through(info)) return nullptr;
-        p.owner = &fn;
-        p.record = false;
-        if (info->launches && !c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Python))
-            g_counted[current_phase()].fetch_add(1, std::memory_order_relaxed);
-    } catch (...) {
-        fail("observer", "exception while dormant");
-    }
-    return nullptr;
-}
-
-void count_end(const at::RecordFunction& fn, at::ObserverContext*) {
-    Pending& p = t_p;
-    if (p.owner == &fn) p.owner = nullptr;
-}
-
 void split_lines(const char* text, std::unordered_set<std::string>& into) {
     into.clear();
     if (!text) return;
@@ -726,8 +703,6 @@ UVM_EXPORT int uvmobs_start(int device_type, int active) {
                                                    .needsInputs(true)
                                                    .needsOutputs(true)
                                                    .scopes({at::RecordScope::FUNCTION}));
-                g_count = at::addGlobalCallback(
-                    at::RecordFunctionCallback(&count_start, &count_end).scopes({at::RecordScope::FUNCTION}));
                 g_state.store(kDormant);
                 at::disableCallback(g_full);
             }
@@ -740,17 +715,16 @@ UVM_EXPORT int uvmobs_start(int device_type, int active) {
     }
 }
 
-// Switch between dormant (cheap counting, no arguments) and active (full records). Returns the new state.
+// Switch between dormant (the callback disabled: the dispatcher runs no RecordFunction for us at all) and active
+// (full records). Returns the new state.
 UVM_EXPORT int uvmobs_set_active(int on) {
     std::lock_guard<std::mutex> lk(g_mu);
     if (g_full == 0 || g_state.load() == kFailed) return g_state.load();
     try {
         if (on) {
             at::reenableCallback(g_full);
-            at::disableCallback(g_count);
             g_state.store(kActive);
         } else {
-            at::reenableCallback(g_count);
             at::disableCallback(g_full);
             g_state.store(kDormant);
         }
@@ -767,10 +741,9 @@ UVM_EXPORT void uvmobs_stop() {
     if (g_state.load() != kFailed) g_state.store(kOff);
     try {
         if (g_full) at::removeCallback(g_full);
-        if (g_count) at::removeCallback(g_count);
     } catch (...) {
     }
-    g_full = g_count = 0;
+    g_full = 0;
 }
 
 UVM_EXPORT int uvmobs_state() { return g_state.load(); }
@@ -797,18 +770,16 @@ UVM_EXPORT size_t uvmobs_drain(OpRec* out, size_t max) { return g_ring.drain(out
 
 UVM_EXPORT uint64_t uvmobs_dropped() { return g_ring.dropped(); }
 
-// counters: [recorded runs, dropped records, dormant forward, backward, optimizer, callback ns, gate late,
-//            gate fault, gate waits, op ids]
+// counters: [recorded runs, dropped records, callback ns, gate late, gate fault, gate waits, op ids]
 UVM_EXPORT size_t uvmobs_counters(uint64_t* out, size_t n) {
-    uint64_t v[10] = {g_recorded.load(), g_ring.dropped(), g_counted[0].load(), g_counted[1].load(),
-                      g_counted[2].load(), g_callback_ns.load(), g_gate_late.load(), g_gate_fault.load(),
-                      g_gate_waits.load(), 0};
+    uint64_t v[7] = {g_recorded.load(), g_ring.dropped(), g_callback_ns.load(), g_gate_late.load(),
+                     g_gate_fault.load(), g_gate_waits.load(), 0};
     {
         std::lock_guard<std::mutex> lk(g_mu);
-        v[9] = g_ops.size();
+        v[6] = g_ops.size();
     }
-    for (size_t i = 0; i < n && i < 10; ++i) out[i] = v[i];
-    return 10;
+    for (size_t i = 0; i < n && i < 7; ++i) out[i] = v[i];
+    return 7;
 }
 
 // The name of op `id` ("aten::add.Tensor") into buf; returns its length (0: unknown id).

@@ -59,8 +59,9 @@ def test_missing_gpu_one_line_exit_5():
 def test_hook_enables_runtime_in_owner_only(tmp_path):
     rep = tmp_path / "r.json"
     code = "import torch; x = torch.ones(4); (x * 2).sum()"
+    # (a trace keeps the planner awake: without one it would sleep through a program this small, launches unseen)
     env = {"UVMPREFETCH": "1", "UVMPREFETCH_BACKEND": "dryrun", "UVMPREFETCH_REPORT": str(rep),
-           "UVMPREFETCH_LOG": "quiet"}
+           "UVMPREFETCH_LOG": "quiet", "UVMPREFETCH_TRACE": str(tmp_path / "t.uvmt")}
     r = py(code, env)
     assert r.returncode == 0, r.stderr
     assert json.loads(rep.read_text())["launches"] >= 2

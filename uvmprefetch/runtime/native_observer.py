@@ -29,8 +29,7 @@ ALLOC, FREE_COMPLETED = 0, 2  # uvm::AllocAction
 LEN_MASK = (1 << 48) - 1
 LEAF_GRAD = 1
 STATE_OFF, STATE_DORMANT, STATE_ACTIVE, STATE_FAILED = 0, 1, 2, 3
-COUNTERS = ("recorded", "dropped", "dormant_forward", "dormant_backward", "dormant_optimizer", "callback_ns",
-            "gate_late", "gate_fault", "gate_waits", "op_ids")
+COUNTERS = ("recorded", "dropped", "callback_ns", "gate_late", "gate_fault", "gate_waits", "op_ids")
 
 _u64p = ctypes.POINTER(ctypes.c_uint64)
 

@@ -8,11 +8,12 @@ simulated GPU's address space), tensor deaths, iteration ends, the policy's hook
 simulated GPU for dryrun; the books and the mover's queue for cuda), the report's counts and the trace.
 
 **Dormant when nothing needs to move.** Until the live bytes reach half the capacity (dryrun: the CPU
-allocator's count, kept in C++; cuda: the shim's managed bytes), the observer runs its cheap counting callback
-(no arguments walked) and this thread only waits, without the GIL, for the allocator to say that the threshold
-was crossed; then it switches the observer to full records and starts planning. A run whose model fits
-never leaves that state: the training thread pays the callback alone. (``UVMPREFETCH_TRACE`` keeps it
-awake: a trace needs every launch.)
+allocator's count, kept in C++; cuda: the shim's managed bytes), the observer's callback is disabled (the
+dispatcher runs no RecordFunction for it) and this thread only waits, without the GIL, for the allocator to say
+that the threshold was crossed; then it switches the observer on and starts planning. A run whose model fits
+never leaves that state: the training thread pays nothing per op (dryrun: the allocator wrapper's bookkeeping
+per allocation), and the report counts iterations but no launches. (``UVMPREFETCH_TRACE`` keeps it awake: a
+trace needs every launch.)
 
 **Gaps.** A full ring drops records and counts them; when the counts grow, the planner tells the backend that
 its knowledge has a gap (``backend.gap()``: no block counted dead before it may be discarded after it).
@@ -74,6 +75,8 @@ class Planner:
         self.gaps = 0
         self.busy_s = 0.0
         self.done_seq = 0  # the newest op or mark planned
+        self.slice_s = float(os.environ.get("UVMPREFETCH_PLANNER_SLICE_MS", "2")) / 1e3
+        self._held_since = 0.0
         self._carry = np.zeros(0, dtype=no.ALLOC_DTYPE)
         self._stop = threading.Event()
         self._fail_after = _fail_after("planner")
@@ -142,7 +145,7 @@ class Planner:
             return False
         if not len(ops) and not len(allocs) and not len(self._carry):
             return False
-        t0 = time.perf_counter()
+        t0 = self._held_since = time.perf_counter()
         with self.s._lock:
             if self.s.active:
                 self._check_gaps()
@@ -195,6 +198,13 @@ class Planner:
             self._op(a, b, c, d, f, i)
             if not self.s.active:
                 return
+            now = time.perf_counter()
+            if now - self._held_since > self.slice_s:
+                # A training thread that ran an op in C++ (GIL released) waits for the GIL to come back; Python
+                # hands it over only every switch interval (5 ms) unless the holder lets go. Letting go every
+                # slice bounds that wait; the planner's own wait to get it back is the price.
+                time.sleep(0)
+                self._held_since = time.perf_counter()
         for k in range(j, len(ev_seq)):
             tracker.kill(ev_addr[k])
         if last is not None:
@@ -317,13 +327,12 @@ class NativeObservation:
         c = {k: v - self._base.get(k, 0) for k, v in self.lib.counters().items()}
         out = {"observer": "native", "library": self.lib.path, "built_for_torch": self.lib.torch_version,
                "recorded": c["recorded"], "dropped_records": c["dropped"],
-               "dormant_launches": {p: c[f"dormant_{p}"] for p in PHASE_NAMES},
                "callback_s": round(c["callback_ns"] / 1e9, 6),
                "callback_us_per_launch": round(c["callback_ns"] / 1e3 / c["recorded"], 3) if c["recorded"] else None,
                "gate": {"late_blocks": c["gate_late"], "fault_blocks": c["gate_fault"], "waits": c["gate_waits"]},
                "allocator": self.lib.alloc_stats(),
-               "note": "callback_s: host seconds inside the C++ callbacks on the training thread(s) while planning "
-                       "(dormant: only a counting callback runs, not timed)"}
+               "note": "callback_s: host seconds inside the C++ callbacks on the training thread(s); while the planner "
+                       "is dormant the callback is off (the dispatcher runs none) and no launch is counted"}
         if self.planner is not None:
             out["planner"] = self.planner.result()
         return out

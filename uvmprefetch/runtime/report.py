@@ -35,8 +35,6 @@ def build_report(s) -> dict:
         pol = {}
     cap = int(getattr(s.backend, "capacity_bytes", 0) or 0)
     nat = _native(s)
-    dormant = nat.get("dormant_launches", {}) if nat else {}
-    by_phase = {p: n + dormant.get(p, 0) for p, n in s.phase_launches.items()}
     never_woke = bool(nat) and nat.get("planner", {}).get("woke") is None and nat["planner"].get("dormant")
     rep = {
         "uvmprefetch": __version__,
@@ -48,9 +46,8 @@ def build_report(s) -> dict:
         "capacity_bytes": cap,
         "block_size": s.block_size,
         "observer": {"kind": s.observer, "why_not_native": s.observer_why or None},
-        "launches": sum(by_phase.values()),
-        "launches_planned": s.index,
-        "launches_by_phase": by_phase,
+        "launches": s.index,
+        "launches_by_phase": dict(s.phase_launches),
         "iterations": s.iteration,
         "inferred_iterations": s.iter_ends.inferred,
         "allocations_seen": s.tracker.next_id,
