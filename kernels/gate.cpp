@@ -34,7 +34,11 @@ enum BlockState : uint64_t {
     kDiscard = 5,   // a discard is in flight (event): a later op must wait (it may reuse the memory)
 };
 
-using WaitFn = int (*)(void* stream, void* event, unsigned flags);
+using WaitFn = int (*)(void* stream, void* event, unsigned flags);      // cudaStreamWaitEvent
+using CreateFn = int (*)(void** event, unsigned flags);                 // cudaEventCreateWithFlags
+using RecordFn = int (*)(void* event, void* stream);                    // cudaEventRecord
+using QueryFn = int (*)(void* event);                                   // cudaEventQuery (0: done)
+using CapturingFn = int (*)(void* stream, int* status);                 // cudaStreamIsCapturing
 
 constexpr size_t kSlots = size_t(1) << 18;  // 262144 blocks: 512 GiB of 2 MiB blocks
 struct Slot {
@@ -45,7 +49,24 @@ Slot g_slots[kSlots];
 std::atomic<uint64_t> g_used{0};
 std::atomic<int> g_shift{21};
 std::atomic<WaitFn> g_wait{nullptr};
+std::atomic<CreateFn> g_create{nullptr};
+std::atomic<RecordFn> g_record{nullptr};
+std::atomic<QueryFn> g_query{nullptr};
+std::atomic<CapturingFn> g_capturing{nullptr};
 std::atomic<uint64_t> g_wait_errors{0}, g_full{0};
+
+// GPU progress: every `g_every`-th observed op records an event on its stream after its kernels; the planner asks
+// how far the GPU got (uvmgate_completed_seq) without a sync. Producers (op threads) reserve a slot, consumers
+// (the planner) take them in order; an event is created once per slot and reused.
+constexpr size_t kMarks = 1024;
+struct Mark {
+    std::atomic<uint64_t> seq{0};  // 0: free or not yet recorded
+    void* event = nullptr;
+};
+Mark g_marks[kMarks];
+std::atomic<uint64_t> g_mark_head{0}, g_mark_tail{0}, g_marks_dropped{0}, g_completed{0};
+std::atomic<int> g_every{8};
+thread_local unsigned t_ops = 0;
 
 size_t home(uint64_t block) { return (block * 0x9E3779B97F4A7C15ULL) >> (64 - 18); }
 
@@ -105,10 +126,63 @@ void gate_check(const uint64_t* starts, const uint64_t* lengths, size_t n, void*
     }
 }
 
+bool stream_capturing(void* stream) {
+    CapturingFn fn = g_capturing.load(std::memory_order_relaxed);
+    int status = 0;
+    return fn != nullptr && fn(stream, &status) == 0 && status != 0;
+}
+
+void progress_note(uint64_t seq, void* stream) {
+    RecordFn rec = g_record.load(std::memory_order_relaxed);
+    if (rec == nullptr || (++t_ops % unsigned(g_every.load(std::memory_order_relaxed))) != 0) return;
+    uint64_t slot = g_mark_head.load(std::memory_order_relaxed);
+    do {
+        if (slot - g_mark_tail.load(std::memory_order_acquire) >= kMarks) {  // the planner is far behind
+            g_marks_dropped.fetch_add(1, std::memory_order_relaxed);
+            return;
+        }
+    } while (!g_mark_head.compare_exchange_weak(slot, slot + 1, std::memory_order_relaxed));
+    Mark& m = g_marks[slot % kMarks];
+    if (m.event == nullptr) {
+        CreateFn create = g_create.load(std::memory_order_relaxed);
+        if (create == nullptr || create(&m.event, 2 /* cudaEventDisableTiming */) != 0) m.event = nullptr;
+    }
+    if (m.event == nullptr || rec(m.event, stream) != 0) {
+        m.seq.store(~uint64_t(0), std::memory_order_release);  // nothing to wait for: a step-over sentinel
+        return;
+    }
+    m.seq.store(seq, std::memory_order_release);
+}
+
 }  // namespace uvm
 
-// Resolve cudaStreamWaitEvent from `lib` (a path or soname; NULL: the libcudart already loaded, else
-// libcudart.so.13). Returns 0 when found; -1 (and no waits, only counts) otherwise.
+// The newest op seq the GPU has finished, as far as the recorded progress events say (never goes back).
+UVM_EXPORT uint64_t uvmgate_completed_seq() {
+    QueryFn query = g_query.load(std::memory_order_relaxed);
+    uint64_t tail = g_mark_tail.load(std::memory_order_relaxed);
+    const uint64_t head = g_mark_head.load(std::memory_order_acquire);
+    while (tail < head) {
+        Mark& m = g_marks[tail % kMarks];
+        const uint64_t seq = m.seq.load(std::memory_order_acquire);
+        if (seq == 0) break;  // reserved, not recorded yet
+        if (seq != ~uint64_t(0)) {
+            if (query == nullptr || query(m.event) != 0) break;  // not reached by the GPU yet
+            if (seq > g_completed.load(std::memory_order_relaxed)) g_completed.store(seq, std::memory_order_relaxed);
+        }
+        m.seq.store(0, std::memory_order_relaxed);
+        ++tail;
+        g_mark_tail.store(tail, std::memory_order_release);
+    }
+    return g_completed.load(std::memory_order_relaxed);
+}
+
+UVM_EXPORT void uvmgate_set_progress_every(int k) { g_every.store(k < 1 ? 1 : k); }
+
+// What the observer's end callback does for an op on `stream` (tests).
+UVM_EXPORT void uvmgate_note(uint64_t seq, void* stream) { uvm::progress_note(seq, stream); }
+
+// Resolve cudaStreamWaitEvent (and the event and capture calls) from `lib` (a path or soname; NULL: the
+// libcudart already loaded, else libcudart.so.13). Returns 0 when found; -1 (and no waits, only counts) otherwise.
 UVM_EXPORT int uvmgate_init(const char* lib) {
     const char* names[] = {lib, "libcudart.so.13", "libcudart.so.12", "libcudart.so"};
     for (const char* name : names) {
@@ -118,6 +192,10 @@ UVM_EXPORT int uvmgate_init(const char* lib) {
         if (h == nullptr) continue;
         if (auto fn = reinterpret_cast<WaitFn>(dlsym(h, "cudaStreamWaitEvent"))) {
             g_wait.store(fn);
+            g_create.store(reinterpret_cast<CreateFn>(dlsym(h, "cudaEventCreateWithFlags")));
+            g_record.store(reinterpret_cast<RecordFn>(dlsym(h, "cudaEventRecord")));
+            g_query.store(reinterpret_cast<QueryFn>(dlsym(h, "cudaEventQuery")));
+            g_capturing.store(reinterpret_cast<CapturingFn>(dlsym(h, "cudaStreamIsCapturing")));
             return 0;
         }
     }
@@ -156,12 +234,14 @@ UVM_EXPORT void uvmgate_get(const uint64_t* blocks, size_t n, uint64_t* out) {
     }
 }
 
-// counters: [blocks known, table-full refusals, cudaStreamWaitEvent errors, wait function found]
+// counters: [blocks known, table-full refusals, cudaStreamWaitEvent errors, wait function found,
+//            progress marks skipped]
 UVM_EXPORT void uvmgate_counters(uint64_t* out) {
     out[0] = g_used.load();
     out[1] = g_full.load();
     out[2] = g_wait_errors.load();
     out[3] = g_wait.load() != nullptr;
+    out[4] = g_marks_dropped.load();
 }
 
 // What the observer's callback does for an op touching these ranges, callable without torch (tests).

@@ -240,6 +240,7 @@ struct Pending {
     uint8_t phase = 0;
     int flop_dtype = -1;
     int device = -1;
+    void* stream = nullptr;  // CUDA: the op's stream
     uvm::GateResult gate;
     std::vector<int64_t> key;
     std::vector<Range> ranges;
@@ -398,13 +399,21 @@ void begin(Pending& p, const at::RecordFunction& fn) {
         for (const auto& v : in) visit(p, v, nullptr, R, true);
     }
     note_flop_inputs(p, info, in);
+    p.stream = nullptr;
+    if (g_dev == c10::DeviceType::CUDA && p.any_acc) {
+        p.stream = current_stream(p.device);
+        if (uvm::stream_capturing(p.stream)) {  // a CUDA graph being captured: no moves around its ops
+            p.record = false;
+            return;
+        }
+    }
     if (g_dev == c10::DeviceType::CUDA && !p.ranges.empty() && uvm::gate_armed()) {
         std::vector<uint64_t> starts, lens;
         for (const auto& r : p.ranges) {
             starts.push_back(r.base + r.off);
             lens.push_back(r.len);
         }
-        uvm::gate_check(starts.data(), lens.data(), starts.size(), current_stream(p.device), p.gate);
+        uvm::gate_check(starts.data(), lens.data(), starts.size(), p.stream, p.gate);
     }
 }
 
@@ -579,6 +588,7 @@ void finish(Pending& p, const at::RecordFunction& fn) {
     }
     g_ring.push(out.data(), out.size());
     g_recorded.fetch_add(1, std::memory_order_relaxed);
+    if (p.stream != nullptr) uvm::progress_note(out[0].a, p.stream);
     if (p.gate.late) g_gate_late.fetch_add(p.gate.late, std::memory_order_relaxed);
     if (p.gate.fault) g_gate_fault.fetch_add(p.gate.fault, std::memory_order_relaxed);
     if (p.gate.waits) g_gate_waits.fetch_add(p.gate.waits, std::memory_order_relaxed);
@@ -603,6 +613,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
         if (left >= 0 && int64_t(g_recorded.load(std::memory_order_relaxed)) >= left)
             throw std::runtime_error("injected observer failure (UVMPREFETCH_TEST_FAIL=observer)");
         begin(p, fn);
+        if (!p.record) return nullptr;
         if (timing) p.ns = uint64_t((std::chrono::steady_clock::now() - p.t0).count());
     } catch (const std::exception& e) {
         p.record = false;

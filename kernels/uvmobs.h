@@ -44,6 +44,9 @@ struct GateResult {
 bool gate_armed();  // any block state known at all (else the gate costs one atomic load)
 void gate_check(const uint64_t* starts, const uint64_t* lengths, size_t n, void* stream, GateResult& out);
 
+bool stream_capturing(void* stream);               // cudaStreamIsCapturing: ops in a graph capture are not planned
+void progress_note(uint64_t seq, void* stream);    // every k-th op: an event after its kernels (GPU progress)
+
 // CPU allocator events (cpu_alloc.cpp): live bytes for the planner's "is there pressure?" question.
 uint64_t alloc_live_bytes();
 

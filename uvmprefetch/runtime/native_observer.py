@@ -8,6 +8,7 @@ The allocator ring's records mirror ``uvm::AllocEvent`` (``kernels/uvmevents.h``
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import threading
 
@@ -84,6 +85,9 @@ class ObserverLib:
             "uvmgate_counters": (None, [_u64p]),
             "uvmgate_check": (None, [_u64p, _u64p, ctypes.c_size_t, ctypes.c_void_p,
                                      ctypes.POINTER(ctypes.c_uint32)]),
+            "uvmgate_completed_seq": (ctypes.c_uint64, []),
+            "uvmgate_set_progress_every": (None, [ctypes.c_int]),
+            "uvmgate_note": (None, [ctypes.c_uint64, ctypes.c_void_p]),
         }
         for name, (res, args) in sig.items():
             fn = getattr(lib, name)
@@ -163,6 +167,43 @@ class ObserverLib:
         return dict(zip(("live_bytes", "peak_live_bytes", "allocations", "frees", "dropped"), (int(v) for v in out)))
 
 
+class NativeProgress:
+    """Which planned launches the GPU has finished (cuda, C++ observer): ``observe.GpuProgress``'s interface, fed
+    by the events the observer records on the ops' own streams every few launches (``kernels/gate.cpp``) instead
+    of an event per launch recorded by the thread that runs the hooks (the planner's stream is not the ops').
+    ``seq`` is set by the planner to the observer's sequence number of the launch about to be recorded."""
+
+    def __init__(self, lib: ObserverLib, max_blocks: int) -> None:
+        self.lib = lib.lib
+        self.pins = np.zeros(max_blocks, dtype=np.int32)
+        self._pending: collections.deque = collections.deque()  # (seq, launch index, blocks)
+        self.completed = -1
+        self.seq = 0
+
+    def record(self, index: int, blocks: np.ndarray) -> None:
+        self.pins[blocks] += 1
+        self._pending.append((self.seq, index, blocks))
+
+    def poll(self) -> int:
+        done = self.lib.uvmgate_completed_seq()
+        q = self._pending
+        while q and q[0][0] <= done:
+            _, index, blocks = q.popleft()
+            self.pins[blocks] -= 1
+            self.completed = index
+        return self.completed
+
+    def protected_mask(self, running: np.ndarray, poll: bool = True) -> np.ndarray:
+        if poll:
+            self.poll()
+        m = self.pins > 0
+        m[running] = True
+        return m
+
+    def depth(self) -> int:
+        return len(self._pending)
+
+
 _lock = threading.Lock()
 _loaded: ObserverLib | None = None
 _why_not: str | None = None
@@ -204,4 +245,4 @@ def status() -> tuple[bool, str]:
     return False, why
 
 
-__all__ = ["ALLOC_DTYPE", "OP_DTYPE", "ObserverLib", "load", "status"]
+__all__ = ["ALLOC_DTYPE", "NativeProgress", "OP_DTYPE", "ObserverLib", "load", "status"]

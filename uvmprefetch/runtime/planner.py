@@ -80,6 +80,7 @@ class Planner:
         self._carry = np.zeros(0, dtype=no.ALLOC_DTYPE)
         self._stop = threading.Event()
         self._fail_after = _fail_after("planner")
+        self._note_seq = getattr(session.backend, "note_seq", None)
         self._thread = threading.Thread(target=self._run, name="uvmprefetch-planner", daemon=True)
 
     # ------------------------------------------------------------------------------------------ lifecycle
@@ -96,7 +97,7 @@ class Planner:
             try:
                 self._batch()
             except Exception as e:  # noqa: BLE001 - the prefetcher never kills training
-                self.s.fail("planner", e)
+                self.s.fail(getattr(e, "where", "planner"), e)
 
     # ------------------------------------------------------------------------------------------ the loop
     def _run(self) -> None:
@@ -112,7 +113,7 @@ class Planner:
                 if not self.s.active:
                     return
         except Exception as e:  # noqa: BLE001 - the prefetcher never kills training
-            self.s.fail("planner", e)
+            self.s.fail(getattr(e, "where", "planner"), e)
 
     def _pressure(self) -> bool:
         """Wait up to 50 ms for the live bytes to reach the threshold (no GIL held while waiting)."""
@@ -238,6 +239,8 @@ class Planner:
                 s._note_alloc(st, bool((c[j] >> 52) & no.LEAF_GRAD), phase == "optimizer")
             k = (st, b[j], c[j] & no.LEN_MASK)
             accesses[k] = accesses.get(k, 0) | ((c[j] >> 48) & 0xF)
+        if self._note_seq is not None:
+            self._note_seq(a[i])
         s.launch(self.lib.op_name(c[i] & 0xFFFFFFFF), b[i], phase, accesses, f[i + 1], DTYPES[c[i + 1] & 0xFF])
         if self._fail_after >= 0 and s.index >= self._fail_after:
             raise RuntimeError("injected planner failure (UVMPREFETCH_TEST_FAIL=planner)")
@@ -291,6 +294,9 @@ class NativeObservation:
         cap = int(getattr(s.backend, "capacity_bytes", 0) or 0)
         pressure = 0 if s.cfg.trace or not self.dormant_ok else max(cap // 2, 1)
         managed = None if dryrun else (lambda: s.backend.shim.stats()["managed_bytes"])
+        attach = getattr(s.backend, "attach_native", None)
+        if attach is not None:
+            attach(lib)
         self.planner = Planner(s, lib, pressure, managed)
         lib.lib.uvmalloc_set_events(0 if self.planner.dormant else 1)
         lib.lib.uvmobs_set_optimizer(0)
