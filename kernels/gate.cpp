@@ -15,9 +15,11 @@
 // libcudart is resolved at run time with dlsym, so this builds without CUDA headers.
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "uvmobs.h"
 
@@ -98,31 +100,36 @@ bool gate_armed() { return g_used.load(std::memory_order_relaxed) != 0; }
 void gate_check(const uint64_t* starts, const uint64_t* lengths, size_t n, void* stream, GateResult& out) {
     const int shift = g_shift.load(std::memory_order_relaxed);
     WaitFn wait = g_wait.load(std::memory_order_relaxed);
-    void* waited[8];
-    size_t nw = 0;
+    thread_local std::vector<uint64_t> blocks;  // the op's blocks, each once (its tensors often share blocks)
+    blocks.clear();
     for (size_t r = 0; r < n; ++r) {
         if (lengths[r] == 0) continue;
         const uint64_t first = starts[r] >> shift, last = (starts[r] + lengths[r] - 1) >> shift;
-        for (uint64_t b = first; b <= last; ++b) {
-            Slot* s = find(b, false);
-            if (s == nullptr) continue;
-            const uint64_t v = s->val.load(std::memory_order_acquire);
-            const uint64_t state = v & 7;
-            void* ev = reinterpret_cast<void*>(v & ~uint64_t(7));
-            if (state == kToHost || state == kOnHost) {
-                ++out.fault;
-                continue;
-            }
-            if (state != kToGpu && state != kDiscard) continue;
-            if (state == kToGpu) ++out.late;
-            if (ev == nullptr || wait == nullptr) continue;
-            bool seen = false;
-            for (size_t i = 0; i < nw; ++i) seen = seen || waited[i] == ev;
-            if (seen) continue;
-            if (nw < 8) waited[nw++] = ev;
-            if (wait(stream, ev, 0) != 0) g_wait_errors.fetch_add(1, std::memory_order_relaxed);
-            ++out.waits;
+        for (uint64_t b = first; b <= last; ++b) blocks.push_back(b);
+    }
+    std::sort(blocks.begin(), blocks.end());
+    blocks.erase(std::unique(blocks.begin(), blocks.end()), blocks.end());
+    void* waited[8];
+    size_t nw = 0;
+    for (uint64_t b : blocks) {
+        Slot* s = find(b, false);
+        if (s == nullptr) continue;
+        const uint64_t v = s->val.load(std::memory_order_acquire);
+        const uint64_t state = v & 7;
+        void* ev = reinterpret_cast<void*>(v & ~uint64_t(7));
+        if (state == kToHost || state == kOnHost) {
+            ++out.fault;
+            continue;
         }
+        if (state != kToGpu && state != kDiscard) continue;
+        if (state == kToGpu) ++out.late;
+        if (ev == nullptr || wait == nullptr) continue;
+        bool seen = false;
+        for (size_t i = 0; i < nw; ++i) seen = seen || waited[i] == ev;
+        if (seen) continue;
+        if (nw < 8) waited[nw++] = ev;
+        if (wait(stream, ev, 0) != 0) g_wait_errors.fetch_add(1, std::memory_order_relaxed);
+        ++out.waits;
     }
 }
 
