@@ -118,11 +118,15 @@ void gate_check(const uint64_t* starts, const uint64_t* lengths, size_t n, void*
         const uint64_t state = v & 7;
         void* ev = reinterpret_cast<void*>(v & ~uint64_t(7));
         if (state == kToHost || state == kOnHost) {
+            if (out.fault < GateResult::kListMax) out.fault_blocks[out.fault] = b;
             ++out.fault;
             continue;
         }
         if (state != kToGpu && state != kDiscard) continue;
-        if (state == kToGpu) ++out.late;
+        if (state == kToGpu) {
+            if (out.late < GateResult::kListMax) out.late_blocks[out.late] = b;
+            ++out.late;
+        }
         if (ev == nullptr || wait == nullptr) continue;
         bool seen = false;
         for (size_t i = 0; i < nw; ++i) seen = seen || waited[i] == ev;

@@ -572,11 +572,14 @@ void finish(Pending& p, const at::RecordFunction& fn) {
     uint64_t nbytes = 0;
     for (const auto& r : p.ranges) nbytes += r.len * (r.mode == (uvm::kRead | uvm::kWrite) ? 2 : 1);
     auto& out = p.out;
-    out.resize(2 + p.ranges.size());
+    const size_t nl = std::min<size_t>(p.gate.late, uvm::GateResult::kListMax);
+    const size_t nf = std::min<size_t>(p.gate.fault, uvm::GateResult::kListMax);
+    out.resize(2 + p.ranges.size() + nl + nf);
     uint64_t fbits;
     std::memcpy(&fbits, &f, sizeof f);
     out[0] = OpRec{uvm::next_seq(), exec_id(p.info, p.key),
-                   uint64_t(p.info->id) | uint64_t(p.phase) << 32 | uint64_t(uvm::kHead) << 56, p.ranges.size()};
+                   uint64_t(p.info->id) | uint64_t(p.phase) << 32 | uint64_t(nl + nf) << 40 | uint64_t(uvm::kHead) << 56,
+                   p.ranges.size() + nl + nf};
     out[1] = OpRec{fbits, nbytes, uint64_t(p.flop_dtype < 0 ? 0 : p.flop_dtype) | uint64_t(uvm::kHead2) << 56,
                    uint64_t(p.gate.late) | uint64_t(p.gate.fault) << 32};
     for (size_t i = 0; i < p.ranges.size(); ++i) {
@@ -586,6 +589,9 @@ void finish(Pending& p, const at::RecordFunction& fn) {
                                uint64_t(uvm::kRange) << 56,
                            r.storage};
     }
+    size_t k = 2 + p.ranges.size();
+    for (size_t i = 0; i < nl; ++i) out[k++] = OpRec{p.gate.late_blocks[i], 1, uint64_t(uvm::kGate) << 56, 0};
+    for (size_t i = 0; i < nf; ++i) out[k++] = OpRec{p.gate.fault_blocks[i], 2, uint64_t(uvm::kGate) << 56, 0};
     g_ring.push(out.data(), out.size());
     g_recorded.fetch_add(1, std::memory_order_relaxed);
     if (p.stream != nullptr) uvm::progress_note(out[0].a, p.stream);

@@ -14,16 +14,18 @@
 namespace uvm {
 
 // Record kinds, in the top byte of `c`.
-enum RecKind : uint8_t { kHead = 1, kHead2 = 2, kRange = 3, kMark = 4 };
+enum RecKind : uint8_t { kHead = 1, kHead2 = 2, kRange = 3, kMark = 4, kGate = 5 };
 
 // HEAD:  a = seq (uvm::next_seq() when the op returned), b = execution id,
-//        c = op id (32 bits) | phase << 32 | flags << 40 | kHead << 56,  d = number of RANGE records
+//        c = op id (32 bits) | phase << 32 | GATE records << 40 | kHead << 56,  d = RANGE + GATE records
 // HEAD2: a = FLOPs (double bits), b = bytes moved (each range once, twice when read and written),
 //        c = flop dtype (0 fp32, 1 bf16, 2 fp16) | gate flags << 8 | kHead2 << 56,
 //        d = late blocks (32 bits: in flight when the op was issued) | fault blocks << 32 (neither resident nor
 //            in flight: they will fault)
 // RANGE: a = storage base address, b = byte offset in the storage, c = length (48 bits) | mode << 48 |
 //        range flags << 52 | kRange << 56, d = storage bytes
+// GATE:  (after the ranges, CUDA only, when the gate saw any) a = block number (address >> block shift),
+//        b = 1 late / 2 fault, c = kGate << 56, d = 0
 // MARK:  a = seq, b = value, c = code | kMark << 56, d = 0
 struct OpRec {
     uint64_t a, b, c, d;
@@ -40,6 +42,8 @@ struct GateResult {
     uint32_t late = 0;    // blocks whose move to the GPU was in flight (the op's stream now waits for it)
     uint32_t fault = 0;   // blocks neither resident nor on their way (they will fault)
     uint32_t waits = 0;   // cudaStreamWaitEvent calls made
+    static constexpr size_t kListMax = 64;  // blocks listed per op and kind (the counts stay exact)
+    uint64_t late_blocks[kListMax], fault_blocks[kListMax];
 };
 bool gate_armed();  // any block state known at all (else the gate costs one atomic load)
 void gate_check(const uint64_t* starts, const uint64_t* lengths, size_t n, void* stream, GateResult& out);

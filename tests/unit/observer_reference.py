@@ -74,9 +74,9 @@ def native_ops(lib, recs) -> list:
         if c[i] >> 56 != no.HEAD:
             i += 1
             continue
-        n = d[i]
+        n = d[i] - ((c[i] >> 40) & 0xFF)  # RANGE records (GATE ones follow them)
         ranges = tuple((a[j], b[j], c[j] & no.LEN_MASK, (c[j] >> 48) & 0xF) for j in range(i + 2, i + 2 + n))
         phase = PHASE[("forward", "backward", "optimizer")[(c[i] >> 32) & 0xFF]]
         ops.append(Op((lib.op_name(c[i] & 0xFFFFFFFF), b[i], phase, ranges, f[i + 1])))
-        i += 2 + n
+        i += 2 + d[i]
     return ops

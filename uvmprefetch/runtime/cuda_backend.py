@@ -106,6 +106,8 @@ class CudaBackend:
     name = "cuda"
     virtual_addresses = False
     device_type = "cuda"
+    _native_lib = None  # the C++ observer, when it runs (attach_native)
+    _gate = None  # (late, fault) dense ids the gate saw for the next launch (note_gate)
 
     def __init__(self, cfg, policy: Policy, *, shim=None) -> None:
         from .device import require_cuda
@@ -209,6 +211,26 @@ class CudaBackend:
             self.mover.start_thread(max(self.capacity_bytes // 16, 64 * BLOCK_SIZE))
         self.mover.thread.idle = self.mover.gate.settle
         self._capturing = lambda: False
+        self._native_lib = lib
+
+    def note_gate(self, late: list[int], fault: list[int]) -> None:
+        """What the gate saw when the op about to be planned was issued (block numbers): blocks still in flight
+        to the GPU, and blocks neither resident nor on their way (they faulted). The next ``launch`` feeds these
+        to the policy instead of what its books infer."""
+        get = self._ids.get
+        ids = lambda bs: np.asarray([i for i in map(get, bs) if i is not None], dtype=np.int64)  # noqa: E731
+        self._gate = (ids(late), ids(fault))
+
+    def monitor(self) -> dict:
+        """Cumulative counts of the monitor: late prefetches and faults as the gate saw them (C++ observer), else
+        the books' expected faults; prefetched blocks evicted before any use (the books)."""
+        m = self.res.m
+        if self._native_lib is not None:
+            c = self._native_lib.counters()
+            return {"late_blocks": c["gate_late"], "fault_blocks": c["gate_fault"],
+                    "evicted_unused_blocks": m["evicted_unused"], "source": "gate"}
+        return {"late_blocks": None, "fault_blocks": m["expected_faults"], "evicted_unused_blocks": m["evicted_unused"],
+                "source": "books"}
 
     def note_seq(self, seq: int) -> None:
         """The observer's sequence number of the launch the next ``launch`` call plans (GPU progress)."""
@@ -304,7 +326,12 @@ class CudaBackend:
         # since start is the live clock. It runs ahead of the GPU by the queued launches, which only makes the
         # policy's link model look less busy than it is; the budget still caps what lands on the GPU.
         res.now = t0 - self._t0
+        gate, self._gate = self._gate, None
+        if gate is not None and gate[0].size:  # exact: in flight when the op was issued (a late prefetch)
+            res.in_flight[gate[0]] = True
         dec = self.policy.on_launch(info, res)
+        if gate is not None and gate[0].size:
+            res.in_flight[gate[0]] = False
         t1 = clock()
         if info.blocks.size:
             self.dead[info.blocks] = False  # in use again (the allocator handed the memory out)
@@ -347,6 +374,8 @@ class CudaBackend:
             self._move_mark[pf] = m
         t6 = clock()
         missing = res.touch(info.blocks)
+        if gate is not None:
+            missing = gate[1]  # what the driver faulted, as the gate saw it (the books' guess otherwise)
         if missing.size:
             self.policy.on_fault(info, missing)
         if victims.size:

@@ -24,7 +24,7 @@ ALLOC_DTYPE = np.dtype([("seq", "<u8"), ("addr", "<u8"), ("size", "<u8"), ("stre
 assert OP_DTYPE.itemsize == 32 and ALLOC_DTYPE.itemsize == 40
 
 # record kinds (top byte of word c) and their fields (uvmobs.h)
-HEAD, HEAD2, RANGE, MARK = 1, 2, 3, 4
+HEAD, HEAD2, RANGE, MARK, GATE = 1, 2, 3, 4, 5
 MARK_OPT_PRE, MARK_OPT_POST = 1, 2
 ALLOC, FREE_COMPLETED = 0, 2  # uvm::AllocAction
 LEN_MASK = (1 << 48) - 1

@@ -81,6 +81,7 @@ class Planner:
         self._stop = threading.Event()
         self._fail_after = _fail_after("planner")
         self._note_seq = getattr(session.backend, "note_seq", None)
+        self._note_gate = getattr(session.backend, "note_gate", None)
         self._thread = threading.Thread(target=self._run, name="uvmprefetch-planner", daemon=True)
 
     # ------------------------------------------------------------------------------------------ lifecycle
@@ -228,7 +229,11 @@ class Planner:
         s = self.s
         if s.tracker.dead:
             s._drain_frees()
-        n = d[i]
+        ng = (c[i] >> 40) & 0xFF  # GATE records, after the ranges (cuda)
+        n = d[i] - ng
+        if ng and self._note_gate is not None:
+            gate = range(i + 2 + n, i + 2 + n + ng)
+            self._note_gate([a[j] for j in gate if b[j] == 1], [a[j] for j in gate if b[j] == 2])
         phase = PHASE_NAMES[(c[i] >> 32) & 0xFF]
         at = s.tracker.at
         builder = s.builder

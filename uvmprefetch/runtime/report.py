@@ -67,6 +67,9 @@ def build_report(s) -> dict:
         "coverage": be.get("coverage"),
         "iter_s": [round(x, 6) for x in s.iter_wall],
         "window": [list(w) for w in s.window_log] or pol.get("window_log") or None,
+        # per iteration: late prefetches, faults, prefetched blocks evicted unused (source: the pre-op gate with
+        # the C++ observer on a GPU, the simulated GPU for dryrun, the books otherwise)
+        "monitor": s.monitor or None,
         "degraded": s.degraded,
         "errors": s.errors[:20],
         "policy_report": pol,

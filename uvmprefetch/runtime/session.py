@@ -151,6 +151,8 @@ class Session:
         self.errors: list[str] = []
         self.degraded = False
         self.window_log: list[tuple[int, float]] = []
+        self.monitor: list[dict] = []  # per iteration (_monitor_tick)
+        self._monitor_prev: dict = {}
         self.iter_wall: list[float] = []
         self.phase_launches = {p: 0 for p in ("forward", "backward", "optimizer", "other")}
         # Host seconds per dispatched op, accumulated by the dispatch mode (``observe.make_mode``): the op itself
@@ -323,6 +325,7 @@ class Session:
             self._drain_frees()
             self.backend.end_iteration(self.iteration)
             now = time.perf_counter() if now is None else now
+            self._monitor_tick()
             self.iter_wall.append(now - self._t_iter)
             self._t_iter = now
             self.iteration += 1
@@ -330,6 +333,17 @@ class Session:
                 self.builder.iteration = self.iteration
         except Exception as e:  # noqa: BLE001
             self.fail("end of iteration", e)
+
+    def _monitor_tick(self) -> None:
+        """One iteration's monitor (late prefetches, faults, prefetched blocks evicted unused), from the backend's
+        cumulative counts."""
+        mon = getattr(self.backend, "monitor", None)
+        if mon is None:
+            return
+        now = mon()
+        prev, self._monitor_prev = self._monitor_prev, now
+        self.monitor.append({k: (v - prev.get(k, 0) if isinstance(v, int) and isinstance(prev.get(k, 0), int) else v)
+                             for k, v in now.items()})
 
     def _drain_frees(self) -> None:
         died, freed = self.tracker.drain_dead()
