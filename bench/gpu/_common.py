@@ -41,7 +41,7 @@ EXIT_CHECK_FAILED = 1
 # baseline into a managed run).
 RUNTIME_VARS = ("UVMPREFETCH", "UVMPREFETCH_BUDGET", "UVMPREFETCH_POLICY", "UVMPREFETCH_WINDOW",
                 "UVMPREFETCH_REPORT", "UVMPREFETCH_TRACE", "UVMPREFETCH_BACKEND", "UVMPREFETCH_LOG", "UVMPREFETCH_GPU",
-                "UVMPREFETCH_MOVER", "UVMPREFETCH_DISCARD")
+                "UVMPREFETCH_MOVER", "UVMPREFETCH_DISCARD", "UVMPREFETCH_OBSERVER", "UVMPREFETCH_TEST_FAIL")
 
 # mode -> policy the runtime runs. "managed" is managed memory with the driver's demand paging and no prefetch
 # (the "naive UM" baseline of DeepUM/G10); the runtime's budget still evicts so that it feels the same pressure.

@@ -196,6 +196,7 @@ class Mover:
     """
 
     thread: MoveThread | None = None  # set by start_thread(): prefetches and evictions off the training thread
+    on_main: dict = {}  # move calls made on the main thread, by direction (the report's proof of where they ran)
     gate: "GateBook | None" = None  # set with the C++ observer: the pre-op gate learns every move
 
     def __init__(self, device: int, batch_api: bool, batch_prefetch: bool = False) -> None:
@@ -215,6 +216,7 @@ class Mover:
         self.batch = batch_prefetch and batch_api and hasattr(cudart, "cudaMemPrefetchBatchAsync")
         self.can_discard = batch_api and hasattr(cudart, "cudaMemDiscardBatchAsync")
         self.calls = 0
+        self.on_main = {"to_gpu": 0, "to_host": 0}
         self.moves = StreamMarks()  # events after moves (``mark_moves``)
         self.discards = StreamMarks()  # events after discards
 
@@ -272,6 +274,8 @@ class Mover:
             ev = self.torch.cuda.Event()
             ev.record(self.stream)
             self.gate.moving(ranges, ev, to_device)
+        if threading.current_thread() is threading.main_thread():  # the training thread, in most programs
+            self.on_main["to_gpu" if to_device else "to_host"] += len(ranges)
 
     def mark_moves(self) -> int:
         """Record an event on the move stream after the moves issued so far; returns its number (for
