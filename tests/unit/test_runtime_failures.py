@@ -10,21 +10,15 @@ says the run degraded, with that one error.
 """
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from test_runtime_dryrun import _run  # the unchanged GPT-2 example in a subprocess, its losses as JSON
 from uvmprefetch.config import RuntimeConfig
 from uvmprefetch.runtime import native, native_observer
 from uvmprefetch.runtime.session import Session
-
-REPO = Path(__file__).resolve().parents[2]
-EXAMPLE = REPO / "examples" / "train_gpt2.py"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -33,16 +27,6 @@ def built():
         native_observer.load()
     except native.NativeBuildError as e:
         pytest.skip(f"the C++ observer cannot be built here: {e}")
-
-
-def _run(tmp_path, name, extra_env):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("UVMPREFETCH")}
-    env.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", **extra_env)
-    out = tmp_path / f"{name}.json"
-    r = subprocess.run([sys.executable, str(EXAMPLE), "--iters", "3", "--out", str(out)], env=env,
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    return json.loads(out.read_text()), r.stderr
 
 
 @pytest.fixture(scope="module")

@@ -449,7 +449,7 @@ class CudaBackend:
                  managed_bytes_end=st["managed_bytes"], managed_limit_bytes=st["limit_bytes"],
                  shim=st, shim_mode=self.shim_mode, shim_launches_seen=self.shim_launches,
                  mover="thread" if self.mover.thread is not None else "sync",
-                 mover_calls_on_training_thread=dict(self.mover.on_main),
+                 mover_calls_on_training_thread=dict(self.mover.on_main or {"to_gpu": 0, "to_host": 0}),
                  mover_wait_s=self.mover.thread.waited_s if self.mover.thread is not None else 0.0,
                  batch_prefetch=self.mover.batch, discard_api=self.mover.can_discard, cuda_calls=self.mover.calls,
                  discards_issued=self.discard_on, discards_as_evictions=self.discards_as_evictions,

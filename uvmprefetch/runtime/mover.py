@@ -196,7 +196,7 @@ class Mover:
     """
 
     thread: MoveThread | None = None  # set by start_thread(): prefetches and evictions off the training thread
-    on_main: dict = {}  # move calls made on the main thread, by direction (the report's proof of where they ran)
+    on_main: dict | None = None  # move calls made on the main thread, by direction (where they ran, for the report)
     gate: "GateBook | None" = None  # set with the C++ observer: the pre-op gate learns every move
 
     def __init__(self, device: int, batch_api: bool, batch_prefetch: bool = False) -> None:
@@ -275,6 +275,8 @@ class Mover:
             ev.record(self.stream)
             self.gate.moving(ranges, ev, to_device)
         if threading.current_thread() is threading.main_thread():  # the training thread, in most programs
+            if self.on_main is None:
+                self.on_main = {"to_gpu": 0, "to_host": 0}
             self.on_main["to_gpu" if to_device else "to_host"] += len(ranges)
 
     def mark_moves(self) -> int:

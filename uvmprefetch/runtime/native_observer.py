@@ -15,6 +15,7 @@ import threading
 import numpy as np
 
 from . import native
+from .observe import GpuProgress
 
 ABI = 1  # kernels/observer.cpp kAbi
 
@@ -140,21 +141,17 @@ class ObserverLib:
     # ------------------------------------------------------------------------------------------ rings
     def drain_ops(self) -> np.ndarray:
         """Every op record published so far (a copy, oldest first)."""
-        parts = []
-        buf = self._op_buf
-        while True:
-            n = self.lib.uvmobs_drain(buf.ctypes.data, len(buf))
-            if n:
-                parts.append(buf[:n].copy())
-            if n < len(buf):
-                break
-        return parts[0] if len(parts) == 1 else (np.concatenate(parts) if parts else buf[:0].copy())
+        return self._drain(self.lib.uvmobs_drain, self._op_buf)
 
     def drain_allocs(self) -> np.ndarray:
+        """Every allocator event published so far (a copy, oldest first)."""
+        return self._drain(self.lib.uvmalloc_drain, self._alloc_buf)
+
+    @staticmethod
+    def _drain(fn, buf: np.ndarray) -> np.ndarray:
         parts = []
-        buf = self._alloc_buf
         while True:
-            n = self.lib.uvmalloc_drain(buf.ctypes.data, len(buf))
+            n = fn(buf.ctypes.data, len(buf))
             if n:
                 parts.append(buf[:n].copy())
             if n < len(buf):
@@ -167,11 +164,11 @@ class ObserverLib:
         return dict(zip(("live_bytes", "peak_live_bytes", "allocations", "frees", "dropped"), (int(v) for v in out)))
 
 
-class NativeProgress:
-    """Which planned launches the GPU has finished (cuda, C++ observer): ``observe.GpuProgress``'s interface, fed
-    by the events the observer records on the ops' own streams every few launches (``kernels/gate.cpp``) instead
-    of an event per launch recorded by the thread that runs the hooks (the planner's stream is not the ops').
-    ``seq`` is set by the planner to the observer's sequence number of the launch about to be recorded."""
+class NativeProgress(GpuProgress):
+    """Which planned launches the GPU has finished (cuda, C++ observer): ``observe.GpuProgress`` fed by the events
+    the observer records on the ops' own streams every few launches (``kernels/gate.cpp``) instead of an event per
+    launch recorded by the thread that runs the hooks (the planner's stream is not the ops'). ``seq`` is set by
+    the planner to the observer's sequence number of the launch about to be recorded."""
 
     def __init__(self, lib: ObserverLib, max_blocks: int) -> None:
         self.lib = lib.lib
@@ -192,16 +189,6 @@ class NativeProgress:
             self.pins[blocks] -= 1
             self.completed = index
         return self.completed
-
-    def protected_mask(self, running: np.ndarray, poll: bool = True) -> np.ndarray:
-        if poll:
-            self.poll()
-        m = self.pins > 0
-        m[running] = True
-        return m
-
-    def depth(self) -> int:
-        return len(self._pending)
 
 
 _lock = threading.Lock()
