@@ -262,3 +262,23 @@ def test_forked_child_does_not_observe_or_report(tmp_path):
         assert s.active
     finally:
         s.stop()
+
+
+def test_planner_keeps_a_run_cut_by_the_drain_for_the_next_batch():
+    # The ring publishes an op's records one by one: a drain can stop inside a run whose producer is still
+    # writing. The planner must plan it whole, with the next batch, and never read past the batch.
+    from uvmprefetch.runtime import native_observer as no
+    from uvmprefetch.runtime.planner import Planner
+    recs = np.zeros(9, dtype=no.OP_DTYPE)
+    recs["c"][0], recs["d"][0] = np.uint64(no.HEAD) << np.uint64(56), 2  # op 1: head, head2, two ranges
+    recs["c"][1] = np.uint64(no.HEAD2) << np.uint64(56)
+    recs["c"][2:4] = np.uint64(no.RANGE) << np.uint64(56)
+    recs["c"][4], recs["d"][4] = np.uint64(no.HEAD) << np.uint64(56), 3  # op 2: head, head2, three ranges
+    recs["c"][5] = np.uint64(no.HEAD2) << np.uint64(56)
+    recs["c"][6:9] = np.uint64(no.RANGE) << np.uint64(56)
+    p = object.__new__(Planner)
+    p._op_carry = recs[:0]
+    first = p._whole_runs(recs[:7])  # the drain stopped after op 2's first range
+    assert len(first) == 4 and len(p._op_carry) == 3
+    second = p._whole_runs(recs[7:])
+    assert len(second) == 5 and second["d"][0] == 3 and len(p._op_carry) == 0

@@ -77,7 +77,8 @@ class Planner:
         self.done_seq = 0  # the newest op or mark planned
         self.slice_s = float(os.environ.get("UVMPREFETCH_PLANNER_SLICE_MS", "2")) / 1e3
         self._held_since = 0.0
-        self._carry = np.zeros(0, dtype=no.ALLOC_DTYPE)
+        self._carry = np.zeros(0, dtype=no.ALLOC_DTYPE)  # allocator events newer than the batch's newest op
+        self._op_carry = np.zeros(0, dtype=no.OP_DTYPE)  # the start of a run still being written
         self._stop = threading.Event()
         self._fail_after = _fail_after("planner")
         self._note_seq = getattr(session.backend, "note_seq", None)
@@ -140,13 +141,13 @@ class Planner:
 
     def _batch(self) -> bool:
         """Drain and plan one batch; False when both rings were empty."""
-        ops = self.lib.drain_ops()
+        ops = self._whole_runs(self.lib.drain_ops())
         allocs = self.lib.drain_allocs()
         if self.lib.state() == no.STATE_FAILED:
             self.s.fail("observer", RuntimeError(self.lib.error() or "failed"))
             return False
         if not len(ops) and not len(allocs) and not len(self._carry):
-            return False
+            return bool(len(self._op_carry))
         t0 = self._held_since = time.perf_counter()
         with self.s._lock:
             if self.s.active:
@@ -156,6 +157,22 @@ class Planner:
         self.batches += 1
         self.records += len(ops) + len(allocs)
         return True
+
+    def _whole_runs(self, ops: np.ndarray) -> np.ndarray:
+        """The drained records up to the last whole op run; a run whose producer was still writing its last
+        records when the drain stopped is kept for the next batch (runs are contiguous, so only the last one
+        can be cut)."""
+        if len(self._op_carry):
+            ops = np.concatenate([self._op_carry, ops])
+        heads = _heads(ops)
+        if heads.size:
+            last = int(heads[-1])
+            kind = int(ops["c"][last]) >> 56
+            if kind == no.HEAD and last + 2 + int(ops["d"][last]) > len(ops):
+                self._op_carry = ops[last:].copy()
+                return ops[:last]
+        self._op_carry = ops[:0]
+        return ops
 
     def _check_gaps(self) -> None:
         c, a = self.lib.counters()["dropped"], self.lib.alloc_stats()["dropped"]
