@@ -37,7 +37,8 @@ def test_unset_costs_nothing():
 @pytest.mark.parametrize("var,value", [("UVMPREFETCH", "maybe"), ("UVMPREFETCH_BUDGET", "lots"),
                                        ("UVMPREFETCH_BACKEND", "tpu"), ("UVMPREFETCH_WINDOW", "-3"),
                                        ("UVMPREFETCH_POLICY", "nope"), ("UVMPREFETCH_POLICY", "oracle"),
-                                       ("UVMPREFETCH_WINDOW", "8")])  # demand has no window
+                                       ("UVMPREFETCH_WINDOW", "8"),  # demand has no window
+                                       ("UVMPREFETCH_OBSERVER", "cpp")])
 def test_invalid_value_one_line_exit_2(var, value):
     env = {"UVMPREFETCH": "1", "UVMPREFETCH_BACKEND": "dryrun", "UVMPREFETCH_POLICY": "demand", var: value}
     r = py("print('the program ran')", env)
@@ -68,6 +69,28 @@ def test_hook_enables_runtime_in_owner_only(tmp_path):
     rep.unlink()
     r = py(code, {**env, "UVMPREFETCH_OWNER": "1"})  # a child of another run: stays plain
     assert r.returncode == 0 and not rep.exists()
+
+
+def test_observer_native_where_it_cannot_be_used_is_one_line_exit_2(tmp_path):
+    # GIVEN a cache the builder may not use (someone else's folder): the C++ observer cannot be built here
+    import os as _os
+    if _os.geteuid() != 0:
+        pytest.skip("needs root to hand the cache folder to another owner")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    _os.chown(cache, 12345, 12345)
+    env = {"UVMPREFETCH": "1", "UVMPREFETCH_BACKEND": "dryrun", "UVMPREFETCH_CACHE_DIR": str(cache)}
+    code = "import torch; print((torch.ones(3) * 2).sum().item())"
+    # WHEN it is required, THEN one line naming the variable and the reason, exit 2, the program never runs
+    r = py(code, {**env, "UVMPREFETCH_OBSERVER": "native"})
+    assert r.returncode == 2 and "6.0" not in r.stdout
+    line = one_line(r.stderr)
+    assert "UVMPREFETCH_OBSERVER=native" in line and "not private" in line
+    # WHEN it is only preferred (auto), THEN the Python observer runs and one line says why
+    r = py(code, env)
+    assert r.returncode == 0 and r.stdout.strip() == "6.0"
+    said = [ln for ln in r.stderr.splitlines() if "observer: Python dispatch mode" in ln]
+    assert len(said) == 1 and "not private" in said[0]
 
 
 def test_run_cli_dryrun(tmp_path):
