@@ -203,7 +203,9 @@ class CudaBackend:
         the observer itself."""
         from .mover import GateBook
         from .native_observer import NativeProgress
-        if lib.lib.uvmgate_init(None) != 0:
+        import os
+        cudart = os.environ.get("UVMPREFETCH_CUDART")  # as the shim: the library to take the CUDA calls from
+        if lib.lib.uvmgate_init(cudart.encode() if cudart else None) != 0:
             raise CudaCallError("libcudart not found by the gate: ops cannot wait for moves in flight")
         self.progress = NativeProgress(lib, self.max_blocks)
         self.mover.gate = GateBook(lib, self.block_size)
@@ -212,6 +214,12 @@ class CudaBackend:
         self.mover.thread.idle = self.mover.gate.settle
         self._capturing = lambda: False
         self._native_lib = lib
+
+    def thread_init(self) -> None:
+        """On the planner thread, before its first launch: this backend's device is its current device (events and
+        queries it makes go to the right context)."""
+        import torch
+        torch.cuda.set_device(self.device)
 
     def note_gate(self, late: list[int], fault: list[int]) -> None:
         """What the gate saw when the op about to be planned was issued (block numbers): blocks still in flight

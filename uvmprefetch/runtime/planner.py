@@ -104,6 +104,9 @@ class Planner:
     # ------------------------------------------------------------------------------------------ the loop
     def _run(self) -> None:
         try:
+            init = getattr(self.s.backend, "thread_init", None)
+            if init is not None:
+                init()
             while not self._stop.is_set():
                 if self.dormant:
                     if self._pressure():
