@@ -18,6 +18,7 @@ per iteration with a counting dispatch mode, outside the timed part). The cases 
 
     python bench/runtime_overhead.py [--rounds 5] [--iters 300] [--out out/runtime-overhead.json]
     python bench/runtime_overhead.py --child            # one timed loop (what the rounds run)
+    python bench/runtime_overhead.py --inprocess fits --rounds 20 --iters 20   # alternating in one process
 """
 
 from __future__ import annotations
@@ -41,15 +42,12 @@ CASES = {
 }
 
 
-def child(args) -> dict:
+def make_step(args):
     import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     torch.manual_seed(0)
     torch.set_num_threads(1)
     width, layers = args.width, args.layers
-    ws = [torch.randn(width, width, requires_grad=True) * 0.1 for _ in range(layers)]
-    ws = [w.detach().requires_grad_() for w in ws]
+    ws = [(torch.randn(width, width) * 0.1).requires_grad_() for _ in range(layers)]
     bs = [torch.zeros(width, requires_grad=True) for _ in range(layers)]
     x = torch.randn(args.batch, width)
 
@@ -62,6 +60,45 @@ def child(args) -> dict:
             for p in ws + bs:
                 p.sub_(p.grad, alpha=1e-3)
                 p.grad = None
+    return step
+
+
+def inprocess(args) -> dict:
+    """Plain and runtime blocks alternating in one process (``uvmprefetch.enable`` / ``disable`` between them,
+    outside the timed blocks): the start-up of a process is not in the figures, and drift cancels pair by pair."""
+    from uvmprefetch import runtime
+    step = make_step(args)
+    for _ in range(args.warmup):
+        step()
+
+    def block() -> float:
+        t0 = time.perf_counter()
+        for _ in range(args.iters):
+            step()
+        return time.perf_counter() - t0
+    env = CASES[args.inprocess]
+    ratios, reps = [], []
+    for _ in range(args.rounds):
+        plain = block()
+        runtime.enable(backend="dryrun", budget=env["UVMPREFETCH_BUDGET"], log="quiet",
+                       observer=env.get("UVMPREFETCH_OBSERVER", "auto"), report=None, trace=None)
+        step()  # warm-up under the runtime (first sight of every storage; the planner wakes if it must)
+        on = block()
+        reps.append(runtime.disable())
+        ratios.append(on / plain)
+    last = reps[-1]
+    return {"case": args.inprocess, "rounds": args.rounds, "ratio_median": statistics.median(ratios),
+            "ratio_min": min(ratios), "ratio_max": max(ratios), "ratios": ratios,
+            "observer": last["observer"]["kind"], "planned": last["launches"],
+            "planner": (last.get("observe_time") or {}).get("planner")}
+
+
+def child(args) -> dict:
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    step = make_step(args)
+    width = args.width
 
     class Count(TorchDispatchMode):
         n = 0
@@ -116,9 +153,21 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--cases", default="plain,fits,moves,python-fits")
     p.add_argument("--out", help="write the figures here (JSON)")
+    p.add_argument("--inprocess", choices=sorted(set(CASES) - {"plain"}),
+                   help="alternate plain and this case inside one process (enable/disable between blocks) "
+                        "instead of one process per case")
     args = p.parse_args()
     if args.child:
         print(json.dumps(child(args)))
+        return
+    if args.inprocess:
+        res = inprocess(args)
+        if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(res, indent=1))
+        print(f"{res['case']}: x plain median {res['ratio_median']:.3f} (min {res['ratio_min']:.3f}, max "
+              f"{res['ratio_max']:.3f}) over {res['rounds']} in-process rounds; observer {res['observer']}, "
+              f"planned {res['planned']}")
         return
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     if "plain" not in cases:

@@ -121,9 +121,9 @@ class Planner:
             self.s.fail(getattr(e, "where", "planner"), e)
 
     def _pressure(self) -> bool:
-        """Wait up to 50 ms for the live bytes to reach the threshold (no GIL held while waiting)."""
+        """Wait up to 200 ms (dryrun) for the live bytes to reach the threshold (no GIL held while waiting)."""
         if self.managed_bytes is None:
-            return bool(self.lib.lib.uvmalloc_wait_pressure(self.pressure_bytes, 50)) and not self._stop.is_set()
+            return bool(self.lib.lib.uvmalloc_wait_pressure(self.pressure_bytes, 200)) and not self._stop.is_set()
         if self.managed_bytes() >= self.pressure_bytes:
             return True
         self._stop.wait(0.02)
