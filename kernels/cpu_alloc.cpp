@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <pthread.h>
 #include <mutex>
 #include <unordered_map>
 
@@ -125,6 +126,15 @@ public:
 EventAllocator g_alloc;
 std::mutex g_install_mu;
 
+// fork() (DataLoader workers) while another thread holds a shard's lock would leave it locked in the child
+// forever: every shard is taken around the fork and given back on both sides.
+void fork_prepare() {
+    for (auto& sh : g_shards) sh.mu.lock();
+}
+void fork_done() {
+    for (auto& sh : g_shards) sh.mu.unlock();
+}
+
 }  // namespace
 
 namespace uvm {
@@ -141,6 +151,8 @@ UVM_EXPORT int uvmalloc_install() {
         if (cur == nullptr) return -2;
         g_prev = cur;
         g_prev_raw = cur->raw_deleter();
+        static const int forked = pthread_atfork(&fork_prepare, &fork_done, &fork_done);
+        (void)forked;
         c10::SetCPUAllocator(&g_alloc, kPriority);
         return c10::GetCPUAllocator() == &g_alloc ? 0 : -1;
     } catch (...) {

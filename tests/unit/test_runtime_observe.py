@@ -246,12 +246,13 @@ def test_inferred_iteration_ends_reach_the_policy_through_the_dryrun_backend(obs
     assert s.policy.iters_seen == 4 and len(s.policy.iter_starts) == 4
     assert rep["model_iter_s"] and len(rep["model_iter_s"]) == 4
 
-def test_forked_child_does_not_observe_or_report(tmp_path):
+def test_forked_child_does_not_observe_or_report(tmp_path, observer):
     import os
     be = RecordingBackend()
-    s = session(be).start()
+    s = session(be, observer).start()
     try:
         torch.ones(8) + 1
+        s.flush()
         n = len(be.launches)
         pid = os.fork()
         if pid == 0:  # child: ops run unobserved, nothing is reported at exit
