@@ -53,9 +53,9 @@ def build_report(s) -> dict:
         "allocations_seen": s.tracker.next_id,
         # null while nothing was planned (the model fitted: no storage was looked at)
         "working_set_bytes": None if never_woke else int(s.tracker.peak_live_bytes),
-        # dryrun: the high-water mark of the caching-allocator-like address space is what would be managed
-        "peak_managed_bytes": int(be.get("peak_managed_bytes") or (s.tracker.layout.peak_top if s.tracker.layout
-                                                                   else s.tracker.peak_live_bytes)),
+        # dryrun: the high-water mark of the caching-allocator-like address space is what would be managed (while
+        # the planner slept nothing was placed there: then the CPU allocator's peak live bytes stand in)
+        "peak_managed_bytes": _peak_managed(s, be, nat),
         "peak_resident_bytes": be.get("peak_resident_bytes"),
         "faults": be.get("faults"),
         "expected_faults": be.get("expected_faults"),
@@ -85,6 +85,15 @@ def build_report(s) -> dict:
         rep["model_stall_s"] = be.get("stall_s")
         rep["model_iter_s"] = be.get("iteration_times_s")
     return rep
+
+
+def _peak_managed(s, be: dict, nat: dict) -> int:
+    peak = int(be.get("peak_managed_bytes") or (s.tracker.layout.peak_top if s.tracker.layout
+                                               else s.tracker.peak_live_bytes))
+    planner = nat.get("planner") or {}
+    if s.tracker.layout is not None and (planner.get("woke") is not None or planner.get("dormant")):
+        peak = max(peak, int((nat.get("allocator") or {}).get("peak_live_bytes") or 0))
+    return peak
 
 
 def _native(s) -> dict:
