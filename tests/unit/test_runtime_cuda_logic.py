@@ -753,3 +753,14 @@ def test_the_gates_observations_reach_the_policy_instead_of_the_books_guess():
     be.launch(info(1, be, BASE, 3 * BS))  # the books say resident; the gate saw 1 in flight and 2 faulting
     assert seen["in_flight"][1] == [1] and seen["faults"][1] == [2]
     assert not be.res.in_flight.any()  # the view was the gate's for that launch only
+
+
+def test_a_gap_in_the_observers_records_forgets_every_death():
+    # a full ring dropped records: a launch that reused a dead block may be among them, so no block counted
+    # dead before the gap may be discarded after it
+    be = backend(Scripted([]), 8, [(BASE, 8 * BS)])
+    be.launch(info(0, be, BASE, 4 * BS))
+    be.free(np.array([(BASE >> 21) + 1, (BASE >> 21) + 2]))
+    assert be.dead[[1, 2]].all()
+    be.gap()
+    assert not be.dead.any()

@@ -215,6 +215,11 @@ class CudaBackend:
         self._capturing = lambda: False
         self._native_lib = lib
 
+    def gap(self) -> None:
+        """The observer dropped records (a full ring): launches may have reused blocks counted dead, so none of
+        them may be discarded any more (each becomes dead again only by a death seen after the gap)."""
+        self.dead[:] = False
+
     def thread_init(self) -> None:
         """On the planner thread, before its first launch: this backend's device is its current device (events and
         queries it makes go to the right context)."""
