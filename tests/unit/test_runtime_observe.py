@@ -283,3 +283,20 @@ def test_planner_keeps_a_run_cut_by_the_drain_for_the_next_batch():
     assert len(first) == 4 and len(p._op_carry) == 3
     second = p._whole_runs(recs[7:])
     assert len(second) == 5 and second["d"][0] == 3 and len(p._op_carry) == 0
+
+
+def test_a_session_never_plans_what_an_earlier_one_left_in_the_rings():
+    # The rings are process-wide; records pushed for another run (here: a bare start of the observer with nobody
+    # draining) must not reach a new session's policy.
+    from uvmprefetch.runtime import native, native_observer
+    try:
+        lib = native_observer.load()
+    except native.NativeBuildError as e:
+        pytest.skip(f"the C++ observer cannot be built here: {e}")
+    clean, _ = observed("native", steps=1)
+    lib.start("cpu", True)
+    torch.ones(8).mul_(3)
+    lib.stop()  # two op runs left in the ring
+    be, s = observed("native", steps=1)
+    assert len(be.launches) == len(clean.launches) and be.iters == clean.iters == [0]
+    assert s_name(s, be.launches[0]) != "aten::ones"

@@ -96,6 +96,7 @@ def test_observer_native_where_it_cannot_be_used_is_one_line_exit_2(tmp_path):
 def test_run_cli_dryrun(tmp_path):
     rep = tmp_path / "r.json"
     r = subprocess.run(["uvmprefetch", "run", "--backend", "dryrun", "--budget", "16MiB", "--report", str(rep),
+                        "--trace", str(tmp_path / "t.uvmt"),  # (a trace keeps the planner awake: every launch)
                         "--log", "quiet", "--", sys.executable, "-c",
                         "import torch; a = torch.randn(1024, 1024); b = (a @ a).relu().sum(); print(float(b) > 0)"],
                        capture_output=True, text=True, timeout=120,
@@ -159,8 +160,9 @@ def test_the_cli_never_observes_itself():
             assert not d["cuda_ready"] and not next(c for c in d["checks"] if c["name"] == "gpu")["ok"]
 
 
-def test_run_cli_json_last_line():
-    r = subprocess.run(["uvmprefetch", "run", "--json", "--backend", "dryrun", "--log", "quiet", "--", sys.executable,
+def test_run_cli_json_last_line(tmp_path):
+    r = subprocess.run(["uvmprefetch", "run", "--json", "--backend", "dryrun", "--log", "quiet",
+                        "--trace", str(tmp_path / "t.uvmt"), "--", sys.executable,
                         "-c", "import torch; print('child'); (torch.ones(4) + 1).sum()"],
                        capture_output=True, text=True, timeout=120,
                        env={k: v for k, v in os.environ.items() if not k.startswith("UVMPREFETCH")})

@@ -322,6 +322,8 @@ class NativeObservation:
         attach = getattr(s.backend, "attach_native", None)
         if attach is not None:
             attach(lib)
+        lib.drain_ops()  # the rings are process-wide: what an earlier session left there is not this run's
+        lib.drain_allocs()
         self.planner = Planner(s, lib, pressure, managed)
         lib.lib.uvmalloc_set_events(0 if self.planner.dormant else 1)
         lib.lib.uvmobs_set_optimizer(0)
