@@ -214,7 +214,7 @@ def test_dryrun_backend_respects_budget(policy):
     from uvmprefetch.runtime.dryrun import DryrunBackend
     from uvmprefetch.config import parse_budget
     cfg = RuntimeConfig(enabled=True, backend="dryrun", policy=policy, log="quiet", budget=parse_budget("8MiB"))
-    s = Session(cfg)
+    s = Session(cfg, dormant=False)  # (a program this short would end before a dormant planner woke)
     assert isinstance(s.backend, DryrunBackend)
     s.start()
     try:
