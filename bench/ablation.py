@@ -13,9 +13,11 @@
    iterations to recover after each change.
 
 Without the standard traces (``uvmprefetch.trace.standard`` / ``traces/*.uvmt``) it uses the synthetic
-training traces and says so. Writes ``bench/results/ablation-<date>.json`` and prints the tables last.
+training traces and says so. Writes ``ablation-<date>.json`` to ``--out`` (default ``./ablation-<date>/``) and,
+with ``--update-baseline``, its tables to ``bench/baselines/ablation.json``; prints the tables last.
 
     python bench/ablation.py [--traces A.uvmt ...] [--oversub 1.5,2,3] [--gpu h100-pcie] [--no-patterns]
+                             [--out DIR] [--update-baseline]
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from uvmprefetch import results  # noqa: E402
 from uvmprefetch.errors import ConfigError  # noqa: E402
 from uvmprefetch.gpus import get_profile  # noqa: E402
 from uvmprefetch.jsonutil import json_default  # noqa: E402
@@ -96,12 +99,13 @@ def main() -> int:
     ap.add_argument("--gpu", default="h100-pcie")
     ap.add_argument("--oversub", default="1.5,2,3")
     ap.add_argument("--no-patterns", action="store_true", help="skip the changing-pattern traces")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    results.add_arguments(ap, "ablation")
     args = ap.parse_args()
     try:
         gpu = get_profile(args.gpu)
         oversubs = B.parse_oversub_list(args.oversub)
         traces, source = get_traces(args.traces)
+        out = results.run_dir(args.out, "ablation")
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -203,16 +207,20 @@ def main() -> int:
                 lines.append(f"| {n} | {ov:g} | {u['time_s'] / d['time_s']:.3f} | "
                              f"{u['time_s'] / o['time_s']:.3f} | {u['time_s'] / du['time_s']:.3f} | {rtxt} |")
     wall = time.perf_counter() - t0
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     meta = B.bench_meta(gpu, 2 << 20, wall)
     meta["source"] = source
     slim = [{k: v for k, v in r.items() if k in B.CSV_FIELDS or k in ("iteration_times_s",)} for r in rows]
-    path = out / f"ablation-{stamp}.json"
-    path.write_text(json.dumps({"meta": meta, "targets": targets, "ablation": abl, "quality": quality,
-                                "robustness": robust, "results": slim}, indent=1, default=json_default))
-    lines += ["", f"wall {wall:.1f} s; JSON: {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}"]
+    path = out / f"ablation-{results.stamp()}.json"
+    tables = {"meta": meta, "targets": targets, "ablation": abl, "quality": quality, "robustness": robust}
+    path.write_text(json.dumps({**tables, "results": slim}, indent=1, default=json_default))
+    lines += ["", f"wall {wall:.1f} s; JSON: {path}"]
+    # the baseline keeps the tables only; the run folder keeps every replay's row
+    setting = f"{args.gpu} {','.join(f'{o:g}' for o in oversubs)}" + ("" if args.traces is None else f" {source}")
+    try:
+        lines.append(results.close_run(args, "ablation", setting, tables, out))
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print("\n".join(lines))
     return 0
 

@@ -20,13 +20,15 @@ discards (the live cuda default) and a sync at each iteration's end (a loop that
 with ``--launch-us``, ``--no-blocking-evict`` (an asynchronous mover), ``--discards``, ``--no-sync``.
 
     python bench/decision_budget.py [TRACE.uvmt ...] [--oversub 2] [--policy uvmprefetch]
-                                    [--costs 0,5,10,20,45,100,200,400] [--tolerance 0.01] [--out bench/results]
+                                    [--costs 0,5,10,20,45,100,200,400] [--tolerance 0.01] [--out DIR]
+                                    [--update-baseline]
 
 Without traces it takes the four standard traces (``uvmprefetch bench`` records them once). Small kernels are
 where a decision cannot hide: add the shipped ``traces/gpt2-small-b2s128.uvmt`` (23 us of GPU time per launch)
 in a run of its own with ``--oversub 1.5`` (its widest launch does not fit at 2x). Writes
-``decision-budget-<date>.json`` and ``.png`` to ``--out``, and prints the table last. About 15-30 s per replay
-on the 2-core CPU machine for GPT-2 large: 9 replays per trace.
+``decision-budget-<date>.json`` and ``.png`` to ``--out`` (default ``./decision_budget-<date>/``) and, with
+``--update-baseline``, the figures to ``bench/baselines/decision_budget.json``; prints the table last. About
+15-30 s per replay on the 2-core CPU machine for GPT-2 large: 9 replays per trace.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from uvmprefetch import results  # noqa: E402
 from uvmprefetch.errors import UvmPrefetchError  # noqa: E402
 from uvmprefetch.policy import make_policy  # noqa: E402
 from uvmprefetch.sim.engine import HostModel  # noqa: E402
@@ -136,7 +139,7 @@ def main() -> int:
                          "discards, as the live cuda backend")
     ap.add_argument("--no-sync", action="store_true",
                     help="the host never waits for the GPU at an iteration's end (it may stay ahead all run)")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    results.add_arguments(ap, "decision_budget")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args()
     try:
@@ -160,6 +163,7 @@ def main() -> int:
     rows = []
     try:
         make_policy(args.policy)  # (a bad spec fails here, before any trace is recorded)
+        out = results.run_dir(args.out, "decision_budget")
         got = traces(args.traces, not args.no_progress)
         bar = tqdm(total=len(got) * (len(costs) + 1), desc="decision budget", unit="replay",
                    disable=args.no_progress, leave=False)
@@ -198,9 +202,7 @@ def main() -> int:
     except UvmPrefetchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    stamp = results.stamp()
     meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "policy": args.policy, "gpu": args.gpu,
             "oversub": args.oversub, "tolerance": args.tolerance, "discards": args.discards,
             "host": {**host_kw, "decision_s": "swept"}, "python": platform.python_version(),
@@ -232,6 +234,13 @@ def main() -> int:
     print("(cells: run time / run time at cost 0)")
     failed = sum("error" in r for r in rows)
     print(f"JSON: {path}\nplot: {png}")
+    key = (f"{args.policy} {args.oversub:g}x {args.gpu} {args.launch_us:g}us {blocking}"
+           f"{' discards' if args.discards else ''}{' no-sync' if args.no_sync else ''}")
+    try:
+        print(results.close_run(args, "decision_budget", key, {"meta": meta, "results": rows}, out))
+    except UvmPrefetchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     return 1 if failed else 0
 
 

@@ -12,9 +12,11 @@ launch phases. This replays each standard trace under ``uvmprefetch`` three time
   forward phase, as a hand-written update's do).
 
 and prints the whole-run time of each over the ``oracle``'s (which uses the recorded ends; its time does not
-depend on them). Writes ``bench/results/iteration-marks-<date>.json``.
+depend on them). Writes ``iteration-marks-<date>.json`` to ``--out`` (default ``./iteration_marks-<date>/``) and,
+with ``--update-baseline``, to ``bench/baselines/iteration_marks.json``.
 
-    python bench/iteration_marks.py [--traces A.uvmt ...] [--oversub 2] [--gpu h100-pcie]
+    python bench/iteration_marks.py [--traces A.uvmt ...] [--oversub 2] [--gpu h100-pcie] [--out DIR]
+                                    [--update-baseline]
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from uvmprefetch import results  # noqa: E402
 from uvmprefetch.errors import ConfigError  # noqa: E402
 from uvmprefetch.gpus import get_profile  # noqa: E402
 from uvmprefetch.runtime.iterations import IterationEnds  # noqa: E402
@@ -65,11 +68,12 @@ def main() -> int:
     ap.add_argument("--traces", nargs="*", help="trace files instead of the standard set")
     ap.add_argument("--gpu", default="h100-pcie")
     ap.add_argument("--oversub", type=float, default=2.0)
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    results.add_arguments(ap, "iteration_marks")
     args = ap.parse_args()
     try:
         gpu = get_profile(args.gpu)
         traces = B.load_traces(args.traces) if args.traces else B.standard_trace_set()
+        out = results.run_dir(args.out, "iteration_marks")
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -94,13 +98,18 @@ def main() -> int:
                      f"{r['inferred']:.3f} ({r['inferred_iterations']}) |")
     lines.append(f"| geomean | {geo['trace']:.3f} | {geo['none']:.3f} | {geo['inferred']:.3f} |")
     lines += ["", "(iterations the policy saw in parentheses)"]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"iteration-marks-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.json"
-    path.write_text(json.dumps({"gpu": gpu.name, "oversub": args.oversub, "rows": rows, "geomean": geo,
-                                "wall_s": time.perf_counter() - t0}, indent=1))
+    path = out / f"iteration-marks-{results.stamp()}.json"
+    payload = {"gpu": gpu.name, "oversub": args.oversub, "rows": rows, "geomean": geo,
+               "wall_s": time.perf_counter() - t0}
+    path.write_text(json.dumps(payload, indent=1))
     print("\n".join(lines))
     print(f"\nwrote {path}")
+    setting = f"{gpu.name} {args.oversub:g}x" + ("" if args.traces is None else " " + ",".join(n for n, _ in traces))
+    try:
+        print(results.close_run(args, "iteration_marks", setting, payload, out))
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

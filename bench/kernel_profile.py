@@ -14,11 +14,11 @@ The copy lives in a temporary folder with its own, empty Numba cache, so the fir
 where a normal run could load it). The timed replay is the second one. A stamp costs a few tens of cycles,
 and a launch passes about twenty.
 
-    python bench/kernel_profile.py [TRACE.uvmt] [--oversub 1.5] [--from-iteration 3] [--out bench/results]
+    python bench/kernel_profile.py [TRACE.uvmt] [--oversub 1.5] [--from-iteration 3] [--out DIR]
 
 Without a trace it takes the shipped ``traces/gpt2-small-b2s128.uvmt``. For issue 4's GPT-2-large figure, pass the
 standard trace (``uvmprefetch bench`` records it under ``~/.cache/uvmprefetch/traces/``) with ``--oversub 2``.
-Writes ``kernel-profile-<date>.json`` to ``--out`` and prints the table last.
+Writes ``kernel-profile-<date>.json`` to ``--out`` (default ``./kernel_profile-<date>/``) and prints the table last.
 """
 
 from __future__ import annotations
@@ -143,7 +143,8 @@ def main() -> int:
     ap.add_argument("--disturb", type=float, default=0.0, metavar="MIB",
                     help="read this many MiB of other memory before each on_launch, untimed, as a live run's own "
                          "work does between two hooks (as bench/policy_cost.py --disturb; default 0)")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    ap.add_argument("--out", metavar="DIR", default=None,
+                    help="folder for this run's JSON (default: ./kernel_profile-<UTC date-time>/)")
     args = ap.parse_args()
     if not 0 <= args.disturb <= 4096:
         print(f"error: --disturb must be between 0 and 4096 MiB, got {args.disturb:g}", file=sys.stderr)
@@ -256,7 +257,7 @@ def main() -> int:
            "cycles_per_us": per_us, "stages": rows, "slowdown": r["slowdown"],
            "host": {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count()},
            "note": "stamped copy of the kernels; shared machine: compare runs taken back to back only"}
-    dest = Path(args.out)
+    dest = Path(args.out) if args.out else Path.cwd() / f"kernel_profile-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
     dest.mkdir(parents=True, exist_ok=True)
     path = dest / f"kernel-profile-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.json"
     path.write_text(json.dumps(out, indent=1))
@@ -281,6 +282,7 @@ def main() -> int:
               f"stamped {out['stepped_stamped_median_us']:.1f} us, outside the stamps "
               f"{out['stepped_outside_median_us']:.1f} us")
     print(f"JSON: {path}")
+    print(f"results: {dest}")
     return 0
 
 

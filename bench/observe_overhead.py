@@ -15,9 +15,11 @@ Two kinds of figures:
   hooks, the simulated GPU model (``backend.launch`` minus the policy), and the rest of ``on_op`` (storage
   lookup, extents, block ids, the launch record).
 
-Writes ``bench/results/observe-overhead-<date>.json`` and prints the table last.
+Writes ``observe-overhead-<date>.json`` to ``--out`` (default ``./observe_overhead-<date>/``) and, with
+``--update-baseline``, to ``bench/baselines/observe_overhead.json``; prints the table last.
 
-    python bench/observe_overhead.py [--steps 6] [--policies demand,uvmprefetch] [--label after]
+    python bench/observe_overhead.py [--steps 6] [--policies demand,uvmprefetch] [--label after] [--out DIR]
+                                     [--update-baseline]
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+
+from uvmprefetch import results  # noqa: E402
+from uvmprefetch.errors import UvmPrefetchError  # noqa: E402
 
 # Pieces of the session's per-launch path, by the module-level name ``uvmprefetch.runtime.session`` calls
 # them through (both the original names and the fast path's, so the same bench measures before and after).
@@ -215,8 +220,13 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--vocab", type=int, default=4096)
     p.add_argument("--label", default="", help="free text stored in the JSON (e.g. before/after)")
-    p.add_argument("--out", help="JSON path (default bench/results/observe-overhead-<date>.json)")
+    results.add_arguments(p, "observe_overhead")
     args = p.parse_args()
+    try:
+        out = results.run_dir(args.out, "observe_overhead")
+    except UvmPrefetchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     torch.set_num_threads(1)  # a shared 2-core machine: one thread keeps the plain baseline stable
     import uvmprefetch.runtime as rt
 
@@ -241,11 +251,10 @@ def main() -> int:
         res["policies"][pol] = {"step_s": t, "plain_step_s": base, "launches_per_step": launches,
                                 "overhead_us_per_op": (t - base) / n_ops * 1e6,
                                 "overhead_us_per_launch": (t - base) / launches * 1e6, "breakdown": bd}
-    out = Path(args.out) if args.out else ROOT / "bench" / "results" / f"observe-overhead-{time.strftime('%Y%m%d')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=2))
+    path = out / f"observe-overhead-{results.stamp()}.json"
+    path.write_text(json.dumps(res, indent=2))
     print(f"GPT-2 {args.layers}x{args.embd}, batch {args.batch}x{args.seq}: {n_ops} ops/step, "
-          f"plain {plain * 1e3:.1f} ms/step  ({out.relative_to(ROOT) if out.is_relative_to(ROOT) else out})")
+          f"plain {plain * 1e3:.1f} ms/step  ({path})")
     print(f"observation alone (on_op, null backend, {obs['launches']} launches x 4 passes): median "
           f"{obs['us_median_per_launch']:.1f} us, mean {obs['us_mean_per_launch']:.1f} us per launch")
     cols = ("on_op", "accesses", "exec_id", "flops", "frees", "policy", "model", "rest")
@@ -259,6 +268,12 @@ def main() -> int:
         print(f"{pol + ' (mean)':<40} | " + " ".join(f"{b[c]:8.1f}" for c in cols))
     print("(us/op, us/launch: end-to-end overhead vs plain; right: median (and mean) us per observed launch, "
           "timed run)")
+    setting = f"gpt2 {args.layers}x{args.embd} b{args.batch}x{args.seq} budget={args.budget}"
+    try:
+        print(results.close_run(args, "observe_overhead", setting, res, out))
+    except UvmPrefetchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

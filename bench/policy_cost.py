@@ -5,16 +5,17 @@ residency states.
 
 Each call is timed with ``time.perf_counter_ns`` around ``on_launch`` only (not the simulator); the other
 hooks (``on_fault``, ``on_free``, ``on_evict``) are timed too and reported per launch. Writes
-``bench/results/policy-cost-<date>.json`` and prints the table last, then each policy's median by iteration (the
-first iterations take other paths than the steady state: nothing learned yet, the allocator still moving tensors).
+``policy-cost-<date>.json`` to ``--out`` (default ``./policy_cost-<date>/``) and, with ``--update-baseline``, to
+``bench/baselines/policy_cost.json``; prints the table last, then each policy's median by iteration (the first
+iterations take other paths than the steady state: nothing learned yet, the allocator still moving tensors).
 
     python bench/policy_cost.py [TRACE.uvmt] [--oversub 2] [--policies uvmprefetch,deepum] [--model gpt2:small]
-                                [--rounds 3] [--disturb 64]
+                                [--rounds 3] [--disturb 64] [--out DIR] [--update-baseline]
 
 ``--disturb MiB`` reads that much other memory before each ``on_launch`` (outside the timing), as the training
 framework's own work does between two hooks of a live run: the decision's cost is mostly misses on the policy's
 state, so a replay whose caches keep that state between launches shows the cheapest case. On the development
-CPU (32 MiB L3), 64 MiB took GPT-2 large at 2x from 47 to 110 us median (bench/results/policy-cost-20261124f).
+CPU (32 MiB L3), 64 MiB took GPT-2 large at 2x from 47 to 110 us median (``--disturb 0`` against ``--disturb 64``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from uvmprefetch import results  # noqa: E402
 from uvmprefetch.errors import UvmPrefetchError  # noqa: E402
 from uvmprefetch.policy import make_policy  # noqa: E402
 from uvmprefetch.sim.replay import replay  # noqa: E402
@@ -80,7 +82,7 @@ def main() -> int:
     ap.add_argument("--model", default="gpt2:small")
     ap.add_argument("--oversub", type=float, default=2.0)
     ap.add_argument("--policies", default="uvmprefetch,deepum")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    results.add_arguments(ap, "policy_cost")
     ap.add_argument("--rounds", type=int, default=3,
                     help="timed replays per policy after one untimed warm-up (Numba compiles there); the machine "
                          "is shared and noisy: the table gives the median of the rounds' medians and their spread")
@@ -130,16 +132,17 @@ def main() -> int:
                          "on_launch_mean_us": med["mean"], "other_hooks_us_per_launch": med["other"],
                          "on_launch_by_iteration_median_us": by_iter,
                          "slowdown": r["slowdown"], "state_bytes": r["policy_report"].get("state_bytes")})
+        meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "python": platform.python_version(),
+                "machine": platform.machine(), "cpus": os.cpu_count(), "numpy": np.__version__,
+                "note": "shared 2-core machine: medians are the robust figure"}
+        out = results.run_dir(args.out, "policy_cost")
+        path = out / f"policy-cost-{results.stamp()}.json"
+        path.write_text(json.dumps({"meta": meta, "results": rows}, indent=1))
+        setting = f"{name} {args.oversub:g}x" + (f" disturb={args.disturb:g}MiB" if args.disturb else "")
+        closing = results.close_run(args, "policy_cost", setting, {"meta": meta, "results": rows}, out)
     except UvmPrefetchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "python": platform.python_version(),
-            "machine": platform.machine(), "cpus": os.cpu_count(), "numpy": np.__version__,
-            "note": "shared 2-core machine: medians are the robust figure"}
-    path = out / f"policy-cost-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.json"
-    path.write_text(json.dumps({"meta": meta, "results": rows}, indent=1))
     print(f"{args.rounds} timed rounds each; figures are the median over rounds (spread: min-max of the rounds' medians)")
     if args.disturb:
         print(f"{args.disturb:g} MiB of other memory read before each on_launch (--disturb), as between two live hooks")
@@ -157,6 +160,7 @@ def main() -> int:
             its = " / ".join(f"{v:.1f}" for v in r["on_launch_by_iteration_median_us"])
             print(f"{r['policy']}: on_launch median by iteration (us): {its}")
     print(f"JSON: {path}")
+    print(closing)
     return 0
 
 

@@ -5,13 +5,15 @@
    takes under 10 s of wall time (layout included).
 2. Runs the whole benchmark matrix (standard traces x every available policy x 1/1.25/1.5/2/3) and checks
    that it takes under 10 minutes.
-3. Writes ``bench/results/replay-bench-<date>.json`` (figures, machine, versions) plus the usual CSV/PNG
-   under ``bench/results/replay-<date>/``, and prints the table last.
+3. Writes ``replay-bench-<date>.json`` (figures, machine, versions) plus the usual CSV/PNG to ``--out``
+   (default ``./replay_bench-<date>/``) and, with ``--update-baseline``, the figures to
+   ``bench/baselines/replay_bench.json``; prints the table last.
 
 Without the standard traces (``uvmprefetch.trace.standard``) it falls back to ``traces/*.uvmt`` and, failing
 that, to synthetic training traces (and says so).
 
-    python bench/replay_bench.py [--gpt2l PATH] [--traces A.uvmt B.uvmt] [--gpu h100-pcie]
+    python bench/replay_bench.py [--gpt2l PATH] [--traces A.uvmt B.uvmt] [--gpu h100-pcie] [--out DIR]
+                                 [--update-baseline]
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from uvmprefetch import results  # noqa: E402
 from uvmprefetch.errors import ConfigError  # noqa: E402
 from uvmprefetch.gpus import get_profile  # noqa: E402
 from uvmprefetch.policy import available  # noqa: E402
@@ -54,6 +57,7 @@ def main() -> int:
     ap.add_argument("--gpu", default="h100-pcie")
     ap.add_argument("--policies", default="all")
     ap.add_argument("--oversub", default="1,1.25,1.5,2,3")
+    results.add_arguments(ap, "replay_bench")
     args = ap.parse_args()
     gpu = get_profile(args.gpu)
     source = "command line"
@@ -70,7 +74,7 @@ def main() -> int:
                       ("synthetic-96x8MiB", training_trace(layers=96, param_bytes=8 << 20, act_bytes=6 << 20))]
     policies = available() if args.policies == "all" else args.policies.split(",")
     oversubs = B.parse_oversub_list(args.oversub)
-    date = time.strftime("%Y%m%d", time.gmtime())
+    out = results.run_dir(args.out, "replay_bench")
     figures: dict = {"source": source, "traces": [n for n, _ in traces], "policies": policies, "oversub": oversubs}
 
     g = pick_gpt2l(traces, args.gpt2l)
@@ -92,17 +96,17 @@ def main() -> int:
     t0 = time.perf_counter()
     rows = B.run_bench(traces, policies, oversubs, gpu)
     wall = time.perf_counter() - t0
-    out = ROOT / "bench" / "results" / f"replay-{date}"
     B.save_outputs(rows, oversubs, out, B.bench_meta(gpu, 2 << 20, wall))
     figures["bench_wall_s"] = wall
     figures["bench_ok"] = wall < TARGET_BENCH_S
     meta = B.bench_meta(gpu, 2 << 20, wall)
-    res_path = ROOT / "bench" / "results" / f"replay-bench-{date}.json"
+    res_path = out / f"replay-bench-{results.stamp()}.json"
     slim = [{k: r.get(k) for k in B.CSV_FIELDS} for r in rows]
     res_path.write_text(json.dumps({"meta": meta, "figures": figures, "results": slim}, indent=1))
     print(f"benchmark matrix: {len(rows)} results in {wall:.1f} s (target < {TARGET_BENCH_S:.0f} s: "
           f"{'OK' if wall < TARGET_BENCH_S else 'MISSED'}); traces: {source}; wrote {res_path}", file=sys.stderr)
     print(B.markdown(rows, oversubs))
+    print(results.close_run(args, "replay_bench", f"{args.gpu} {source}", {"meta": meta, "figures": figures}, out))
     ok = figures["bench_ok"] and figures.get("gpt2l", {}).get("ok", True)
     return 0 if ok else 1
 

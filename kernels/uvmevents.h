@@ -21,7 +21,13 @@ enum AllocAction : uint32_t {
     kSegmentUnmap = 6,    // expandable segments: pages unmapped
     kSnapshot = 7,        // a memory snapshot was taken (no memory changes)
     kOom = 8,             // the allocator failed an allocation
+    kAnnotate = 9,        // metadata attached to a live allocation (torch >= 2.14; no memory changes)
     kUnknown = 15,        // an action this build does not know (treat everything as live until quiescent)
+};
+
+// Flag bits above the action's low byte (``action & 0xFF`` is the AllocAction).
+enum AllocFlag : uint32_t {
+    kPrivatePool = 1u << 8,  // the memory belongs to a private pool (a CUDA graph's, a torch.cuda.MemPool's)
 };
 
 struct AllocEvent {
@@ -29,7 +35,7 @@ struct AllocEvent {
     uint64_t addr;    // first byte
     uint64_t size;    // bytes
     uint64_t stream;  // the CUDA stream (cudaStream_t as an integer); 0 on the CPU
-    uint32_t action;  // AllocAction
+    uint32_t action;  // AllocAction | AllocFlag bits
     int32_t device;   // CUDA device index; -1 on the CPU
 };
 static_assert(sizeof(AllocEvent) == 40, "AllocEvent is mirrored by a NumPy dtype: keep it at 40 bytes");

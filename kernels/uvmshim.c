@@ -19,9 +19,14 @@
  *
  * Environment (all optional):
  *   UVMPREFETCH_SHIM_MANAGED  1 (default) redirect to managed memory, 0 only forward and record
- *   UVMPREFETCH_SHIM_LIMIT    most managed bytes to hand out (default: device free memory at the first
- *                             allocation minus a 5 % reserve: never allocate more managed memory than the
- *                             card has free, DESIGN.md section 5)
+ *   UVMPREFETCH_MANAGED_LIMIT most managed bytes to hand out, fixed at the first allocation:
+ *                             host (default) what host memory can back (see HOST_RESERVE below), or the
+ *                             GPU's free memory - 5 % where that is more; gpu-free the GPU's free memory - 5 %
+ *                             (no oversubscription: the rule for shared GPUs, DESIGN.md section 5); or a
+ *                             byte count with an optional unit (512MiB, 20GiB, 1.5GB, 3e9). An invalid value
+ *                             ends the program at load time with one line and exit code 2.
+ *   UVMPREFETCH_SHIM_SYSROOT  folder put in front of /proc and /sys when the shim reads host memory and
+ *                             cgroup limits (tests feed it a fake /proc/meminfo and cgroup tree)
  *   UVMPREFETCH_SHIM_ADVICE   none (default), preferred (PreferredLocation = the device), accessed
  *                             (AccessedBy = the device)
  *   UVMPREFETCH_CUDART        library to forward to when RTLD_NEXT finds nothing (default libcudart.so.13)
@@ -37,9 +42,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
+#include <unistd.h>
 
-#define UVMSHIM_ABI 1
+#define UVMSHIM_ABI 2
 
 /* ---- CUDA 13 types (driver_types.h / vector_types.h), declared here so no CUDA install is needed ---- */
 typedef int cudaError_t;                 /* enum cudaError */
@@ -106,7 +113,6 @@ static void log_once(int kind, const char *fmt, ...) {
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static int g_managed = 1;
 static int g_advice = 0; /* 0 none, 1 preferred, 2 accessed */
-static size_t g_limit_env = 0;
 
 static void *resolve(const char *name) {
     void *f = dlsym(RTLD_NEXT, name);
@@ -132,9 +138,6 @@ static void init_env(void) {
     s = getenv("UVMPREFETCH_SHIM_MANAGED");
     if (s && !strcmp(s, "0"))
         g_managed = 0;
-    s = getenv("UVMPREFETCH_SHIM_LIMIT");
-    if (s && *s)
-        g_limit_env = (size_t)strtoull(s, NULL, 10);
     s = getenv("UVMPREFETCH_SHIM_ADVICE");
     if (s && !strcmp(s, "preferred")) g_advice = 1;
     else if (s && !strcmp(s, "accessed")) g_advice = 2;
@@ -159,9 +162,6 @@ static void ensure(void) {
 #undef RETRY
     }
 }
-
-/* ---- statistics ---- */
-static atomic_ullong g_managed_bytes, g_peak_bytes, g_n_alloc, g_n_free, g_n_refused, g_n_errors, g_limit;
 
 /* ---- live managed allocations: open-addressing table (allocation calls are rare: the caching
  * allocator sits above us), protected by a mutex ---- */
@@ -236,27 +236,368 @@ static void ring_push(const void *func, dim3 g, dim3 b, size_t shm, cudaStream_t
     atomic_store_explicit(&slot->seq, idx + 1, memory_order_release);
 }
 
-/* ---- the hooks ---- */
-static size_t current_limit(void) {
-    size_t lim = (size_t)atomic_load(&g_limit);
-    if (lim)
-        return lim;
-    if (g_limit_env) {
-        lim = g_limit_env;
-    } else {
-        size_t free_b = 0, total_b = 0;
-        if (real_cudaMemGetInfo && real_cudaMemGetInfo(&free_b, &total_b) == cudaSuccess && free_b) {
-            lim = free_b - free_b / 20; /* keep 5 % of what is free for the context, cuBLAS, other users */
-        } else {
-            log_once(1, "cudaMemGetInfo failed: managed allocations are not capped");
-            lim = SIZE_MAX;
+/* ---- the managed-memory limit (UVMPREFETCH_MANAGED_LIMIT) ---- */
+enum { LIMIT_INVALID = 0, LIMIT_HOST = 1, LIMIT_GPU_FREE = 2, LIMIT_BYTES = 3 };
+
+/* GPU_RESERVE_DIV: the part of the device's free memory (at the first allocation) that the gpu-free limit
+ * keeps back, 1/20: the CUDA context keeps growing after that (lazily loaded kernel modules, cuBLAS/cuDNN
+ * handles, NCCL buffers, allocations outside cudaMalloc) and a shared card has other users.
+ * uvmprefetch/runtime/memory.py takes the budget's default with the same fraction. */
+#define GPU_RESERVE_DIV 20
+/* HOST_RESERVE: the host memory the host limit leaves to everything but managed pages, a tenth of what is
+ * available and at least 1 GiB. The driver backs a managed page that leaves the GPU with a host page that it
+ * keeps until cudaFree (nvidia-uvm's uvm_va_block.c frees a block's CPU chunks only when the block is
+ * destroyed; they are kernel memory charged to the cgroup, never swapped or reclaimed), so after some
+ * iterations under eviction most of the managed footprint sits in host memory whatever the GPU holds: the
+ * device's memory adds nothing the host need not back. Beside those pages the process needs its interpreter,
+ * CPU tensors, pinned buffers, DataLoader workers and the page cache, and MemAvailable is read once, at the
+ * first allocation, while that use still grows. */
+#define HOST_RESERVE_DIV 10
+#define HOST_RESERVE_MIN (1ull << 30)
+#define V1_UNLIMITED (1ull << 62) /* cgroup v1 writes "no limit" as PAGE_COUNTER_MAX pages (~2^63) */
+
+/* How the limit was chosen (uvmprefetch/runtime/shim.py mirrors it as LimitInfo). */
+struct uvmshim_limit {
+    uint64_t limit_bytes;    /* the managed bytes handed out at most */
+    uint64_t mode;           /* LIMIT_HOST, LIMIT_GPU_FREE or LIMIT_BYTES */
+    uint64_t requested;      /* LIMIT_BYTES: the bytes asked for */
+    uint64_t device_free, device_total; /* cudaMemGetInfo at the first allocation; 0: unknown */
+    uint64_t gpu_cap;        /* device_free - device_free / GPU_RESERVE_DIV */
+    uint64_t host_known;     /* 1 when MemAvailable or a cgroup limit was read */
+    uint64_t mem_available;  /* /proc/meminfo MemAvailable */
+    uint64_t cgroup_room;    /* least (limit - usage) over the process's memory cgroups; UINT64_MAX: none */
+    uint64_t cgroup_version; /* 1 or 2: where cgroup_room came from; 0: no limit set */
+    uint64_t host_margin;    /* HOST_RESERVE of min(mem_available, cgroup_room) */
+    uint64_t host_backed;    /* min(mem_available, cgroup_room) - host_margin; 0 when below */
+};
+
+static int g_limit_mode = LIMIT_HOST;
+static uint64_t g_limit_bytes;
+static struct uvmshim_limit g_plan;
+static pthread_once_t g_limit_once = PTHREAD_ONCE_INIT;
+
+/* The unit rules of uvmprefetch/units.py parse_size: [0-9]*.?[0-9]+ with an optional exponent, then an
+ * optional unit (B, k/kB, M/MB, G/GB, T/TB powers of 1000; KiB, MiB, GiB, TiB powers of 1024, any case);
+ * tests/unit/test_shim.py checks both parsers on the same strings. Returns 0 when `s` is not a size. */
+static int parse_size(const char *s, uint64_t *out) {
+    static const struct { const char *name; double mult; } units[] = {
+        {"", 1}, {"b", 1}, {"k", 1e3}, {"kb", 1e3}, {"m", 1e6}, {"mb", 1e6}, {"g", 1e9}, {"gb", 1e9},
+        {"t", 1e12}, {"tb", 1e12}, {"kib", 1024.0}, {"mib", 1048576.0}, {"gib", 1073741824.0},
+        {"tib", 1099511627776.0}};
+    const char *p = s;
+    while (*p == ' ' || (*p >= '\t' && *p <= '\r'))
+        p++;
+    const char *num = p;
+    size_t int_digits = 0, frac_digits = 0;
+    while (*p >= '0' && *p <= '9')
+        p++, int_digits++;
+    if (*p == '.') {
+        const char *q = p + 1;
+        while (*q >= '0' && *q <= '9')
+            q++, frac_digits++;
+        if (!frac_digits)
+            return 0;
+        p = q;
+    }
+    if (!int_digits && !frac_digits)
+        return 0;
+    if (*p == 'e' || *p == 'E') {
+        const char *q = p + 1;
+        if (*q == '+' || *q == '-')
+            q++;
+        if (*q >= '0' && *q <= '9') {
+            while (*q >= '0' && *q <= '9')
+                q++;
+            p = q;
         }
     }
-    unsigned long long expected = 0;
-    atomic_compare_exchange_strong(&g_limit, &expected, (unsigned long long)lim);
-    return (size_t)atomic_load(&g_limit);
+    char numbuf[64];
+    if ((size_t)(p - num) >= sizeof numbuf)
+        return 0;
+    memcpy(numbuf, num, (size_t)(p - num));
+    numbuf[p - num] = 0;
+    while (*p == ' ' || (*p >= '\t' && *p <= '\r'))
+        p++;
+    char unit[8];
+    size_t n = 0;
+    while ((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z')) {
+        if (n + 1 >= sizeof unit)
+            return 0;
+        unit[n++] = (char)(*p >= 'A' && *p <= 'Z' ? *p + 32 : *p);
+        p++;
+    }
+    unit[n] = 0;
+    while (*p == ' ' || (*p >= '\t' && *p <= '\r'))
+        p++;
+    if (*p)
+        return 0;
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (!strcmp(unit, units[i].name)) {
+            double v = strtod(numbuf, NULL) * units[i].mult;
+            if (!(v >= 1.0) || v >= 18446744073709551616.0)
+                return 0;
+            *out = (uint64_t)v;
+            return 1;
+        }
+    }
+    return 0;
 }
 
+/* "host" (or unset/empty), "gpu-free", or a size: the mode, and the bytes for a size; LIMIT_INVALID else. */
+int uvmshim_parse_limit(const char *s, uint64_t *bytes) {
+    if (!s)
+        return LIMIT_HOST;
+    while (*s == ' ' || (*s >= '\t' && *s <= '\r'))
+        s++;
+    size_t n = strlen(s);
+    while (n && (s[n - 1] == ' ' || (s[n - 1] >= '\t' && s[n - 1] <= '\r')))
+        n--;
+    if (n == 0 || (n == 4 && !strncasecmp(s, "host", 4)))
+        return LIMIT_HOST;
+    if (n == 8 && !strncasecmp(s, "gpu-free", 8))
+        return LIMIT_GPU_FREE;
+    return parse_size(s, bytes) ? LIMIT_BYTES : LIMIT_INVALID;
+}
+
+/* A bad limit is a start-up error, before main (never inside a hook): one line, exit code 2, like
+ * uvmprefetch/config.py for Python programs. */
+__attribute__((constructor)) static void uvmshim_check_limit(void) {
+    const char *old = getenv("UVMPREFETCH_SHIM_LIMIT");
+    if (old && *old) {
+        fputs("uvmprefetch shim: UVMPREFETCH_SHIM_LIMIT is not read; set UVMPREFETCH_MANAGED_LIMIT instead (host, "
+              "gpu-free, or a byte count with an optional unit: 512MiB, 20GiB, 1.5GB, 3e9)\n", stderr);
+        _exit(2);
+    }
+    const char *s = getenv("UVMPREFETCH_MANAGED_LIMIT");
+    g_limit_mode = uvmshim_parse_limit(s, &g_limit_bytes);
+    if (g_limit_mode == LIMIT_INVALID) {
+        fprintf(stderr, "uvmprefetch shim: UVMPREFETCH_MANAGED_LIMIT='%s' is invalid; accepted: host (default), "
+                        "gpu-free, or a byte count with an optional unit: 512MiB, 20GiB, 1.5GB, 3e9\n", s);
+        _exit(2);
+    }
+}
+
+/* ---- host memory: /proc/meminfo and the memory cgroups, under $UVMPREFETCH_SHIM_SYSROOT ---- */
+static void host_path(char *out, size_t n, const char *path) {
+    const char *root = getenv("UVMPREFETCH_SHIM_SYSROOT");
+    snprintf(out, n, "%s%s", root ? root : "", path);
+}
+
+/* The first number in the file; "max" (cgroup v2: no limit) gives UINT64_MAX. Returns 0 when unreadable. */
+static int read_u64(const char *path, uint64_t *v) {
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    char buf[64] = {0};
+    int ok = fgets(buf, sizeof buf, f) != NULL;
+    fclose(f);
+    if (!ok)
+        return 0;
+    if (!strncmp(buf, "max", 3)) {
+        *v = UINT64_MAX;
+        return 1;
+    }
+    char *end;
+    *v = strtoull(buf, &end, 10);
+    return end != buf;
+}
+
+/* Call match(line, ctx) on each line of the host file `proc_path` until it returns 1; returns that 1, or 0 when
+ * no line matched or the file is unreadable. */
+static int scan_lines(const char *proc_path, int (*match)(char *line, void *ctx), void *ctx) {
+    char path[4096];
+    host_path(path, sizeof path, proc_path);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    char *line = NULL;
+    size_t cap = 0;
+    int found = 0;
+    while (!found && getline(&line, &cap, f) > 0)
+        found = match(line, ctx);
+    free(line);
+    fclose(f);
+    return found;
+}
+
+static int match_mem_available(char *line, void *out) {
+    unsigned long long kb;
+    if (sscanf(line, "MemAvailable: %llu kB", &kb) != 1)
+        return 0;
+    *(uint64_t *)out = (uint64_t)kb * 1024;
+    return 1;
+}
+
+static int has_token(const char *list, const char *tok) {
+    size_t n = strlen(tok);
+    for (const char *p = list; p && *p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
+        if (!strncmp(p, tok, n) && (p[n] == ',' || p[n] == 0 || p[n] == '\n'))
+            return 1;
+    return 0;
+}
+
+struct cgroup_where {
+    int version;    /* 2: cgroup2; 1: the cgroup hierarchy of the memory controller */
+    char mnt[4096]; /* where the hierarchy is mounted (/proc/self/mountinfo) */
+    char root[4096]; /* the part of the hierarchy mounted there */
+    char self[4096]; /* the process's cgroup in it (/proc/self/cgroup) */
+};
+
+/* A /proc/self/mountinfo line: "id parent dev root mountpoint options [optional...] - fstype source superoptions". */
+static int match_mount(char *line, void *ctx) {
+    struct cgroup_where *w = ctx;
+    char r[4096], m[4096], fstype[64], opts[1024];
+    const char *dash = strstr(line, " - ");
+    if (!dash || sscanf(line, "%*s %*s %*s %4095s %4095s", r, m) != 2 ||
+        sscanf(dash + 3, "%63s %*s %1023s", fstype, opts) != 2)
+        return 0;
+    if (!(w->version == 2 && !strcmp(fstype, "cgroup2")) &&
+        !(w->version == 1 && !strcmp(fstype, "cgroup") && has_token(opts, "memory")))
+        return 0;
+    strcpy(w->mnt, m);
+    strcpy(w->root, r);
+    return 1;
+}
+
+/* A /proc/self/cgroup line: "0::/path" (v2) or "N:controller,...:/path" (v1). */
+static int match_self(char *line, void *ctx) {
+    struct cgroup_where *w = ctx;
+    char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+    if (!c2)
+        return 0;
+    *c2 = 0;
+    int v2 = !strncmp(line, "0:", 2) && c1[1] == 0;
+    if (!((w->version == 2 && v2) || (w->version == 1 && !v2 && has_token(c1 + 1, "memory"))))
+        return 0;
+    snprintf(w->self, sizeof w->self, "%s", c2 + 1);
+    w->self[strcspn(w->self, "\n")] = 0;
+    return 1;
+}
+
+/* From the process's cgroup up to the mount point: the least (limit - usage) where a limit is set. */
+static uint64_t cgroup_walk(const struct cgroup_where *w) {
+    char dir[8192], file[8300], base[4096];
+    size_t rl = strlen(w->root);
+    const char *rel = "";
+    if (!strcmp(w->root, "/"))
+        rel = w->self;
+    else if (!strncmp(w->self, w->root, rl) && (w->self[rl] == '/' || w->self[rl] == 0))
+        rel = w->self + rl; /* else the cgroup lies outside the mounted part: the mount point is the nearest */
+    host_path(base, sizeof base, w->mnt);
+    snprintf(dir, sizeof dir, "%s%s", base, !strcmp(rel, "/") ? "" : rel);
+    size_t base_len = strlen(base);
+    const char *lim_name = w->version == 2 ? "memory.max" : "memory.limit_in_bytes";
+    const char *use_name = w->version == 2 ? "memory.current" : "memory.usage_in_bytes";
+    uint64_t room = UINT64_MAX;
+    for (;;) {
+        uint64_t lim, use = 0;
+        snprintf(file, sizeof file, "%s/%s", dir, lim_name);
+        if (read_u64(file, &lim) && lim != UINT64_MAX && !(w->version == 1 && lim >= V1_UNLIMITED)) {
+            snprintf(file, sizeof file, "%s/%s", dir, use_name);
+            if (!read_u64(file, &use))
+                use = 0;
+            uint64_t r = lim > use ? lim - use : 0;
+            if (r < room)
+                room = r;
+        }
+        char *slash = strrchr(dir, '/');
+        if (strlen(dir) <= base_len || !slash || (size_t)(slash - dir) < base_len)
+            break;
+        *slash = 0;
+    }
+    return room;
+}
+
+/* The least (limit - usage) over the process's cgroup and its ancestors up to the mount in hierarchy
+ * `version`; UINT64_MAX when none sets a limit. */
+static uint64_t cgroup_room(int version) {
+    struct cgroup_where *w = calloc(1, sizeof *w); /* 12 KiB: off the stack of the allocating thread */
+    if (!w)
+        return UINT64_MAX;
+    w->version = version;
+    uint64_t room = UINT64_MAX;
+    if (scan_lines("/proc/self/mountinfo", match_mount, w) && scan_lines("/proc/self/cgroup", match_self, w))
+        room = cgroup_walk(w);
+    free(w);
+    return room;
+}
+
+/* The limit for `mode` on a device with `dev_free` of `dev_total` bytes free (0: unknown). */
+static void plan_limit(uint64_t dev_free, uint64_t dev_total, int mode, uint64_t bytes, struct uvmshim_limit *o) {
+    memset(o, 0, sizeof *o);
+    o->mode = (uint64_t)mode;
+    o->requested = mode == LIMIT_BYTES ? bytes : 0;
+    o->device_free = dev_free;
+    o->device_total = dev_total;
+    o->gpu_cap = dev_free - dev_free / GPU_RESERVE_DIV;
+    o->cgroup_room = UINT64_MAX;
+    for (int v = 2; v >= 1; v--) {
+        uint64_t r = cgroup_room(v);
+        if (r < o->cgroup_room) {
+            o->cgroup_room = r;
+            o->cgroup_version = (uint64_t)v;
+        }
+    }
+    uint64_t avail = UINT64_MAX;
+    if (scan_lines("/proc/meminfo", match_mem_available, &o->mem_available))
+        avail = o->mem_available;
+    if (o->cgroup_room < avail)
+        avail = o->cgroup_room;
+    if (avail != UINT64_MAX) {
+        o->host_known = 1;
+        o->host_margin = avail / HOST_RESERVE_DIV > HOST_RESERVE_MIN ? avail / HOST_RESERVE_DIV : HOST_RESERVE_MIN;
+        o->host_backed = avail > o->host_margin ? avail - o->host_margin : 0;
+    }
+    if (mode == LIMIT_BYTES)
+        o->limit_bytes = bytes;
+    else if (mode == LIMIT_GPU_FREE)
+        o->limit_bytes = o->gpu_cap;
+    else
+        o->limit_bytes = o->gpu_cap > o->host_backed ? o->gpu_cap : o->host_backed;
+}
+
+/* What the limit would be on such a device, for `spec` (NULL: the default); 0 when `spec` is invalid.
+ * `uvmprefetch doctor` asks this without a CUDA context. */
+int uvmshim_plan_limit(uint64_t dev_free, uint64_t dev_total, const char *spec, struct uvmshim_limit *out) {
+    uint64_t bytes = 0;
+    int mode = uvmshim_parse_limit(spec, &bytes);
+    if (mode == LIMIT_INVALID)
+        return 0;
+    plan_limit(dev_free, dev_total, mode, bytes, out);
+    return 1;
+}
+
+/* ---- statistics ---- */
+static atomic_ullong g_managed_bytes, g_peak_bytes, g_n_alloc, g_n_free, g_n_refused, g_n_errors, g_limit;
+
+static void compute_limit(void) {
+    size_t free_b = 0, total_b = 0;
+    if (!real_cudaMemGetInfo || real_cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+        log_once(1, "cudaMemGetInfo failed: the managed limit does not count the GPU's memory");
+        free_b = total_b = 0;
+    }
+    plan_limit(free_b, total_b, g_limit_mode, g_limit_bytes, &g_plan);
+    if (!g_plan.limit_bytes) {
+        log_once(4, "neither the GPU's nor the host's free memory could be read: managed allocations are not capped");
+        g_plan.limit_bytes = UINT64_MAX;
+    }
+    atomic_store(&g_limit, g_plan.limit_bytes);
+}
+
+/* Fixed at the first allocation: later ones must not see a limit that moved with the GPU's or host's use. */
+static size_t current_limit(void) {
+    pthread_once(&g_limit_once, compute_limit);
+    uint64_t lim = atomic_load(&g_limit);
+    return lim > SIZE_MAX ? SIZE_MAX : (size_t)lim;
+}
+
+void uvmshim_limit_info(struct uvmshim_limit *out) {
+    ensure();
+    current_limit();
+    *out = g_plan;
+}
+
+/* ---- the hooks ---- */
 static void apply_advice(void *p, size_t size) {
     if (!g_advice || !real_cudaMemAdvise || !real_cudaGetDevice)
         return;

@@ -23,3 +23,13 @@ def disable():
     """Stop the live runtime (writes its report); returns the report dict or None."""
     from .runtime import disable as _disable
     return _disable()
+
+
+def enabled(config=None, **overrides):
+    """The live runtime for the length of a ``with`` block; the run report is ``run.report`` after it.
+
+    ``with uvmprefetch.enabled(budget="20GiB") as run: train()``. Takes ``enable``'s arguments; see
+    ``uvmprefetch/scope.py``.
+    """
+    from .scope import enabled as _enabled
+    return _enabled(config, **overrides)

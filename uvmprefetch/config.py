@@ -24,6 +24,8 @@ VARIABLES: dict[str, str] = {
     "UVMPREFETCH": "1/true/yes/on to enable, 0/false/no/off or unset to disable",
     "UVMPREFETCH_BACKEND": "cuda (real GPU, the default) or dryrun (CPU run driving the simulated GPU)",
     "UVMPREFETCH_BUDGET": f"{SIZE_FORMS}; or a fraction of device memory: 0.5, 50%",
+    "UVMPREFETCH_MANAGED_LIMIT": f"host (default: what host memory can back), gpu-free (the GPU's free memory - 5 %, "
+                                 f"no oversubscription), or {SIZE_FORMS}",
     "UVMPREFETCH_POLICY": "a policy name, optionally with parameters: uvmprefetch, deepum:window=16",
     "UVMPREFETCH_WINDOW": "auto or a positive integer (launches the prefetcher looks ahead)",
     "UVMPREFETCH_REPORT": "path of the JSON run report written at exit (its folder must exist)",
@@ -45,6 +47,32 @@ VARIABLES: dict[str, str] = {
 }
 MOVERS = ("thread", "sync")
 OBSERVERS = ("auto", "native", "python")
+LIMIT_MODES = ("host", "gpu-free")
+
+
+@dataclass(frozen=True)
+class ManagedLimit:
+    """Most managed memory the shim hands out (``kernels/uvmshim.c`` computes and enforces it at the first
+    allocation): ``host``, what host memory can back; ``gpu-free``, the GPU's free memory - 5 %; or ``nbytes``."""
+
+    mode: str = "host"
+    nbytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in LIMIT_MODES + ("bytes",) or (self.mode == "bytes") != (self.nbytes is not None):
+            raise ConfigError(f"managed limit: mode {self.mode!r} with {self.nbytes!r} bytes is inconsistent")
+        if self.nbytes is not None and not 0 < self.nbytes < 2**64:
+            raise ConfigError(f"managed limit: {self.nbytes} bytes must be in [1, 2^64)")
+
+    def env_value(self) -> str:
+        """The ``UVMPREFETCH_MANAGED_LIMIT`` value that gives this limit."""
+        return str(self.nbytes) if self.mode == "bytes" else self.mode
+
+    def __str__(self) -> str:
+        if self.mode == "bytes":
+            from .units import format_size
+            return format_size(self.nbytes)
+        return self.mode
 
 
 @dataclass(frozen=True)
@@ -96,6 +124,7 @@ class RuntimeConfig:
     discard: bool = False  # issue discards (else dead blocks are evicted: slower, never loses data); dryrun alike
     discard_audit: bool = False  # cuda: a snapshot before every discarding launch (runtime/discard_guard.py)
     observer: str = "auto"  # which observer sees the ops: runtime/native_observer.py or runtime/observe.py
+    managed_limit: ManagedLimit = ManagedLimit()  # read by the shim itself; here validated and reported
 
     def __post_init__(self) -> None:
         if self.observer not in OBSERVERS:
@@ -115,7 +144,8 @@ class RuntimeConfig:
                "UVMPREFETCH_LOG": self.log, "UVMPREFETCH_GPU": self.gpu,
                "UVMPREFETCH_WINDOW": "auto" if self.window is None else str(self.window),
                "UVMPREFETCH_MOVER": self.mover, "UVMPREFETCH_DISCARD": "1" if self.discard else "0",
-               "UVMPREFETCH_DISCARD_AUDIT": "1" if self.discard_audit else "0", "UVMPREFETCH_OBSERVER": self.observer}
+               "UVMPREFETCH_DISCARD_AUDIT": "1" if self.discard_audit else "0", "UVMPREFETCH_OBSERVER": self.observer,
+               "UVMPREFETCH_MANAGED_LIMIT": self.managed_limit.env_value()}
         if self.budget is not None:
             env["UVMPREFETCH_BUDGET"] = (str(self.budget.nbytes) if self.budget.nbytes is not None
                                          else repr(self.budget.fraction))
@@ -169,6 +199,43 @@ def parse_budget(text: str, var: str = "UVMPREFETCH_BUDGET") -> Budget:
         raise ValueError
     except (ValueError, ConfigError):
         raise _bad(var, text) from None
+
+
+def parse_managed_limit(text: str, var: str = "UVMPREFETCH_MANAGED_LIMIT") -> ManagedLimit:
+    """``"host"`` or ``""`` -> the default; ``"gpu-free"``; ``"200GiB"`` -> that many bytes (the unit rules of
+    ``UVMPREFETCH_BUDGET``; a bare number is bytes, never a fraction). The shim parses the same forms itself
+    (``uvmshim_parse_limit``) for programs that are not Python.
+
+    Raises
+    ------
+    ConfigError
+        Naming ``var`` and the accepted forms.
+    """
+    t = str(text).strip().lower()
+    if t in ("", "host"):
+        return ManagedLimit()
+    if t in LIMIT_MODES:
+        return ManagedLimit(mode=t)
+    try:
+        n = parse_size(t, var)
+        return ManagedLimit(mode="bytes", nbytes=n)
+    except ConfigError:
+        raise _bad(var, text) from None
+
+
+def managed_limit_from_env(env) -> ManagedLimit:
+    """``UVMPREFETCH_MANAGED_LIMIT`` from the mapping ``env``, checked as the shim checks it when it loads (it
+    ends the process on a bad value, so check before loading it).
+
+    Raises
+    ------
+    ConfigError
+        A bad value, or the ``UVMPREFETCH_SHIM_LIMIT`` that this variable replaces.
+    """
+    if env.get("UVMPREFETCH_SHIM_LIMIT", "").strip():
+        raise ConfigError("UVMPREFETCH_SHIM_LIMIT is not read; set UVMPREFETCH_MANAGED_LIMIT instead; accepted: "
+                          + VARIABLES["UVMPREFETCH_MANAGED_LIMIT"])
+    return parse_managed_limit(env.get("UVMPREFETCH_MANAGED_LIMIT", ""))
 
 
 def parse_window(text: str, var: str = "UVMPREFETCH_WINDOW") -> int | None:
@@ -237,6 +304,7 @@ def from_env(environ=None, *, check_policy: bool = True) -> RuntimeConfig:
     backend = get("UVMPREFETCH_BACKEND", "cuda").strip().lower() or "cuda"
     if backend not in BACKENDS:
         raise _bad("UVMPREFETCH_BACKEND", get("UVMPREFETCH_BACKEND"))
+    managed_limit = managed_limit_from_env(env)
     budget_text = get("UVMPREFETCH_BUDGET").strip()
     budget = parse_budget(budget_text) if budget_text else None
     policy = parse_policy(get("UVMPREFETCH_POLICY")) if check_policy else get("UVMPREFETCH_POLICY").strip()
@@ -257,6 +325,6 @@ def from_env(environ=None, *, check_policy: bool = True) -> RuntimeConfig:
     if observer not in OBSERVERS:
         raise _bad("UVMPREFETCH_OBSERVER", get("UVMPREFETCH_OBSERVER"))
     return RuntimeConfig(enabled=enabled, backend=backend, budget=budget, policy=policy, window=window, mover=mover,
-                         discard=discard, discard_audit=discard_audit, observer=observer,
+                         discard=discard, discard_audit=discard_audit, observer=observer, managed_limit=managed_limit,
                          report=_parse_path("UVMPREFETCH_REPORT", get("UVMPREFETCH_REPORT")),
                          trace=_parse_path("UVMPREFETCH_TRACE", get("UVMPREFETCH_TRACE")), log=log, gpu=gpu)

@@ -28,8 +28,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-RESULTS_DIR = REPO / "bench" / "results"
-# Dry runs must not overwrite committed GPU results; /out/ is git-ignored.
+# A run writes to --out; without it to ./<script>-<UTC date-time>/ under the current directory, never into the
+# tree. The figures the project quotes go to bench/baselines/gpu.json through baseline.py. Dry runs default to
+# /out/gpu-dryrun/ (git-ignored), where the dry-run tests and run_all.sh look for them.
 DRYRUN_DIR = REPO / "out" / "gpu-dryrun"
 WORKER = HERE / "train_worker.py"
 
@@ -41,7 +42,25 @@ EXIT_CHECK_FAILED = 1
 # baseline into a managed run).
 RUNTIME_VARS = ("UVMPREFETCH", "UVMPREFETCH_BUDGET", "UVMPREFETCH_POLICY", "UVMPREFETCH_WINDOW",
                 "UVMPREFETCH_REPORT", "UVMPREFETCH_TRACE", "UVMPREFETCH_BACKEND", "UVMPREFETCH_LOG", "UVMPREFETCH_GPU",
-                "UVMPREFETCH_MOVER", "UVMPREFETCH_DISCARD", "UVMPREFETCH_OBSERVER", "UVMPREFETCH_TEST_FAIL")
+                "UVMPREFETCH_MOVER", "UVMPREFETCH_DISCARD", "UVMPREFETCH_DISCARD_AUDIT", "UVMPREFETCH_MANAGED_LIMIT",
+                "UVMPREFETCH_OBSERVER", "UVMPREFETCH_TEST_FAIL")
+
+# The shared-GPU rule (DESIGN.md section 5): the GPUs these scripts run on are shared, and asking one for more
+# managed memory than it has free can hang it. So every child process gets the shim's old cap, the GPU's free
+# memory - 5 % (the product's default is what host memory can back), and memory pressure comes from
+# UVMPREFETCH_BUDGET. Every process these scripts and tests/gpu start gets its environment from child_env
+# (tests/unit/test_gpu_children_keep_gpu_free.py reads them to check); run_all.sh exports the same.
+SHARED_GPU_ENV = {"UVMPREFETCH_MANAGED_LIMIT": "gpu-free"}
+
+
+def child_env(extra: dict | None = None, base=None) -> dict:
+    """The environment of a child process: ``base`` (default: this process's environment without
+    ``RUNTIME_VARS``, so that only the mode under test switches anything on), then ``extra``, then
+    ``SHARED_GPU_ENV``, which nothing overrides."""
+    env = dict(base) if base is not None else {k: v for k, v in os.environ.items() if k not in RUNTIME_VARS}
+    env.update(extra or {})
+    env.update(SHARED_GPU_ENV)
+    return env
 
 # mode -> policy the runtime runs. "managed" is managed memory with the driver's demand paging and no prefetch
 # (the "naive UM" baseline of DeepUM/G10); the runtime's budget still evicts so that it feels the same pressure.
@@ -58,8 +77,9 @@ def parser(name: str, description: str, epilog: str = "") -> argparse.ArgumentPa
                    help="run the same code path on the CPU (tiny model, few iterations, the runtime's dryrun "
                         "backend, fake timings for calibration) to exercise the script without a GPU")
     p.add_argument("--out", type=Path, default=None,
-                   help=f"directory for the JSON result (default: bench/results/, or {DRYRUN_DIR.relative_to(REPO)}/ "
-                        "with --dry-run so that committed GPU results are never overwritten)")
+                   help=f"directory for the JSON result (default: ./{name}-<UTC date-time>/, or "
+                        f"{DRYRUN_DIR.relative_to(REPO)}/ with --dry-run)")
+    p.set_defaults(script_name=name)
     p.add_argument("--seed", type=int, default=1234, help="seed of model init and data (default 1234)")
     return p
 
@@ -77,10 +97,55 @@ def add_workload_arguments(p: argparse.ArgumentParser, *, config: str, iters: in
                    help=f"iterations left out of the median (default {warmup})")
 
 
+def add_probe_arguments(p: argparse.ArgumentParser, fraction_of: str) -> None:
+    """The flags of the scripts that probe the GPU with their own allocations (calibrate, evict_microbench):
+    ``--max-fraction`` (of the free GPU memory that ``fraction_of`` may take), ``--reps``, ``--quiet``."""
+    p.add_argument("--max-fraction", type=float, default=0.10,
+                   help=f"{fraction_of}, as a fraction of the GPU's free memory (default 0.10)")
+    p.add_argument("--reps", type=int, default=5, help="repetitions per point; the median is kept (default 5)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
+def probe_log(args, name: str):
+    """Check ``add_probe_arguments``' flags (one line and exit 2 if wrong); the progress printer (stderr)."""
+    if not 0 < args.max_fraction <= 0.5:
+        fail(name, f"--max-fraction {args.max_fraction}: must be in (0, 0.5]: the GPU may be shared, its memory "
+                   "must stay well under what is free")
+    if args.reps < 1:
+        fail(name, "--reps must be >= 1")
+    return (lambda s: None) if args.quiet else (lambda s: print(f"[{name}] {s}", file=sys.stderr, flush=True))
+
+
+def add_budget_arguments(p: argparse.ArgumentParser, *, timeout: float, deadline: float, why: str) -> None:
+    """``--ratios`` (working set / budget), ``--timeout`` (per training run) and ``--deadline`` (the whole
+    script: no run starts after it, runs are cut to what is left; ``why`` says what the default fits)."""
+    p.add_argument("--ratios", default="1.5,2", help="working set / budget ratios (default 1.5,2)")
+    p.add_argument("--timeout", type=float, default=timeout,
+                   help=f"seconds allowed per training run (default {timeout:g})")
+    p.add_argument("--deadline", type=float, default=deadline,
+                   help="seconds for the whole script: runs are cut to what is left of it and cases not started "
+                        f"by then are skipped (default {deadline:g}, {why})")
+
+
+def parse_ratios(name: str, text: str) -> list[float]:
+    """``--ratios`` (working set / budget, comma-separated, each > 1); a bad value is one line and exit 2."""
+    try:
+        ratios = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        fail(name, f"--ratios {text!r}: expected numbers like 1.5,2")
+    if not ratios or any(r <= 1.0 for r in ratios):
+        fail(name, f"--ratios {text!r}: every ratio must be > 1 (1 = no oversubscription)")
+    return ratios
+
+
 def out_dir(args) -> Path:
-    d = args.out if args.out is not None else (DRYRUN_DIR if args.dry_run else RESULTS_DIR)
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+    """The run's folder (created): ``--out``, else the default of ``parser``'s help, fixed on first use so that
+    every file of one run lands in the same folder."""
+    if args.out is None:
+        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+        args.out = DRYRUN_DIR if args.dry_run else Path.cwd() / f"{getattr(args, 'script_name', 'gpu')}-{stamp}"
+    args.out.mkdir(parents=True, exist_ok=True)
+    return args.out
 
 
 def gpu_visible() -> tuple[bool, str]:
@@ -117,7 +182,7 @@ def fail(name: str, msg: str, code: int = 2) -> "None":
 
 def _run_quiet(cmd: list[str], timeout: float = 15.0) -> str:
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+        r = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=timeout, check=False)
         return r.stdout.strip() if r.returncode == 0 else ""
     except (OSError, subprocess.SubprocessError):
         return ""
@@ -270,8 +335,11 @@ def tiny_workload(iters: int = 3, **kv) -> Workload:
 
 def run_training(mode: str, work: Workload, workdir: Path, case: str, *, seed: int, dry_run: bool,
                  budget: int | None = None, trace: bool = False, timeout: float = 600.0,
-                 extra_env: dict | None = None) -> dict:
+                 extra_env: dict | None = None, worker_args: list[str] = ()) -> dict:
     """Train ``work`` in a child process in ``mode`` and return the worker's result dict.
+
+    ``worker_args`` go to ``train_worker.py`` after the workload's own (its memory-saving methods, a memory
+    cap, a time limit). A worker that ran out of memory exits with code 3 and still writes its result (``oom``).
 
     The result has ``losses`` (floats), ``losses_hex`` (exact), ``iter_s`` (per-iteration wall time), ``peak_*``
     memory figures, and what this function adds: ``mode``, ``case``, ``returncode``, ``stderr_tail``,
@@ -287,13 +355,7 @@ def run_training(mode: str, work: Workload, workdir: Path, case: str, *, seed: i
     trace_path = workdir / f"{case}.uvmt"
     for p in (out, report, trace_path):
         p.unlink(missing_ok=True)
-    env = {k: v for k, v in os.environ.items() if k not in RUNTIME_VARS}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    env.setdefault("TRANSFORMERS_OFFLINE", "1")
-    env["PYTHONUNBUFFERED"] = "1"
-    if work.deterministic:
-        env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"  # cuBLAS refuses deterministic mode without it
+    env = training_env(work.deterministic)
     policy = MODES[mode]
     if policy is not None:
         env.update(UVMPREFETCH="1", UVMPREFETCH_POLICY=policy, UVMPREFETCH_REPORT=str(report),
@@ -304,16 +366,11 @@ def run_training(mode: str, work: Workload, workdir: Path, case: str, *, seed: i
             env["UVMPREFETCH_TRACE"] = str(trace_path)
     env.update(extra_env or {})
     cmd = [sys.executable, str(WORKER), *work.argv(), "--seed", str(seed), "--out", str(out),
-           "--device", "cpu" if dry_run else "cuda"]
+           "--device", "cpu" if dry_run else "cuda", *worker_args]
     t0 = time.perf_counter()
-    try:
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
-        rc, err = r.returncode, r.stderr
-    except subprocess.TimeoutExpired as e:
-        rc, err = 124, (e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or ""))
-        err += f"\n[timed out after {timeout:.0f} s]"
+    rc, err = run_child(cmd, env, timeout)
     res: dict = {}
-    if rc == 0 and out.exists():
+    if out.exists():  # written at the end of a run, also of one that ran out of memory
         res = json.loads(out.read_text())
     res.update(mode=mode, case=case, policy=policy, budget=budget, returncode=rc, wall_s=time.perf_counter() - t0,
                stderr_tail=err[-2000:], workload=asdict(work))
@@ -321,6 +378,28 @@ def run_training(mode: str, work: Workload, workdir: Path, case: str, *, seed: i
     res["runtime_active"] = res["report"] is not None
     res["trace"] = str(trace_path) if trace and trace_path.exists() else None
     return res
+
+
+def training_env(deterministic: bool) -> dict:
+    """The environment of a training child: ours without any ``UVMPREFETCH*`` variable (the caller adds the
+    mode's), this repository importable, no model hub, the shared-GPU limit (``child_env``)."""
+    extra = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")])),
+             "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
+             "TRANSFORMERS_OFFLINE": os.environ.get("TRANSFORMERS_OFFLINE", "1"), "PYTHONUNBUFFERED": "1"}
+    if deterministic:
+        extra["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"  # cuBLAS refuses deterministic mode without it
+    return child_env(extra)
+
+
+def run_child(cmd: list[str], env: dict, timeout: float) -> tuple[int, str]:
+    """(exit code, stderr) of ``cmd``; a run past ``timeout`` is exit code 124 with what it wrote so far."""
+    try:
+        r = subprocess.run(cmd, env=child_env(base=env), capture_output=True, text=True, timeout=timeout,
+                           check=False)
+        return r.returncode, r.stderr
+    except subprocess.TimeoutExpired as e:
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        return 124, err + f"\n[timed out after {timeout:.0f} s]"
 
 
 def run_ok(res: dict) -> tuple[bool, str]:
@@ -405,6 +484,31 @@ def working_set_bytes(res: dict) -> int:
     ws = res.get("peak_reserved_bytes") or report_get(res.get("report"), "peak_managed_bytes", "managed.peak_bytes",
                                                       "peak_bytes")
     return int(ws or res.get("state_bytes") or 0)
+
+
+def sized_working_set(name: str, ref: dict, dry_run: bool, hint: str = "") -> int:
+    """The working set measured by a reference run (``working_set_bytes``); one line and exit 1 when the run
+    failed, reported no figure, or (on a GPU) needs more than 90 % of the free memory: managed memory must stay
+    under free memory (DESIGN.md §5)."""
+    ok, why = run_ok(ref)
+    if not ok:
+        fail(name, f"the reference run failed ({why}): the workload must fit the GPU to measure its working "
+                   f"set; pick a smaller --config/--batch{hint}", 1)
+    ws = working_set_bytes(ref)
+    if ws <= 0:
+        fail(name, "no working-set figure: the sizing run reported no peak bytes", 1)
+    check_fits_free(name, ws, dry_run)
+    return ws
+
+
+def check_fits_free(name: str, ws: int, dry_run: bool) -> None:
+    """On a GPU: one line and exit 1 when ``ws`` bytes exceed 90 % of the free memory."""
+    if dry_run:
+        return
+    free = environment(False).get("gpu_free_bytes_at_start", 0)
+    if ws > 0.9 * free:
+        fail(name, f"working set {ws / 2**30:.1f} GiB exceeds 90 % of the {free / 2**30:.1f} GiB free: managed "
+                   "memory must stay under free memory (DESIGN.md §5)", 1)
 
 
 def geomean(xs: list[float]) -> float:

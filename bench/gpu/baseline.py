@@ -20,11 +20,11 @@ committed baselines are never overwritten by fake numbers.
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import tempfile
 from pathlib import Path
+
+from uvmprefetch.errors import ConfigError
+from uvmprefetch.results import read_object, write_atomic
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -77,15 +77,10 @@ def load(path: Path) -> dict:
     BaselineError
         The file is not JSON, or not an object of device entries each with a ``cases`` list.
     """
-    path = Path(path)
-    if not path.exists():
-        return {}
     try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise BaselineError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    if not isinstance(data, dict):
-        raise BaselineError(f"{path}: top level must be an object of device entries")
+        data = read_object(path, "top level must be an object of device entries")
+    except ConfigError as e:
+        raise BaselineError(str(e)) from None
     for dev, entry in data.items():
         if not isinstance(entry, dict) or not isinstance(entry.get("cases", []), list):
             raise BaselineError(f"{path}: entry {dev!r} must be an object with a 'cases' list")
@@ -117,9 +112,5 @@ def update(path: Path, device: str, env: dict, cases: list[dict] = (), microbenc
     mb.update(microbench or {})
     entry["microbench"] = mb
     data[device] = {k: entry[k] for k in (*ENTRY_FIELDS, "cases", "microbench")}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".gpu-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(data, indent=1, sort_keys=False) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, data)
     return data[device]

@@ -374,10 +374,7 @@ def fit(raw: dict, batch_size: int = 256, granule: int = GRANULE) -> dict:
 def main(argv=None) -> int:
     p = C.parser(NAME, __doc__.split("\n\n")[0], EPILOG)
     p.add_argument("--max-bytes", default="2GiB", help="most managed memory to allocate (default 2GiB)")
-    p.add_argument("--max-fraction", type=float, default=0.10,
-                   help="most managed memory as a fraction of the GPU's free memory (default 0.10)")
-    p.add_argument("--reps", type=int, default=5, help="repetitions per point; the median is kept (default 5)")
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    C.add_probe_arguments(p, "most managed memory")
     args = p.parse_args(argv)
     C.require_gpu(args, NAME)
     from uvmprefetch.errors import ConfigError
@@ -387,12 +384,7 @@ def main(argv=None) -> int:
         max_bytes = parse_size(args.max_bytes, "--max-bytes")
     except ConfigError as e:
         C.fail(NAME, str(e))
-    if not 0 < args.max_fraction <= 0.5:
-        C.fail(NAME, f"--max-fraction {args.max_fraction}: must be in (0, 0.5]: managed memory must stay well "
-                     "under the GPU's free memory")
-    if args.reps < 1:
-        C.fail(NAME, "--reps must be >= 1")
-    log = (lambda s: None) if args.quiet else (lambda s: print(f"[calibrate] {s}", file=sys.stderr, flush=True))
+    log = C.probe_log(args, NAME)
 
     probe = FakeProbe(args.seed) if args.dry_run else CudaProbe(max_bytes, args.max_fraction)
     try:

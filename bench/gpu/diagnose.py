@@ -31,9 +31,9 @@ NAME = "diagnose"
 STAGES = ("policy", "books", "discard", "evict", "advise", "prefetch", "after")
 
 
-# what run_training sets for every run: a spec may not override these
+# what run_training sets for every run (the managed limit: C.SHARED_GPU_ENV): a spec may not override these
 _OWN = ("UVMPREFETCH", "UVMPREFETCH_POLICY", "UVMPREFETCH_BUDGET", "UVMPREFETCH_REPORT", "UVMPREFETCH_TRACE",
-        "UVMPREFETCH_BACKEND")
+        "UVMPREFETCH_BACKEND", *C.SHARED_GPU_ENV)
 
 
 def parse_spec(spec: str) -> tuple[str, dict]:

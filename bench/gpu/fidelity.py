@@ -12,7 +12,7 @@ shown as each side defines it, identically: distinct blocks touched / capacity b
 Target: within +-20 %. Where a case misses it, the table's fault/transfer columns (replay vs runtime report)
 show which cost the model gets wrong.
 
-Runs come from ``--from bench/results/oversub.json`` (an ``oversub.py --trace`` result: no new GPU time) or
+Runs come from ``--from RUN/oversub.json`` (an ``oversub.py --trace`` result: no new GPU time) or
 are made here (``--config``, ``--ratios``, ``--modes``). In ``--dry-run`` the "measured" side is the dryrun
 backend's simulated GPU driven live, so the check is that the live runtime path and the offline replay agree.
 """
@@ -30,8 +30,8 @@ import _common as C
 NAME = "fidelity"
 EPILOG = """\
 examples:
-  python bench/gpu/fidelity.py --profile bench/results/calibrate.json            # own runs, GPT-2 medium
-  python bench/gpu/fidelity.py --from bench/results/oversub.json --profile bench/results/calibrate.json
+  python bench/gpu/fidelity.py --profile RUN/calibrate.json                       # own runs, GPT-2 medium
+  python bench/gpu/fidelity.py --from RUN/oversub.json --profile RUN/calibrate.json
   python bench/gpu/fidelity.py --dry-run
 """
 TARGET = 0.20
@@ -90,7 +90,7 @@ def predict(run: dict, profile, warmup: int, host=None) -> dict:
 def main(argv=None) -> int:
     p = C.parser(NAME, __doc__.split("\n\n")[0], EPILOG)
     p.add_argument("--profile", type=Path, default=None,
-                   help="calibrate.py's JSON (bench/results/calibrate.json), or a gpus.py profile name "
+                   help="a calibrate.py run's calibrate.json, or a gpus.py profile name "
                         "(h100-sxm-cal: the H100 costs fitted by hand where calibrate.py's atan fit failed)")
     p.add_argument("--host", default=None, metavar="MODEL",
                    help="the simulator's host clock (docs/simulator.md 'Host clock'): live-sync charges the "

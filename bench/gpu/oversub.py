@@ -26,7 +26,7 @@ examples:
   python bench/gpu/oversub.py                           # GPT-2 large, batch 8, seq 1024, bf16, 1.5x and 2x
   python bench/gpu/oversub.py --config xl --batch 4 --ratios 1.5
   python bench/gpu/oversub.py --model llama --config 1b --batch 4
-  python bench/gpu/oversub.py --trace && python bench/gpu/fidelity.py --from bench/results/oversub.json
+  python bench/gpu/oversub.py --trace --out run && python bench/gpu/fidelity.py --from run/oversub.json
   python bench/gpu/oversub.py --dry-run
 """
 # Run order within a ratio: the headline pair first, so that a --deadline cut loses the deepum comparison only.
@@ -37,23 +37,14 @@ DEEPUM_REPORTED = 3.06
 def main(argv=None) -> int:
     p = C.parser(NAME, __doc__.split("\n\n")[0], EPILOG)
     C.add_workload_arguments(p, config="large", iters=8, warmup=3)
-    p.add_argument("--ratios", default="1.5,2", help="working set / budget ratios (default 1.5,2)")
+    C.add_budget_arguments(p, timeout=240.0, deadline=540.0, why="inside one 10-minute device call")
     p.add_argument("--modes", default=",".join(POLICY_MODES), help=f"subset of {','.join(POLICY_MODES)}")
     p.add_argument("--trace", action="store_true", help="record each run's trace (UVMPREFETCH_TRACE) for fidelity.py")
     p.add_argument("--work-dir", type=Path, default=None,
                    help="where runs, reports and traces go (default: <out>/oversub-runs)")
-    p.add_argument("--timeout", type=float, default=240.0, help="seconds allowed per training run (default 240)")
-    p.add_argument("--deadline", type=float, default=540.0,
-                   help="seconds for the whole script: runs are cut to what is left of it and cases not started "
-                        "by then are skipped (default 540, inside one 10-minute device call)")
     args = p.parse_args(argv)
     C.require_gpu(args, NAME)
-    try:
-        ratios = [float(x) for x in args.ratios.split(",") if x.strip()]
-    except ValueError:
-        C.fail(NAME, f"--ratios {args.ratios!r}: expected numbers like 1.5,2")
-    if not ratios or any(r <= 1.0 for r in ratios):
-        C.fail(NAME, f"--ratios {args.ratios!r}: every ratio must be > 1 (1 = no oversubscription)")
+    ratios = C.parse_ratios(NAME, args.ratios)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or any(m not in POLICY_MODES for m in modes):
         C.fail(NAME, f"--modes {args.modes!r}: choose from {', '.join(POLICY_MODES)}")
@@ -76,18 +67,7 @@ def main(argv=None) -> int:
     # a dry run the CPU has no allocator figures and no GPU time, so an unbudgeted managed run stands in: its
     # report gives the peak managed bytes and the modelled GPU's iteration time.
     plain = run("managed", "unbudgeted") if args.dry_run else run("plain", "plain")
-    ok, why = C.run_ok(plain)
-    if not ok:
-        C.fail(NAME, f"the reference run failed ({why}): the workload must fit the GPU to measure its "
-                     "working set; pick a smaller --config/--batch", 1)
-    ws = C.working_set_bytes(plain)
-    if not args.dry_run:
-        free = C.environment(False).get("gpu_free_bytes_at_start", 0)
-        if ws > 0.9 * free:
-            C.fail(NAME, f"working set {ws / 2**30:.1f} GiB exceeds 90 % of the {free / 2**30:.1f} GiB free: "
-                         "managed memory must stay under free memory (DESIGN.md §5)", 1)
-    if ws <= 0:
-        C.fail(NAME, "no working-set figure: the sizing run reported no peak bytes", 1)
+    ws = C.sized_working_set(NAME, plain, args.dry_run)
     t_plain = C.steady_median(C.iteration_times(plain, args.dry_run)[0], work.warmup)
 
     runs = [plain]

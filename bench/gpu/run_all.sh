@@ -1,31 +1,51 @@
 #!/usr/bin/env bash
 # Run the GPU validation on a lent GPU machine, in parts that each fit one 10-minute device command.
+# Every part but dry-run and summary first installs this checkout into the current Python (pip install -e .):
+# run them on the device machine, never on a machine whose Python others use.
 #
+#   bench/gpu/run_all.sh next      # the next GPU session's first command: its measurements, most decisive
+#                                  # first, each step under its own limit (below; ~2 min today, at most ~6)
 #   bench/gpu/run_all.sh part1     # calibrate + tests/gpu + correctness           (~6 min, at most ~9)
 #   bench/gpu/run_all.sh part2     # 1.5x: oversub --trace (managed, uvmprefetch, deepum) + fidelity --from
 #                                  # oversub, without and with the live-sync host clock (~8 min, at most ~9.5)
-#   bench/gpu/run_all.sh part2b    # the same at 2x, into bench/results/oversub-2x/  (~8 min, at most ~9.5)
+#   bench/gpu/run_all.sh part2b    # the same at 2x, into <run folder>/oversub-2x/  (~8 min, at most ~9.5)
 #   bench/gpu/run_all.sh part3     # overhead                                      (~3 min, at most ~3.5)
 #   bench/gpu/run_all.sh discard   # UVMPREFETCH_DISCARD=1: the probe + correctness --discard (at most ~6.5 min)
 #   bench/gpu/run_all.sh discard2  # diagnose at 1.5x, 7 iterations, uvmprefetch with and without discards (<= ~7.5 min)
 #   bench/gpu/run_all.sh discard3  # one command for a 15-minute lease: the discard probe, discard2's diagnose,
 #                                  # then correctness --discard over 10 iterations (~7-8 min; the last step may be cut)
+#   bench/gpu/run_all.sh dist      # torchrun, one rank, NCCL, DDP on GPT-2 small under a budget (<= ~4 min)
+#   bench/gpu/run_all.sh tracker   # the allocator tracker on real allocator events (tests/gpu/test_alloc_tracker_gpu.py,
+#                                  # ~1-2 min with the setup; needs no runtime integration)
+#   bench/gpu/run_all.sh discards  # discards.py: GPT-2 large at 1.5x and 2x, discards on and off, 7 iterations
+#                                  # (~6 min, at most ~7 with the setup); needs the runtime's liveness integration
+#   bench/gpu/run_all.sh alternatives     # every way to train GPT-2 large under the 1.5x budget (checkpointing,
+#                                         # offload, FSDP2 offload, managed, uvmprefetch), then 2x while its
+#                                         # deadline allows (~7.5 min, at most ~9)
+#   bench/gpu/run_all.sh alternatives-2x  # the same at 2x only (~7 min)
 #   bench/gpu/run_all.sh fidelity  # fidelity alone, its own runs (if part2 ran out of time)
-#   bench/gpu/run_all.sh summary   # gpu-summary.md from whatever results exist
+#   RES=DIR bench/gpu/run_all.sh summary   # gpu-summary.md from the results in DIR
 #   bench/gpu/run_all.sh dry-run   # every script with --dry-run, on any machine (CPU)
 #
-# Results go to bench/results/ and, when $OUT is set (the device tool), are copied there too: at most
-# 8 files per call come back (DESIGN: results JSON + gpu-summary.md + one log). part2's fidelity replays with
+# Results go to $RES, by default ./gpu-<part>-<UTC date-time>/ under the directory it is called from, and, when
+# $OUT is set (the device tool), are copied there too as soon as each exists. part2's fidelity replays with
 # the device's hand-fitted profile of uvmprefetch/gpus.py (h100-sxm-cal on an H100), not calibrate.json.
 # docs/gpu-validation.md has the exact device-tool command lines.
 set -uo pipefail
-cd "$(dirname "$0")/../.." || exit 2
 PART=${1:-}
-RES=bench/results
+RES=${RES:-$PWD/gpu-${PART:-none}-$(date -u +%Y%m%d-%H%M%S)}
+cd "$(dirname "$0")/../.." || exit 2
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+# The shared-GPU rule (DESIGN.md section 5): never more managed memory than the card has free; pressure comes from
+# UVMPREFETCH_BUDGET. The scripts set it for every child they start (_common.child_env); this covers the rest.
+export UVMPREFETCH_MANAGED_LIMIT=gpu-free
 PY=${PYTHON:-python3}
 LOG=/tmp/uvmp-run_all-${PART:-none}.log
 STATUS=0
+
+case "$PART" in  # the parts that run on a GPU write into a fresh run folder
+part1 | part2 | part2b | part3 | discard | discard2 | discard3 | fidelity | alternatives | alternatives-2x) mkdir -p "$RES" || exit 2 ;;
+esac
 
 log() { echo "[run_all $(date -u +%H:%M:%S)] $*" | tee -a "$LOG" >&2; }
 
@@ -86,8 +106,8 @@ numba_warm() {
 replay(load('traces/gpt2-small-b2s128.uvmt'), 'uvmprefetch', oversub=1.5)"
 }
 
-# GPT-2 large at the 1.5x budget oversub.py measured, uvmprefetch with and without discards, 7 iterations (on the
-# H200 the NaN of a run with discards came at iteration 3: bench/results/gpu-20261127/)
+# GPT-2 large at the 1.5x budget oversub.py measured, uvmprefetch with and without discards, 7 iterations (on an
+# H200 a run with discards went NaN at iteration 3 of 7 and was finite over 4)
 discard_diagnose() {
     step diagnose-discard 330 "$PY" bench/gpu/diagnose.py --budget "${BUDGET:-34636562432}" --iters 7 --warmup 3 \
         --timeout 150 --deadline 160 --out "$RES/discard" --policies 'uvmprefetch|UVMPREFETCH_DISCARD=1;uvmprefetch'
@@ -95,24 +115,46 @@ discard_diagnose() {
     save
 }
 
+# keep_next FILE...: bring results of `next` back at once (a command cut at its limit keeps what finished), with
+# the baseline file its scripts updated here (bench/baselines/gpu.json: commit it on the development machine)
+keep_next() {
+    [ -n "${OUT:-}" ] || return 0
+    for f in "$@"; do
+        [ -f "$NEXT/$f" ] && cp "$NEXT/$f" "$OUT/"
+    done
+    [ -f bench/baselines/gpu.json ] && cp bench/baselines/gpu.json "$OUT/gpu.json"
+    cp "$LOG" "$OUT/run_all-next.log" 2>/dev/null
+    return 0
+}
+
 case "$PART" in
+next)
+    # One device command (<= 10 min) for the next GPU session. A new measurement goes in as one more
+    # `step NAME LIMIT ...` + `keep_next FILE` pair, ordered by value; keep the limits' sum under ~9 min.
+    setup
+    NEXT=$RES/next
+    mkdir -p "$NEXT"
+    # 1. issue 33 step 1: copy-out + discard + copy-in against UVM eviction, remote access (~1 min, at most ~5)
+    step evict-microbench 330 "$PY" bench/gpu/evict_microbench.py --out "$NEXT" --time-limit 280
+    keep_next evict_microbench.json
+    ;;
 part1)
     setup
-    step calibrate 120 "$PY" bench/gpu/calibrate.py --quiet
+    step calibrate 120 "$PY" bench/gpu/calibrate.py --quiet --out "$RES"
     save calibrate.json
     # the GPU tests (runtime under cuda, trace recording on a GPU); their output is in run_all-part1.log
     step tests-gpu 150 "$PY" -m pytest -q -p no:cacheprovider tests/gpu -rs
-    step correctness 210 "$PY" bench/gpu/correctness.py --iters 20 --timeout 90
+    step correctness 210 "$PY" bench/gpu/correctness.py --iters 20 --timeout 90 --out "$RES"
     collect calibrate.json correctness.json
     ;;
 part3)
     setup
-    step overhead 200 "$PY" bench/gpu/overhead.py --iters 20 --warmup 5 --rounds 2 --timeout 60
+    step overhead 200 "$PY" bench/gpu/overhead.py --iters 20 --warmup 5 --rounds 2 --timeout 60 --out "$RES"
     collect overhead.json
     ;;
 discard)
     # the discard order of docs/runtime.md section 4 on a GPU: the probe (a discard behind an eviction of the
-    # same range, then its memory reused), then the losses with discards on (the third session's NaN)
+    # same range, then its memory reused), then the losses with discards on (they went NaN on an H100 and an H200)
     setup
     mkdir -p "$RES/discard"
     step tests-gpu-discard 90 "$PY" -m pytest -q -p no:cacheprovider tests/gpu -k discard -rs
@@ -141,11 +183,27 @@ discard3)
     [ -n "${OUT:-}" ] && cp "$RES/discard/correctness.json" "$OUT/correctness-discard.json" 2>/dev/null
     save
     ;;
+tracker)
+    setup
+    step tests-gpu-tracker 240 "$PY" -m pytest -q -p no:cacheprovider tests/gpu/test_alloc_tracker_gpu.py -rs
+    save
+    ;;
+discards)
+    # liveness from the caching allocator (docs/runtime.md section 11): losses with discards on must be
+    # bit-equal to the same run without; D2H per iteration both ways; cases into bench/baselines/gpu.json
+    setup
+    mkdir -p "$RES/discards"
+    numba_warm
+    step discards 380 "$PY" bench/gpu/discards.py --iters 7 --warmup 2 --timeout 150 --deadline 340 \
+        --out "$RES/discards"
+    [ -n "${OUT:-}" ] && cp "$RES/discards/discards.json" bench/baselines/gpu.json "$OUT/" 2>/dev/null
+    save
+    ;;
 part2 | part2b)
     setup
     # One ratio per device command: managed, uvmprefetch and deepum at 5 iterations each (3 steady; demand@2x
-    # takes ~10 s an iteration) did not fit both ratios in one (bench/results/gpu-20261124/README.md: the
-    # deadline cut uvmprefetch@2x and deepum). part2b writes under oversub-2x/ so that both parts' results stay.
+    # takes ~10 s an iteration) did not fit both ratios in one (on an H100 the deadline cut uvmprefetch@2x and
+    # deepum). part2b writes under oversub-2x/ so that both parts' results stay.
     if [ "$PART" = part2 ]; then RATIO=1.5; DIR=$RES; SUF=; else RATIO=2; DIR=$RES/oversub-2x; SUF=-2x; fi
     mkdir -p "$DIR"
     numba_warm
@@ -166,25 +224,53 @@ part2 | part2b)
     save
     tail -n 40 "$DIR/gpu-summary.md" 2>/dev/null
     ;;
+dist)
+    # a runtime per rank under torchrun (docs/runtime.md "Distributed training"); the figures go into
+    # bench/baselines/gpu.json, which comes back with the result
+    setup
+    numba_warm
+    step distributed 200 "$PY" bench/gpu/distributed.py --deadline 170
+    [ -n "${OUT:-}" ] && cp bench/baselines/gpu.json "$OUT/gpu.json" 2>/dev/null
+    collect distributed.json
+    ;;
+alternatives | alternatives-2x)
+    # 5 iterations a run (2 warm-up, as part2): under the H100's costs managed and uvmprefetch take ~10 s an
+    # iteration at 1.5x, so a --deadline of 330 s holds the 1.5x methods and whatever of 2x fits after them
+    setup
+    if [ "$PART" = alternatives ]; then RATIOS=1.5,2; SUF=; else RATIOS=2; SUF=-2x; fi
+    numba_warm
+    step alternatives 390 "$PY" bench/gpu/alternatives.py --oversub "$RATIOS" --iters 5 --warmup 2 \
+        --timeout 150 --deadline 330 --out "$RES" --work-dir "/tmp/uvmp-alternatives$SUF"
+    if [ -n "${OUT:-}" ]; then
+        cp "$RES/alternatives.json" "$OUT/alternatives$SUF.json" 2>/dev/null
+        cp "$RES/alternatives.png" "$OUT/alternatives$SUF.png" 2>/dev/null
+        cp bench/baselines/gpu.json "$OUT/gpu-baseline$SUF.json" 2>/dev/null
+    fi
+    save
+    ;;
 fidelity)
     setup
-    step fidelity 540 "$PY" bench/gpu/fidelity.py --timeout 120
+    step fidelity 540 "$PY" bench/gpu/fidelity.py --timeout 120 --out "$RES"
     collect fidelity.json
     ;;
 summary)
+    [ -d "$RES" ] || { echo "run_all.sh summary: RES=$RES is not a folder of results (set RES=DIR)" >&2; exit 2; }
     collect
     ;;
 dry-run)
     RES=out/gpu-dryrun
+    step evict-microbench 120 "$PY" bench/gpu/evict_microbench.py --dry-run --quiet
     step calibrate 120 "$PY" bench/gpu/calibrate.py --dry-run --quiet
     step correctness 300 "$PY" bench/gpu/correctness.py --dry-run
     step overhead 300 "$PY" bench/gpu/overhead.py --dry-run --rounds 1
     step oversub 300 "$PY" bench/gpu/oversub.py --dry-run --trace
     step fidelity 300 "$PY" bench/gpu/fidelity.py --dry-run --from "$RES/oversub.json"
+    step distributed 300 "$PY" bench/gpu/distributed.py --dry-run
+    step alternatives 600 "$PY" bench/gpu/alternatives.py --dry-run
     "$PY" bench/gpu/summarize.py --dry-run | tail -n 12
     ;;
 *)
-    echo "usage: bench/gpu/run_all.sh part1|part2|part2b|part3|discard|discard2|discard3|fidelity|summary|dry-run" >&2
+    echo "usage: bench/gpu/run_all.sh next|part1|part2|part2b|part3|discard|discard2|discard3|dist|tracker|discards|alternatives|alternatives-2x|fidelity|summary|dry-run" >&2
     exit 2
     ;;
 esac

@@ -1,8 +1,9 @@
-"""Turn the GPU validation results (``bench/results/*.json``) into one Markdown summary.
+"""Turn the GPU validation results (a run folder's ``*.json``) into one Markdown summary.
 
-Reads whichever of calibrate.json, correctness.json, overhead.json, oversub.json and fidelity.json exist in
-``--results`` and writes ``gpu-summary.md`` beside them (or to ``--md``): one line per script with its
-device, date, verdict and headline figure, then each script's own table and checks. Needs no GPU.
+Reads whichever of calibrate.json, correctness.json, overhead.json, oversub.json, fidelity.json,
+distributed.json and alternatives.json exist in ``--results`` and writes ``gpu-summary.md`` beside them (or
+to ``--md``): one line per script with its device, date, verdict and headline figure, then each script's
+own table and checks. Needs no GPU.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import _common as C
 
-SCRIPTS = ["calibrate", "correctness", "overhead", "oversub", "fidelity"]
+SCRIPTS = ["calibrate", "correctness", "overhead", "oversub", "fidelity", "distributed", "alternatives"]
 
 
 def _pct(x) -> str:
@@ -44,9 +45,26 @@ def headline(name: str, r: dict) -> str:
             m = r.get("max_abs_error")
             return (f"max |error| {m:.1%} over {len(r['cases'])} cases (target +-{r['target']:.0%}); profile "
                     f"{r['profile']}") if m is not None else "no case replayed"
+        if name == "distributed":
+            bad = [c["name"] for c in r["checks"] if c["ok"] is False]
+            return (f"{r['nproc']} rank(s), {r['wrap']}, budget {r['budget_bytes']} B: "
+                    + (f"failed: {', '.join(bad)}" if bad else "losses bit-equal, a report per rank"))
+        if name == "alternatives":
+            return "; ".join(f"@{o}x: " + ", ".join(f"{m} {t:.3g} s" for t, m in sorted(v))
+                             for o, v in _trained(r).items()) + f" (plain, no cap: {r['plain_s']:.3g} s/iter)"
     except (KeyError, TypeError, ZeroDivisionError) as e:
         return f"(result incomplete: {type(e).__name__}: {e})"
     return ""
+
+
+def _trained(r: dict) -> dict:
+    """alternatives.json: {oversub: [(s/iter, method)]} of the methods that trained under a budget."""
+    out: dict = {}
+    for row in r["rows"]:
+        t = (row.get("verdict") or {}).get("s_per_iter")
+        if row["oversub"] != "fits" and t:
+            out.setdefault(row["oversub"], []).append((t, row["method"]))
+    return out
 
 
 def summarize(results: Path) -> tuple[str, int]:
@@ -73,13 +91,13 @@ def summarize(results: Path) -> tuple[str, int]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="bench/gpu/summarize.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--results", type=Path, default=C.RESULTS_DIR, help="folder of the result JSONs (default "
-                   "bench/results)")
+    p.add_argument("--results", type=Path, default=None, help="folder of the result JSONs (default: the current "
+                   "directory, or the dry-run folder with --dry-run)")
     p.add_argument("--dry-run", action="store_true",
                    help=f"read the dry-run results ({C.DRYRUN_DIR.relative_to(C.REPO)})")
     p.add_argument("--md", type=Path, default=None, help="output file (default: <results>/gpu-summary.md)")
     args = p.parse_args(argv)
-    results = C.DRYRUN_DIR if args.dry_run and args.results == C.RESULTS_DIR else args.results
+    results = args.results or (C.DRYRUN_DIR if args.dry_run else Path.cwd())
     if not results.is_dir():
         C.fail("summarize", f"--results {results}: no such folder")
     text, n = summarize(results)

@@ -6,12 +6,21 @@ environment its parent sets (``UVMPREFETCH=1``, ``UVMPREFETCH_POLICY``, ``UVMPRE
 for a user's unchanged training script. Models are built from a config with random weights (never a hub
 download); data are random token ids from a seeded CPU generator, so every mode sees the same batches.
 
+The memory-saving methods a user would reach for instead of unified memory are flags that change the training
+code the way a user would (``bench/gpu/alternatives.py`` compares them): ``--checkpoint`` (activation
+checkpointing per transformer block), ``--offload-activations`` (``save_on_cpu`` around the forward pass),
+``--fsdp-offload`` (FSDP2 with ``CPUOffloadPolicy`` on a process group of one), and ``--memory-cap`` holds
+PyTorch's caching allocator to a byte budget. A run that runs out of memory writes its result with ``oom`` set
+and exits with code 3.
+
     python bench/gpu/train_worker.py --model gpt2 --config small --iters 20 --out run.json
+    python bench/gpu/train_worker.py --config large --checkpoint --memory-cap 33e9 --out ckpt.json
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -19,6 +28,8 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+EXIT_OOM = 3
 
 # (model, config) -> constructor keyword arguments. Sizes follow the published GPT-2 family; "tiny" is the
 # dry-run model; the llama entries are Llama-style decoders of about 0.5 B and 1.2 B parameters.
@@ -63,6 +74,105 @@ def build_model(model: str, config: str, seq: int, eager_attention: bool):
     return cls(cfg), cfg.vocab_size
 
 
+def deterministic_kernels() -> None:
+    """Deterministic kernels, so that two runs of the same training compare bitwise."""
+    import torch
+    # warn_only: an op without a deterministic kernel warns instead of killing the run; the caller's two
+    # plain runs then differ, and the comparison falls back to a tolerance and says so.
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
+def train(model, opt, vocab: int, gen, dev, *, batch: int, seq: int, iters: int, dtype: str = "fp32",
+          offload: bool = False, stop_at: float | None = None, log: tuple[list, list] | None = None):
+    """``iters`` steps on random token batches from ``gen``: (losses, seconds per iteration). Resets the CUDA
+    peak memory figures first, so that they are the training's.
+
+    ``offload``: saved activations go to host memory (``save_on_cpu``, pinned on CUDA). ``stop_at``: a
+    ``time.perf_counter()`` value; no iteration starts that the last one's time says would end after it.
+    ``log``: the two lists to append to, so that the iterations that finished survive an exception (out of
+    memory) raised by a later one."""
+    import torch
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    saving = (lambda: torch.autograd.graph.save_on_cpu(pin_memory=dev.type == "cuda")) if offload \
+        else contextlib.nullcontext
+    losses, iter_s = log if log is not None else ([], [])
+    for _ in range(iters):
+        if stop_at is not None and iter_s and time.perf_counter() + iter_s[-1] > stop_at:
+            break
+        ids = torch.randint(0, vocab, (batch, seq), generator=gen).to(dev)
+        sync()
+        t0 = time.perf_counter()
+        with saving(), torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dtype == "bf16"):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        val = loss.item()
+        sync()
+        iter_s.append(time.perf_counter() - t0)
+        losses.append(val)
+    return losses, iter_s
+
+
+def transformer_blocks(model) -> list:
+    """The model's transformer blocks: the modules transformers declares it never splits (``GPT2Block``,
+    ``LlamaDecoderLayer``), in order."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    blocks = [m for m in model.modules() if type(m).__name__ in names]
+    if not blocks:
+        raise SystemExit(f"train_worker: {type(model).__name__} names no transformer block class (_no_split_modules)")
+    return blocks
+
+
+def fsdp_offload(model, dev):
+    """FSDP2 on a process group of one: each transformer block, then the root, ``fully_shard`` with
+    ``CPUOffloadPolicy``, so parameters, gradients and AdamW state live on the host and the optimizer steps
+    there. Pinned host memory on CUDA (the policy's default); a CPU run has no pinned memory (nor a GPU)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+
+    # An in-process store: a group of one needs no rendezvous, so no port is opened.
+    dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh(dev.type, (1,))
+        policy = CPUOffloadPolicy(pin_memory=dev.type == "cuda")
+        for block in transformer_blocks(model):
+            fully_shard(block, mesh=mesh, offload_policy=policy)
+        fully_shard(model, mesh=mesh, offload_policy=policy)
+    except BaseException:
+        dist.destroy_process_group()
+        raise
+    return dist.destroy_process_group
+
+
+def cap_memory(cap: int) -> int:
+    """Hold PyTorch's caching allocator to ``cap`` bytes of the GPU (``set_per_process_memory_fraction``,
+    computed from the total the allocator itself uses); returns the bytes the fraction allows."""
+    import torch
+    total = torch.cuda.mem_get_info()[1]
+    if not 0 < cap <= total:
+        raise SystemExit(f"train_worker: --memory-cap {cap} must be between 1 and the GPU's {total} bytes")
+    # round the fraction down so that fraction x total never exceeds the cap
+    frac = (cap - 1) / total
+    torch.cuda.set_per_process_memory_fraction(frac)
+    return int(frac * total)
+
+
+def pinned_peak_bytes() -> int:
+    """Peak bytes of pinned host memory PyTorch's host allocator held (``save_on_cpu`` and ``pin_memory()``
+    both take it from there). The key was ``reserved_bytes`` before torch 2.12 and is ``allocated_bytes`` (the
+    blocks the allocator owns) since; the larger is the memory pinned."""
+    import torch
+    stats = torch.cuda.host_memory_stats()
+    return int(max(stats.get("reserved_bytes.peak", 0), stats.get("allocated_bytes.peak", 0)))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="gpt2", choices=sorted({m for m, _ in CONFIGS}))
@@ -76,6 +186,18 @@ def main(argv=None) -> int:
     p.add_argument("--foreach", default="auto", choices=["auto", "on", "off"],
                    help="AdamW's multi-tensor (foreach) path: one op over every parameter at once (auto = "
                         "PyTorch's choice: on for CUDA)")
+    p.add_argument("--checkpoint", action="store_true",
+                   help="activation checkpointing per transformer block (transformers' gradient_checkpointing_enable, "
+                        "non-reentrant)")
+    p.add_argument("--offload-activations", action="store_true",
+                   help="torch.autograd.graph.save_on_cpu around the forward pass (pinned host memory on CUDA)")
+    p.add_argument("--fsdp-offload", action="store_true",
+                   help="FSDP2 fully_shard per block and root with CPUOffloadPolicy, on a process group of one")
+    p.add_argument("--memory-cap", type=float, default=None,
+                   help="bytes PyTorch's caching allocator may reserve on the GPU (set_per_process_memory_fraction)")
+    p.add_argument("--max-seconds", type=float, default=None,
+                   help="stop after the iteration that leaves less than one more iteration's time of this many "
+                        "seconds since start (the result says how many ran)")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--out", required=True)
@@ -83,44 +205,39 @@ def main(argv=None) -> int:
     for name in ("batch", "seq", "iters"):
         if getattr(a, name) <= 0:
             raise SystemExit(f"train_worker: --{name} must be positive")
+    if a.memory_cap is not None and a.device != "cuda":
+        raise SystemExit("train_worker: --memory-cap needs --device cuda")
+    started = time.perf_counter()
 
     import torch
 
     if a.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("train_worker: --device cuda but torch sees no CUDA GPU")
     if a.deterministic:
-        # warn_only: an op without a deterministic kernel warns instead of killing the run; the caller's two
-        # plain runs then differ, and the comparison falls back to a tolerance and says so.
-        torch.use_deterministic_algorithms(True, warn_only=True)
-        torch.backends.cudnn.benchmark = False
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
+        deterministic_kernels()
     torch.manual_seed(a.seed)
     dev = torch.device(a.device)
+    cap = cap_memory(int(a.memory_cap)) if a.memory_cap is not None else None
     model, vocab = build_model(a.model, a.config, a.seq, eager_attention=a.deterministic)
-    model.to(dev).train()
     n_params = sum(t.numel() for t in model.parameters())
-    foreach = {"auto": None, "on": True, "off": False}[a.foreach]
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=foreach)
-    gen = torch.Generator().manual_seed(a.seed + 1)
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    if dev.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-
-    losses, iter_s = [], []
-    for _ in range(a.iters):
-        ids = torch.randint(0, vocab, (a.batch, a.seq), generator=gen).to(dev)
-        sync()
-        t0 = time.perf_counter()
-        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=a.dtype == "bf16"):
-            loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        val = loss.item()
-        sync()
-        iter_s.append(time.perf_counter() - t0)
-        losses.append(val)
+    if a.checkpoint:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    losses, iter_s, oom, close, placed = [], [], None, None, False
+    try:
+        # FSDP2 moves each block to the GPU and its shard back to the host as it wraps it: no .to(dev) first
+        close = fsdp_offload(model, dev) if a.fsdp_offload else None
+        if close is None:
+            model.to(dev)
+        placed = True
+        model.train()
+        foreach = {"auto": None, "on": True, "off": False}[a.foreach]
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=foreach)
+        gen = torch.Generator().manual_seed(a.seed + 1)
+        train(model, opt, vocab, gen, dev, batch=a.batch, seq=a.seq, iters=a.iters, dtype=a.dtype,
+              offload=a.offload_activations, log=(losses, iter_s),
+              stop_at=None if a.max_seconds is None else started + a.max_seconds)
+    except torch.OutOfMemoryError as e:
+        oom = {"iteration": len(losses) if placed else None, "message": str(e).splitlines()[0][:300]}
 
     res = {
         "model": a.model, "config": a.config, "batch": a.batch, "seq": a.seq, "iters": a.iters, "dtype": a.dtype,
@@ -133,14 +250,25 @@ def main(argv=None) -> int:
         "losses_hex": [float(x).hex() for x in losses],
         "iter_s": iter_s,
         "torch": torch.__version__,
+        "method": {"checkpoint": a.checkpoint, "offload_activations": a.offload_activations,
+                   "fsdp_offload": a.fsdp_offload},
+        "memory_cap_bytes": cap,
+        "oom": oom,
+        # fewer iterations than asked: --max-seconds stopped it (an out-of-memory run says so in "oom")
+        "stopped_early": oom is None and len(iter_s) < a.iters,
     }
     if dev.type == "cuda":
         res.update(peak_allocated_bytes=int(torch.cuda.max_memory_allocated()),
                    peak_reserved_bytes=int(torch.cuda.max_memory_reserved()),
-                   device_name=torch.cuda.get_device_name(0))
+                   host_pinned_peak_bytes=pinned_peak_bytes(), device_name=torch.cuda.get_device_name(0))
+    if close is not None:
+        close()
     with open(a.out, "w") as f:
         json.dump(res, f)
-    print(f"train_worker: {a.model}-{a.config} {a.iters} iterations, last loss {losses[-1]:.6f}, "
+    if oom is not None:
+        print(f"train_worker: out of memory at iteration {oom['iteration']}: {oom['message']}", file=sys.stderr)
+        return EXIT_OOM
+    print(f"train_worker: {a.model}-{a.config} {len(iter_s)} iterations, last loss {losses[-1]:.6f}, "
           f"median {sorted(iter_s)[len(iter_s) // 2] * 1e3:.1f} ms/iter", file=sys.stderr)
     return 0
 

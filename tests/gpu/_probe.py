@@ -102,7 +102,32 @@ def main(what):
         be.guard.snapshot()
         out["snapshot_ms"] = (time.perf_counter() - t0) * 1e3
         out["result"] = be.guard.result()
+    elif what == "host_backing":  # does the driver keep a page's host copy once the page is back on the GPU?
+        mv = s.backend.mover
+        free, _ = torch.cuda.mem_get_info()
+        n = min(2 << 30, free // 8) // (2 << 20) * (2 << 20)
+        x = torch.ones(n // 4, device="cuda")  # first touch on the GPU: no host pages yet
+        torch.cuda.synchronize()
+        out["bytes"], out["managed"] = n, ptr_type(x) == "managed"
+        out["limit"] = s.backend.memory.as_dict()
+        avail = []
+        for to_device in (None, False, True):  # before, after evicting to the host, after prefetching back
+            if to_device is not None:
+                mv.prefetch([(x.data_ptr(), n)], to_device=to_device)
+                mv.synchronize()
+            avail.append(mem_available())
+        out["sum_ok"] = x.sum().item() == n // 4
+        del x
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()  # the caching allocator frees its segment: cudaFree through the shim
+        avail.append(mem_available())
+        out["host_used"] = [avail[0] - a for a in avail[1:]]  # after evict, after prefetch back, after free
     print(json.dumps(out))
+
+
+def mem_available() -> int:
+    with open("/proc/meminfo") as f:
+        return next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("MemAvailable:"))
 
 
 if __name__ == "__main__":

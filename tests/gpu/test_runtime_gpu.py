@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "bench" / "gpu"))
+from _common import child_env  # noqa: E402 - every child keeps the shared-GPU rule (UVMPREFETCH_MANAGED_LIMIT=gpu-free)
+
 EXAMPLE = REPO / "examples" / "train_gpt2.py"
 PROBE = Path(__file__).resolve().parent / "_probe.py"
 SIZE = ["--layers", "4", "--embd", "256", "--heads", "4", "--batch", "8", "--seq", "128", "--vocab", "8192"]
@@ -18,7 +21,8 @@ SIZE = ["--layers", "4", "--embd", "256", "--heads", "4", "--batch", "8", "--seq
 def run(args, tmp_path, name, **env_extra):
     env = {k: v for k, v in os.environ.items() if not k.startswith("UVMPREFETCH")}
     env.update(HF_HUB_OFFLINE="1", CUBLAS_WORKSPACE_CONFIG=":4096:8", **env_extra)
-    r = subprocess.run([sys.executable, *map(str, args)], env=env, capture_output=True, text=True, timeout=600)
+    r = subprocess.run([sys.executable, *map(str, args)], env=child_env(base=env), capture_output=True, text=True,
+                       timeout=600)
     assert r.returncode == 0, f"{name}: exit {r.returncode}\n{r.stderr[-3000:]}"
     return r
 
@@ -79,9 +83,13 @@ def test_losses_equal_with_and_without_runtime_and_budget_enforced(tmp_path):
             assert abs(a - b) <= 1e-5 * abs(a)
     r = json.loads(rep_free.read_text())
     assert not r["degraded"] and r["iterations"] == 3 and r["launches_by_phase"]["backward"] > 0
+    mem = r["memory"]  # the shared-GPU rule reached the child; no budget: the GPU's free memory - 5 %
+    assert mem["managed_limit"]["mode"] == "gpu-free" and not mem["oversubscribed"]
+    assert mem["budget_why"].startswith("default") and mem["budget_bytes"] == r["capacity_bytes"]
     assert r["peak_managed_bytes"] >= ws // 2
     b = json.loads(rep_budget.read_text())
     assert not b["degraded"], b["errors"]
+    assert b["memory"]["budget_bytes"] == budget and b["memory"]["budget_why"].startswith("UVMPREFETCH_BUDGET=")
     assert b["budget_bytes"] == budget and b["working_set_bytes"] > budget
     assert b["peak_resident_bytes"] <= budget  # the books never held more than the budget
     bt = b["backend_result"]
@@ -92,7 +100,20 @@ def test_losses_equal_with_and_without_runtime_and_budget_enforced(tmp_path):
 def test_budget_above_free_memory_is_a_clear_startup_error(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("UVMPREFETCH")}
     env.update(UVMPREFETCH="1", UVMPREFETCH_BUDGET="100TiB")
-    r = subprocess.run([sys.executable, "-c", "import torch; print('ran')"], env=env, capture_output=True,
-                       text=True, timeout=300)
+    r = subprocess.run([sys.executable, "-c", "import torch; print('ran')"], env=child_env(base=env),
+                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 5 and "ran" not in r.stdout
     assert "UVMPREFETCH_BUDGET" in r.stderr and "free device memory" in r.stderr
+
+
+def test_the_driver_keeps_the_host_copy_of_a_page_until_cudafree(tmp_path):
+    # The default managed limit (UVMPREFETCH_MANAGED_LIMIT=host) counts host memory alone, not device + host,
+    # because nvidia-uvm frees a block's CPU pages only when the block is destroyed (uvm_va_block.c): a page that
+    # was evicted once keeps its host page after it returns to the GPU. This checks that on the driver here;
+    # if it fails (host pages released on the way back), the limit could count the device's memory too.
+    d = probe(tmp_path, "host_backing")
+    n, (evicted, back, freed) = d["bytes"], d["host_used"]
+    assert d["managed"] and d["sum_ok"] and d["limit"]["managed_limit"]["mode"] == "gpu-free"
+    assert evicted > 0.7 * n, f"evicting {n} bytes took {evicted} bytes of host memory: the measurement is off"
+    assert back > 0.7 * n, f"host memory held after the pages came back: {back} of {n} bytes"
+    assert freed < 0.3 * n, f"host memory still held after cudaFree: {freed} of {n} bytes"

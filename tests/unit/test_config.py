@@ -1,8 +1,9 @@
-"""UVMPREFETCH_* parsing: every variable validated, one clear error naming it (DESIGN.md §4)."""
+"""UVMPREFETCH_* parsing: every variable validated, one clear error naming it (`docs/design.md` §4)."""
 
 import pytest
 
-from uvmprefetch.config import Budget, RuntimeConfig, from_env, parse_budget, parse_window
+from uvmprefetch.config import (Budget, ManagedLimit, RuntimeConfig, from_env, parse_budget, parse_managed_limit,
+                                parse_window)
 from uvmprefetch.errors import ConfigError
 
 
@@ -45,6 +46,10 @@ def test_budget_resolve():
     ("UVMPREFETCH_POLICY", "no-such-policy"),
     ("UVMPREFETCH_GPU", "voodoo5"),
     ("UVMPREFETCH_DISCARD", "sometimes"),
+    ("UVMPREFETCH_MANAGED_LIMIT", "lots"),
+    ("UVMPREFETCH_MANAGED_LIMIT", "0.5"),  # a bare number is bytes, never a fraction: 0 bytes
+    ("UVMPREFETCH_MANAGED_LIMIT", "-2GiB"),
+    ("UVMPREFETCH_MANAGED_LIMIT", "1e30"),  # beyond 64 bits
 ])
 def test_invalid_value_names_the_variable(var, value):
     with pytest.raises(ConfigError) as e:
@@ -65,8 +70,32 @@ def test_env_round_trip(tmp_path):
     assert cfg.enabled and cfg.backend == "dryrun" and cfg.budget == Budget(fraction=0.25) and cfg.window == 8
     assert cfg.discard
     assert from_env(cfg.to_env()) == cfg
+    for limit in ("gpu-free", "200GiB", "host"):
+        cfg = from_env({"UVMPREFETCH": "1", "UVMPREFETCH_MANAGED_LIMIT": limit})
+        assert from_env(cfg.to_env()) == cfg
 
 
 def test_discards_are_off_unless_asked_for():
     assert not from_env({"UVMPREFETCH": "1"}).discard and not RuntimeConfig().discard
     assert from_env({"UVMPREFETCH": "1", "UVMPREFETCH_DISCARD": "1"}).discard
+
+
+@pytest.mark.parametrize("text,expect", [
+    ("", ManagedLimit()), ("host", ManagedLimit()), (" Host ", ManagedLimit()),
+    ("gpu-free", ManagedLimit("gpu-free")), ("GPU-FREE", ManagedLimit("gpu-free")),
+    ("200GiB", ManagedLimit("bytes", 200 << 30)), ("1.5GB", ManagedLimit("bytes", 1_500_000_000)),
+    ("3e9", ManagedLimit("bytes", 3 * 10**9)), ("1048576", ManagedLimit("bytes", 1 << 20)),
+])
+def test_managed_limit_forms(text, expect):
+    assert parse_managed_limit(text) == expect
+
+
+def test_managed_limit_defaults_to_host():
+    assert from_env({}).managed_limit == ManagedLimit("host") == RuntimeConfig().managed_limit
+    assert from_env({"UVMPREFETCH_MANAGED_LIMIT": "gpu-free"}).to_env()["UVMPREFETCH_MANAGED_LIMIT"] == "gpu-free"
+
+
+def test_the_replaced_shim_limit_variable_is_refused_with_its_successor_named():
+    with pytest.raises(ConfigError) as e:
+        from_env({"UVMPREFETCH": "1", "UVMPREFETCH_SHIM_LIMIT": "1000000"})
+    assert "UVMPREFETCH_SHIM_LIMIT" in str(e.value) and "UVMPREFETCH_MANAGED_LIMIT" in str(e.value)

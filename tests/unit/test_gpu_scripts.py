@@ -18,7 +18,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 GPU = REPO / "bench" / "gpu"
-SCRIPTS = ["calibrate", "correctness", "overhead", "oversub", "fidelity", "diagnose", "runtime_cost"]
+SCRIPTS = ["calibrate", "correctness", "overhead", "oversub", "fidelity", "diagnose", "distributed", "runtime_cost"]
 sys.path.insert(0, str(GPU))
 
 
@@ -66,7 +66,7 @@ def _skip_if_runtime_missing(res: dict) -> None:
         pytest.skip("live runtime (issue 5) not active yet: UVMPREFETCH=1 with the dryrun backend wrote no report")
 
 
-@pytest.mark.parametrize("name", SCRIPTS + ["summarize", "train_worker"])
+@pytest.mark.parametrize("name", SCRIPTS + ["summarize", "train_worker", "dist_worker"])
 def test_help(name):
     proc = _run([str(GPU / f"{name}.py"), "--help"], timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -127,6 +127,25 @@ def test_fault_model_matches_the_simulator(nblocks):
     batches, link = fault_model(nblocks, "full", gpu.link_htod_bw, gpu.fault_batch_size, gpu.fault_granule_bytes)
     assert res["faults"] == nblocks
     assert res["stall"] == pytest.approx(batches * gpu.fault_batch_latency_s + link, rel=1e-9)
+
+
+@pytest.mark.slow
+def test_distributed_dry_run(tmp_path):
+    # two CPU ranks of FSDP2 over gloo, plain and under the runtime (the DDP path is test_runtime_torchrun.py's)
+    gpu_json = tmp_path / "gpu.json"
+    proc = _run([str(GPU / "distributed.py"), "--dry-run", "--wrap", "fsdp", "--out", str(tmp_path), "--baseline",
+                 str(gpu_json), "--timeout", "500", "--deadline", "1000"])
+    res = _result(tmp_path, "distributed", proc)
+    assert res["passed"], proc.stdout[-3000:]
+    runtime = [j for j in res["jobs"] if j["case"] == "uvmprefetch"]
+    assert len(runtime) == 1 and not runtime[0]["launcher_files"]
+    assert [r["report"]["rank"]["rank"] for r in runtime[0]["ranks"]] == [0, 1]
+    for r in runtime[0]["ranks"]:
+        assert {"c10d::_allgather_base_", "c10d::_reduce_scatter_base_"} <= set(r["collectives"])
+    (case,) = json.loads(gpu_json.read_text())["cpu (dry-run)"]["cases"]
+    assert case["name"] == "torchrun/gpt2-mini/fsdp-2rank" and case["losses_bit_equal_plain"] is True
+    assert case["ranks"] == 2 and case["budget_bytes"] == 24 << 20 and case["oversub"] > 1
+    assert case["dtoh_gib_per_iter"] > 0
 
 
 @pytest.mark.slow
@@ -250,7 +269,7 @@ def test_fidelity_profile_by_name_or_calibration(tmp_path):
     import fidelity
     g, desc = fidelity.load_profile(Path("h100-sxm-cal"), "NVIDIA H100 80GB HBM3", False)
     assert g.name == "h100-sxm-cal" and g.fault_batch_size == 17 and "2026-11-23" in desc
-    g, desc = fidelity.load_profile(REPO / "bench" / "results" / "calibrate.json", "NVIDIA H100 80GB HBM3", False)
+    g, desc = fidelity.load_profile(REPO / "tests" / "data" / "calibrate-h100.json", "NVIDIA H100 80GB HBM3", False)
     assert g.name == "h100-sxm" and "calibrated by" in desc
     with pytest.raises(SystemExit):
         fidelity.load_profile(tmp_path / "nope.json", "NVIDIA H100 80GB HBM3", False)

@@ -1,6 +1,6 @@
 """The calibrated profiles (``h100-pcie-cal``, ``h200-cal``) against the measurements they were fitted to
-(``bench/results/calibrate.json`` on an H100, ``bench/results/gpu-20261127/run1-discard3/calibrate.json`` on an
-H200): the simulator's own fault and link formulas must reproduce the measured times within the tolerances
+(``tests/data/calibrate-h100.json`` and ``tests/data/calibrate-h200.json``, ``bench/gpu/calibrate.py`` on each
+card): the simulator's own fault and link formulas must reproduce the measured times within the tolerances
 their comments in ``uvmprefetch/gpus.py`` state."""
 
 import json
@@ -16,8 +16,8 @@ sys.path.insert(0, str(REPO / "bench" / "gpu"))
 
 # profile, measurement, device name, tolerance of the fault model (dense, sparse touch), of the eviction bandwidth
 CASES = [
-    ("h100-pcie-cal", "bench/results/calibrate.json", "H100", (0.18, 0.15), 0.35),
-    ("h200-cal", "bench/results/gpu-20261127/run1-discard3/calibrate.json", "H200", (0.25, 0.25), 0.26),
+    ("h100-pcie-cal", "tests/data/calibrate-h100.json", "H100", (0.18, 0.15), 0.35),
+    ("h200-cal", "tests/data/calibrate-h200.json", "H200", (0.25, 0.25), 0.26),
 ]
 
 

@@ -1,5 +1,5 @@
 """``uvmprefetch replay``: GIVEN a saved synthetic trace WHEN replayed from the CLI THEN the JSON result has
-DESIGN.md §4's fields, the timeline files are written, and bad input is one clear error line."""
+`docs/design.md` §4's fields, the timeline files are written, and bad input is one clear error line."""
 
 import json
 

@@ -37,8 +37,9 @@ def test_unset_costs_nothing():
 @pytest.mark.parametrize("var,value", [("UVMPREFETCH", "maybe"), ("UVMPREFETCH_BUDGET", "lots"),
                                        ("UVMPREFETCH_BACKEND", "tpu"), ("UVMPREFETCH_WINDOW", "-3"),
                                        ("UVMPREFETCH_POLICY", "nope"), ("UVMPREFETCH_POLICY", "oracle"),
-                                       ("UVMPREFETCH_WINDOW", "8"),  # demand has no window
-                                       ("UVMPREFETCH_OBSERVER", "cpp")])
+                                       ("UVMPREFETCH_MANAGED_LIMIT", "lots"), ("UVMPREFETCH_SHIM_LIMIT", "1000"),
+                                       ("UVMPREFETCH_OBSERVER", "cpp"),
+                                       ("UVMPREFETCH_WINDOW", "8")])  # demand has no window
 def test_invalid_value_one_line_exit_2(var, value):
     env = {"UVMPREFETCH": "1", "UVMPREFETCH_BACKEND": "dryrun", "UVMPREFETCH_POLICY": "demand", var: value}
     r = py("print('the program ran')", env)

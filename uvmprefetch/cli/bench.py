@@ -7,12 +7,16 @@ HELP = "replay traces under every policy at several oversubscription levels: tab
 DESCRIPTION = ("Replay each trace (default: the standard traces) under each policy (default: every available "
                "one) at oversubscription 1.0/1.25/1.5/2/3 on a simulated GPU. Prints a Markdown table of "
                "slowdown vs. ideal and the replay throughput per policy; writes results.csv, results.json, "
-               "table.md, slowdown.png and steady.png to --out. A progress bar goes to stderr.")
+               "table.md, slowdown.png and steady.png to --out (default ./replay-<UTC date-time>/) and, with "
+               "--update-baseline, the figures to bench/baselines/replay.json. A progress bar goes to stderr.")
 EPILOG = """\
 examples:
   uvmprefetch bench
   uvmprefetch bench gpt2l.uvmt bert.uvmt --policies demand,oracle --oversub 1.5,2
   uvmprefetch bench --gpu a100-pcie --out /tmp/bench --json > results.json
+  uvmprefetch bench --update-baseline                       # the figures the README quotes
+  uvmprefetch bench --gpu h100-pcie-cal --host live-sync --no-discard --policies demand,deepum,uvmprefetch,oracle \
+      --oversub 1.5,2,3 --update-baseline                   # the setting closest to a live GPU run
   uvmprefetch bench --policies capuchin,tmof,uvmprefetch --oversub 1.5,2 --gpus 4   # 4 GPUs, one host link
   uvmprefetch bench --policies demand,g10,flashneuron,oracle --ssd pcie4-nvme --gpu-set host_capacity_bytes=8e9
 """
@@ -28,15 +32,16 @@ def add_arguments(p) -> None:
                    help="oversubscription levels (footprint / capacity; default 1,1.25,1.5,2,3)")
     add_gpu_arguments(p)
     add_gpus_arguments(p)
-    p.add_argument("--out", metavar="DIR", help="where to write CSV/JSON/PNG (default bench/results/replay-<date>/)")
+    from .. import results
+    results.add_arguments(p, "replay")
     p.add_argument("--json", action="store_true", help="print one JSON list of replay results (each with `trace`)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def run(args) -> int:
     import time
-    from pathlib import Path
 
+    from .. import results
     from ..errors import ConfigError
     from ..policy import available
     from ..sim import bench as B
@@ -58,12 +63,75 @@ def run(args) -> int:
                        progress=not args.no_progress, n_gpus=n_gpus, shared_link=not args.own_links, host=host,
                        discards=args.discards)
     wall = time.perf_counter() - t0
-    out = Path(args.out) if args.out else Path("bench/results") / f"replay-{time.strftime('%Y%m%d', time.gmtime())}"
-    files = B.save_outputs(rows, oversubs, out, B.bench_meta(gpu, bs, wall, host, args.discards))
+    out = results.run_dir(args.out, "replay", create=False)
+    meta = B.bench_meta(gpu, bs, wall, host, args.discards)
+    files = B.save_outputs(rows, oversubs, out, meta)
+    baseline = None
+    if args.update_baseline:
+        baseline = results.update_baseline("replay", setting(args, n_gpus, standard=not args.traces),
+                                           baseline_payload(rows, oversubs, meta))
     if args.json:
         from . import emit_json
         emit_json(rows)
     else:
         print(B.markdown(rows, oversubs))
         print(f"\n{len(rows)} results in {wall:.1f} s; wrote {files['csv']}, {files['plot']}, {files['steady_plot']}")
+        if baseline is not None:
+            print(f"baseline: {baseline}")
+        print(f"results: {out}")
     return 0
+
+
+def setting(args, n_gpus: int, standard: bool) -> str:
+    """The baseline key of a run: the flags that change the simulated machine, in the order they are written
+    (``h100-pcie``, ``h100-pcie-cal no-discard host=live-sync``, ...)."""
+    parts = [args.gpu]
+    parts += [f"set:{kv}" for kv in args.gpu_set or ()]
+    if args.ssd:
+        parts.append(f"ssd={args.ssd}")
+    if args.block_size != "2MiB":
+        parts.append(f"block={args.block_size}")
+    if args.writeback_clean:
+        parts.append("writeback-clean")
+    if not args.discards:
+        parts.append("no-discard")
+    if args.host:
+        parts.append(f"host={args.host}")
+    if n_gpus > 1:
+        parts.append(f"gpus={n_gpus}" + (" own-links" if args.own_links else ""))
+    if not standard:
+        from pathlib import Path
+        parts.append("traces=" + ",".join(Path(t).stem for t in args.traces))
+    return " ".join(parts)
+
+
+# The per-row figures a baseline keeps (results.json of the run folder has every field).
+BASELINE_FIELDS = ("slowdown", "steady_slowdown", "time_s", "ideal_s", "stall_s", "faults", "bytes_htod",
+                   "bytes_dtoh", "accuracy", "coverage", "error")
+
+
+def _short(v):
+    """Floats to 6 significant digits (the file stays readable; the run folder keeps every digit)."""
+    return float(f"{v:.6g}") if isinstance(v, float) else v
+
+
+def baseline_payload(rows: list[dict], oversubs: list[float], meta: dict) -> dict:
+    """The run's figures for ``bench/baselines/replay.json``: its meta, the geomean over traces of each policy's
+    slowdown (whole run and steady state) per oversubscription level, and the rows' headline fields."""
+    import math
+    traces = list(dict.fromkeys(r["trace"] for r in rows))
+    geo: dict[str, dict] = {}
+    for pol in dict.fromkeys(r["policy"] for r in rows):
+        g = geo.setdefault(pol, {"slowdown": {}, "steady_slowdown": {}})
+        for ov in oversubs:
+            for key in g:
+                xs = [r.get(key) for r in rows if r["policy"] == pol and r["oversub_target"] == ov]
+                ok = [x for x in xs if x is not None and x > 0]
+                # a level where some trace failed (capacity too small) has no geomean over all traces
+                g[key][f"{ov:g}"] = (round(math.exp(sum(map(math.log, ok)) / len(ok)), 4)
+                                     if ok and len(ok) == len(traces) else None)
+    slim = [{"trace": r["trace"], "policy": r["policy"], "oversub": r["oversub_target"],
+             **{k: _short(r.get(k)) for k in BASELINE_FIELDS}} for r in rows]
+    return {"meta": {k: meta.get(k) for k in ("date", "commit", "gpu", "block_size", "host", "discards", "cpus",
+                                              "wall_s")},
+            "traces": traces, "oversub": list(oversubs), "geomean": geo, "rows": slim}

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 
 NAME = "doctor"
 HELP = "check the driver, GPU features, cuda-python, CUPTI, the shim, the observer and torch"
 DESCRIPTION = ("Check what the live runtime needs, one line each: NVIDIA driver and its version, GPU, managed "
                "memory and concurrent managed access, CUDA 13 batched prefetch/discard, the CUDA runtime "
-               "library, cuda-python, CUPTI (cupti-python), the LD_PRELOAD shim, which observer a run uses (the C++ "
-               "one, or the Python dispatch mode it falls back to) and why, torch and its CUDA build, the "
-               "start-up hook. Works without a GPU: it says what is missing. Exit 0 when the cuda backend can "
+               "library, cuda-python, CUPTI (cupti-python), the LD_PRELOAD shim (built here if it is not yet), "
+               "which observer a run uses (the C++ one, or the Python dispatch mode it falls back to) and why, "
+               "the managed-memory limit and the budget that a run would get and why, torch and its CUDA build, "
+               "the start-up hook. Works without a GPU: it says what is missing. Exit 0 when the cuda backend can "
                "run, 1 when something it needs is missing (the dryrun backend works anywhere torch does).")
 EPILOG = """\
 examples:
@@ -56,6 +56,8 @@ def checks() -> list[dict]:
         required=False)
     add("shim", *_shim())
     add("observer", *_observer(), required=False)
+    add("managed limit", *_managed_limit(d.total_bytes or 0), required=False)
+    add("budget", *_budget(d.total_bytes or 0), required=False)
     try:
         import torch
         cuda = torch.version.cuda
@@ -99,17 +101,48 @@ def _version(dist: str) -> str:
 
 
 def _shim() -> tuple[bool, str]:
+    """Built here if it is not yet (what ``UVMPREFETCH=1`` would do first; the limit check asks it)."""
     from ..errors import ShimError
-    from ..runtime.shim import built_path
+    from ..runtime.shim import built_path, shim_path
     try:
-        p = built_path()
+        was = built_path().is_file()
+        return True, f"{'built' if was else 'built now'}: {shim_path()}"
     except ShimError as e:
         return False, str(e)
-    if p.is_file():
-        return True, f"built: {p}"
-    if shutil.which("make") and shutil.which(os.environ.get("CC", "cc")):
-        return True, f"not built yet, buildable (C compiler + make found): `uvmprefetch shim-path` builds {p}"
-    return False, "not built and no C compiler/make to build it"
+
+
+def _managed_limit(total: int) -> tuple[bool, str]:
+    """The shim's own answer to "how much managed memory may a run allocate here" (``uvmshim_plan_limit``: this
+    machine's host memory and cgroups; the GPU's free memory is only known at the first allocation, so its
+    total stands in)."""
+    from ..config import managed_limit_from_env
+    from ..errors import UvmPrefetchError
+    from ..runtime.memory import describe_limit
+    from ..runtime.shim import Shim, shim_path
+    spec = os.environ.get("UVMPREFETCH_MANAGED_LIMIT", "")
+    try:
+        managed_limit_from_env(os.environ)  # first: the shim ends the process it loads into on a bad value
+        lim = Shim(shim_path()).plan_limit(total, total, spec)
+    except UvmPrefetchError as e:
+        return False, str(e)
+    return True, describe_limit(lim, gpu_known=False)
+
+
+def _budget(total: int) -> tuple[bool, str]:
+    from ..config import parse_budget
+    from ..errors import ConfigError
+    from ..units import format_size
+    text = os.environ.get("UVMPREFETCH_BUDGET", "").strip()
+    if not text:
+        gpu = f" (at most {format_size(total - total // 20)} here)" if total else ""
+        return True, (f"UVMPREFETCH_BUDGET unset: the GPU's free memory at start - 5 %{gpu}; the runtime evicts to "
+                      "the host to keep GPU-resident managed memory under it")
+    try:
+        b = parse_budget(text)
+    except ConfigError as e:
+        return False, str(e)
+    at = f" = {format_size(b.resolve(total))} here" if total and b.fraction is not None else ""
+    return True, f"UVMPREFETCH_BUDGET={text}: {b}{at}; refused at start-up if above the GPU's free memory"
 
 
 def _observer() -> tuple[bool, str]:

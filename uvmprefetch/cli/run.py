@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 NAME = "run"
 HELP = "run a program with uvmprefetch switched on"
@@ -18,11 +19,15 @@ examples:
   uvmprefetch run --backend dryrun --budget 0.25 --report run.json -- python examples/train_gpt2.py
   uvmprefetch run --policy deepum --window 16 -- python train.py
   uvmprefetch run -- ./my_cuda_program      # non-Python: LD_PRELOAD shim only
+  uvmprefetch run --budget 0.5 --report r.json -- torchrun --nproc_per_node=8 train.py
+                                            # a runtime per rank: r.rank0.json ... r.rank7.json
 """
 
 
 def add_arguments(p) -> None:
     p.add_argument("--budget", help="GPU-resident managed memory allowed: 20GiB, 512MB, or a fraction 0.5 / 50%%")
+    p.add_argument("--managed-limit", help="most managed memory the program may allocate: host (default: what host "
+                   "memory can back), gpu-free (the GPU's free memory - 5 %%), or bytes with a unit: 200GiB")
     p.add_argument("--policy", help="policy name with optional parameters (default: the best available)")
     p.add_argument("--backend", choices=["cuda", "dryrun"], help="cuda (default) or dryrun (CPU, simulated GPU)")
     p.add_argument("--window", help="auto or a positive integer")
@@ -31,7 +36,8 @@ def add_arguments(p) -> None:
     p.add_argument("--gpu", help="dryrun: the simulated GPU profile")
     p.add_argument("--log", choices=["quiet", "warning", "info", "debug"])
     p.add_argument("--json", action="store_true",
-                   help="after COMMAND exits, print {returncode, report} as one JSON line on stdout (last line)")
+                   help="after COMMAND exits, print {returncode, report, rank_reports} as one JSON line on stdout "
+                        "(last line; rank_reports: {rank: report} of a torchrun job)")
     p.add_argument("cmd", nargs="+", metavar="COMMAND", help="the program and its arguments (after --)")
 
 
@@ -46,7 +52,7 @@ def run(args) -> int:
     env = dict(os.environ)
     flags = {"UVMPREFETCH_BUDGET": args.budget, "UVMPREFETCH_POLICY": args.policy, "UVMPREFETCH_BACKEND": args.backend,
              "UVMPREFETCH_WINDOW": args.window, "UVMPREFETCH_REPORT": args.report, "UVMPREFETCH_TRACE": args.trace,
-             "UVMPREFETCH_GPU": args.gpu, "UVMPREFETCH_LOG": args.log}
+             "UVMPREFETCH_GPU": args.gpu, "UVMPREFETCH_LOG": args.log, "UVMPREFETCH_MANAGED_LIMIT": args.managed_limit}
     env.update({k: str(v) for k, v in flags.items() if v is not None})
     env["UVMPREFETCH"] = "1"
     env.pop("UVMPREFETCH_OWNER", None)
@@ -66,6 +72,7 @@ def run(args) -> int:
         os.close(fd)
         os.unlink(tmp)
         env["UVMPREFETCH_REPORT"] = tmp
+    started = time.time()
     try:
         rc = subprocess.call(cmd, env=env)
     except FileNotFoundError:
@@ -73,17 +80,30 @@ def run(args) -> int:
     except KeyboardInterrupt:
         rc = 130
     if args.json:
-        import json
         from . import emit_json
-        path = env.get("UVMPREFETCH_REPORT")
-        report = None
-        if path and os.path.exists(path):
+        emit_json(_collect_reports(rc, env.get("UVMPREFETCH_REPORT"), tmp, started))
+    return rc
+
+
+def _collect_reports(rc: int, path: str | None, tmp: str | None, started: float) -> dict:
+    """``{returncode, report, rank_reports}``: the report at ``path``, and those its ranks wrote during this run
+    (torchrun: ``r.rank0.json``, ...; ``{rank: report}``, empty for a single process). ``tmp`` reports are
+    removed after."""
+    import json
+    from ..runtime.ranks import reports_of
+    report, per_rank = None, {}
+    if path:
+        files = {r: p for r, p in reports_of(path).items() if os.path.getmtime(p) >= started - 1}
+        for rank, p in files.items():
+            with open(p) as f:
+                per_rank[str(rank)] = json.load(f)
+        if os.path.exists(path) and "{rank}" not in path:
             with open(path) as f:
                 report = json.load(f)
-            if tmp:
-                os.unlink(tmp)
-        emit_json({"returncode": rc, "report": report})
-    return rc
+        for p in ([tmp, *files.values()] if tmp else []):
+            if os.path.exists(p):
+                os.unlink(p)
+    return {"returncode": rc, "report": report, "rank_reports": per_rank}
 
 
 def _is_python(prog: str) -> bool:

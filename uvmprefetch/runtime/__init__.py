@@ -35,11 +35,15 @@ def enable(config=None, **overrides):
     DeviceError
         The cuda backend without a usable GPU, cuda-python, concurrent managed access, or a budget above
         the free device memory.
+
+    In a rank of a distributed job (``runtime/ranks.py``) the report and trace paths are named for the rank, the
+    cuda backend runs on the rank's device, and an error names the rank.
     """
     global _session
     import dataclasses
 
     from ..config import from_env, parse_budget, parse_policy, parse_window
+    from ..errors import UvmPrefetchError
     with _lock:
         if _session is not None and not _session._stopped:
             return _session
@@ -49,8 +53,18 @@ def enable(config=None, **overrides):
                 "policy": lambda v: parse_policy(v)}
         kw = {k: conv.get(k, lambda v: v)(v) for k, v in overrides.items()}
         cfg = dataclasses.replace(cfg, enabled=True, **kw)
+        from . import ranks
+        rank = ranks.this_rank()
+        cfg = ranks.for_rank(cfg, rank)
         from .session import Session
-        _session = Session(cfg).start()
+        try:
+            if rank is not None and cfg.backend == "cuda":
+                ranks.select_device(rank)
+            _session = Session(cfg, rank=rank).start()
+        except UvmPrefetchError as e:
+            if rank is None or str(e).startswith(f"{rank}:"):
+                raise
+            raise type(e)(f"{rank}: {e}") from None  # one rank of several refused: say which
         return _session
 
 

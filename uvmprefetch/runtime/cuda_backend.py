@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import bisect
 import ctypes
+import sys
 import time
 
 import numpy as np
@@ -46,9 +47,9 @@ import numpy as np
 from ..errors import DeviceError
 from ..gpus import PROFILES
 from ..policy.base import EMPTY, Advice, LaunchInfo, Policy, PolicyContext
-from ..units import format_size
 from .discard_guard import DiscardGuard
 from .mover import CudaCallError, MoverError, MoveThread, Mover, StreamMarks  # noqa: F401 - re-exported
+from .memory import plan_memory
 from .residency import Residency
 
 BLOCK_SIZE = 2 << 20
@@ -133,19 +134,13 @@ class CudaBackend:
         self.device_name = torch.cuda.get_device_name(self.device)
         self.gpu = profile_for(self.device_name, total)
         self.block_size = BLOCK_SIZE
-        if cfg.budget is not None:
-            budget = cfg.budget.resolve(total)
-            managed_now = self.shim.stats()["managed_bytes"]
-            if budget > free + managed_now:
-                raise DeviceError(f"UVMPREFETCH_BUDGET={cfg.budget} is {format_size(budget)}, above the free device "
-                                  f"memory ({format_size(free)} of {format_size(total)}): lower it")
-            self.capacity_bytes = budget
-        else:
-            self.capacity_bytes = free  # no budget: the books stop at what is free; the driver pages beyond
+        # the shim's managed limit (fixed now if no allocation has yet) and the budget, with their reasons
+        self.memory = plan_memory(cfg.budget, self.shim.limit(), free, total, self.shim.stats()["managed_bytes"])
+        self.capacity_bytes = self.memory.budget_bytes
+        if cfg.log != "quiet":
+            print(self.memory.line(), file=sys.stderr)
         cap_blocks = max(1, self.capacity_bytes // self.block_size)
-        # Managed bytes stay under the free memory (the shim's cap), so live addresses need at most
-        # total / block_size ids; the caching allocator keeps its segments, so address churn is small.
-        self.max_blocks = int(2 * total // self.block_size + 1024)
+        self.max_blocks = self.memory.book_blocks(total, self.block_size)
         self.res = Residency(cap_blocks, self.max_blocks, self.block_size)
         self.res.n_ids = 0  # dense ids, assigned by block_ids
         self.mover = Mover(self.device, drv.batch_api)

@@ -49,6 +49,8 @@ class Storage:
     key: int  # the storage's data_ptr when first seen
     base: int  # address in the backend's address space
     nbytes: int
+    owner: int = 0  # id() of the Python storage object holding this memory
+    gone: bool = False  # queued as dead once (a resized storage's old memory, then the storage itself)
 
 
 class StorageTracker:
@@ -56,6 +58,13 @@ class StorageTracker:
 
     ``address_of`` picks the address space: ``None`` = ``VirtualLayout`` (dryrun); a callable
     ``storage -> int`` = real addresses (cuda).
+
+    A storage resized in place (``UntypedStorage.resize_``, not a dispatched op: FSDP2 frees its unsharded
+    parameters with ``resize_(0)`` after each use and re-allocates them with ``resize_(n)`` for the next) keeps
+    its Python object but gets new memory: when an op shows the object at another address or size, its
+    previous memory is queued as dead, so the books do not grow with every all-gather. Memory is only ever
+    counted dead for the object that held it (its death or its resize), never because another object shows
+    up at the same address.
     """
 
     def __init__(self, block_size: int, virtual: bool) -> None:
@@ -68,19 +77,29 @@ class StorageTracker:
         self.peak_live_bytes = 0
         self.block_refs: dict[int, int] = collections.Counter()
         self._lock = threading.Lock()
+        self._by_owner: dict[int, Storage] = {}  # id(Python storage object) -> its current memory
 
     def lookup(self, storage) -> Storage | None:
         """The ``Storage`` for a torch ``UntypedStorage``, registering it on first sight (its death comes from a
-        finalizer: the Python observer)."""
+        finalizer on its Python object, or from its resize: the Python observer)."""
         nbytes = storage.nbytes()
         if nbytes <= 0:
             return None
         key = storage.data_ptr()
+        owner = id(storage)
         s = self.live.get(key)
-        if s is not None and s.nbytes == nbytes:
+        if s is not None and s.nbytes == nbytes and s.owner == owner:
             return s
-        s = self.register(key, nbytes)
-        weakref.finalize(storage, self.dead.append, s)
+        with self._lock:
+            prev = self._by_owner.get(owner)
+            if prev is not None and not prev.gone:
+                if prev.key == key and prev.nbytes == nbytes:
+                    return prev  # another storage aliases this memory and took ``live[key]``: keep both
+                self.dead.append(prev)  # resized in place: the object's old memory is free
+            s = self.register(key, nbytes, owner)
+            self._by_owner[owner] = s
+        if prev is None:
+            weakref.finalize(storage, self._owner_died, owner)
         return s
 
     def at(self, key: int, nbytes: int) -> Storage:
@@ -91,7 +110,8 @@ class StorageTracker:
             if s.nbytes == nbytes:
                 return s
             self.dead.append(s)
-        return self.register(key, nbytes)
+        with self._lock:
+            return self.register(key, nbytes)
 
     def kill(self, key: int) -> None:
         """The allocation at address ``key`` was freed (an allocator event): its storage, if one was seen, is
@@ -101,17 +121,22 @@ class StorageTracker:
             self.dead.append(s)
             del self.live[key]
 
-    def register(self, key: int, nbytes: int) -> Storage:
-        with self._lock:
-            base = self.layout.alloc(nbytes) if self.layout is not None else key
-            s = Storage(self.next_id, key, base, nbytes)
-            self.next_id += 1
-            self.live[key] = s
-            self.live_bytes += nbytes
-            self.peak_live_bytes = max(self.peak_live_bytes, self.live_bytes)
-            for b in self.blocks_of(base, nbytes):
-                self.block_refs[b] += 1
+    def register(self, key: int, nbytes: int, owner: int = 0) -> Storage:
+        """A new live storage at ``key`` (the caller holds the lock)."""
+        base = self.layout.alloc(nbytes) if self.layout is not None else key
+        s = Storage(self.next_id, key, base, nbytes, owner)
+        self.next_id += 1
+        self.live[key] = s
+        self.live_bytes += nbytes
+        self.peak_live_bytes = max(self.peak_live_bytes, self.live_bytes)
+        for b in self.blocks_of(base, nbytes):
+            self.block_refs[b] += 1
         return s
+
+    def _owner_died(self, owner: int) -> None:
+        s = self._by_owner.pop(owner, None)
+        if s is not None:
+            self.dead.append(s)
 
     def blocks_of(self, start: int, length: int) -> range:
         return range(start // self.block_size, (start + max(length, 1) - 1) // self.block_size + 1)
@@ -138,6 +163,9 @@ class StorageTracker:
         while self.dead:
             s = self.dead.popleft()
             with self._lock:
+                if s.gone:
+                    continue
+                s.gone = True
                 if self.live.get(s.key) is s:
                     del self.live[s.key]
                 self.live_bytes -= s.nbytes

@@ -3,9 +3,11 @@
 Field names follow the replay result (DESIGN.md §4) where they mean the same thing, so a live run and its
 replay compare key by key: ``policy``, ``gpu``, ``capacity_bytes``, ``faults``, ``bytes_htod``,
 ``bytes_dtoh``, ``prefetch_issued_bytes``, ``prefetch_useful_bytes``, ``accuracy``, ``coverage``. Live-only
-fields: ``backend``, ``budget_bytes``, ``peak_managed_bytes``, ``working_set_bytes`` (peak bytes of live
+fields: ``backend``, ``budget_bytes``, ``memory`` (cuda: the managed limit and the budget in force, and why),
+``peak_managed_bytes``, ``working_set_bytes`` (peak bytes of live
 tensors the runtime saw), ``peak_resident_bytes``, ``iter_s`` (wall seconds per iteration), ``window``
-(``[launch index, window]`` samples), ``errors``, ``degraded``. ``faults`` is null when the backend cannot
+(``[launch index, window]`` samples), ``errors``, ``degraded``, ``rank`` (``{rank, world_size, local_rank,
+source}`` in a rank of a distributed job, else null). ``faults`` is null when the backend cannot
 observe them (cuda without CUPTI); ``expected_faults`` then counts the blocks launches used that our books
 did not have resident.
 """
@@ -39,11 +41,14 @@ def build_report(s) -> dict:
     rep = {
         "uvmprefetch": __version__,
         "backend": s.cfg.backend,
+        "rank": s.rank.as_dict() if getattr(s, "rank", None) is not None else None,
         "policy": s.policy.name,
         "gpu": be.get("gpu", getattr(s.gpu, "name", None)),
         "budget": str(s.cfg.budget) if s.cfg.budget is not None else None,
         "budget_bytes": cap if s.cfg.budget is not None else None,
         "capacity_bytes": cap,
+        # cuda: the shim's managed limit and the budget, each with why it has its value (runtime/memory.py)
+        "memory": s.backend.memory.as_dict() if getattr(s.backend, "memory", None) is not None else None,
         "block_size": s.block_size,
         "observer": {"kind": s.observer, "why_not_native": s.observer_why or None},
         "launches": s.index,
@@ -118,11 +123,12 @@ def summary(rep: dict) -> str:
     planner = ot.get("planner") or {}
     observer = rep["observer"]["kind"] + (" observer, planner never woke: the model fitted" if planner.get("dormant")
                                           and not planner.get("woke") else " observer")
+    budget = rep["budget_bytes"] or (rep.get("memory") or {}).get("budget_bytes")
     lines = [
-        f"uvmprefetch: {rep['backend']} run, policy {rep['policy']}, {rep['launches']} launches, "
-        f"{rep['iterations']} iterations, {observer}" + (" (DEGRADED: prefetcher switched off)" if rep["degraded"]
-                                                         else ""),
-        f"  working set {sz(rep['working_set_bytes'])}, budget {sz(rep['budget_bytes']) if rep['budget_bytes'] else 'none'}"
+        f"uvmprefetch: {rep['backend']} run" + (f" (rank {rep['rank']['rank']})" if rep.get("rank") else "") +
+        f", policy {rep['policy']}, {rep['launches']} launches, {rep['iterations']} iterations, {observer}"
+        + (" (DEGRADED: prefetcher switched off)" if rep["degraded"] else ""),
+        f"  working set {sz(rep['working_set_bytes'])}, budget {sz(budget) if budget else 'none'}"
         f", peak resident {sz(rep['peak_resident_bytes'])}, peak managed {sz(rep['peak_managed_bytes'])}",
         f"  moved {sz(rep['bytes_htod'])} to GPU, {sz(rep['bytes_dtoh'])} to host; faults "
         f"{rep['faults'] if rep['faults'] is not None else 'not observable'}; prefetch accuracy "

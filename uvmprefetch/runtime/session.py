@@ -119,6 +119,9 @@ class Session:
         Validated configuration.
     backend
         Optional backend object (tests); default from ``cfg.backend``.
+    rank
+        This process's ``ranks.Rank`` in a distributed job (None: a single process). The policy is told its
+        ``rank`` and ``world`` before it starts, as in the simulator's several-GPU replay.
     dormant
         With the C++ observer: let the planner sleep until the live bytes reach half the capacity (the default);
         False plans every launch from the start (small models in tests, like a trace does).
@@ -129,10 +132,13 @@ class Session:
         At construction: bad policy/window, no GPU or a missing driver feature for the cuda backend.
     """
 
-    def __init__(self, cfg: RuntimeConfig, backend=None, dormant: bool = True) -> None:
+    def __init__(self, cfg: RuntimeConfig, backend=None, rank=None, dormant: bool = True) -> None:
         self.cfg = cfg
+        self.rank = rank
         self._dormant_ok = dormant
         self.policy = build_policy(cfg)
+        if rank is not None:
+            self.policy.rank, self.policy.world = rank.rank, rank.world_size
         self.backend = backend if backend is not None else make_backend(cfg, self.policy)
         self.block_size = self.backend.block_size
         self.tracker = StorageTracker(self.block_size, virtual=self.backend.virtual_addresses)

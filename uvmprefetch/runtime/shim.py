@@ -16,7 +16,7 @@ from ..errors import ShimError
 from . import native
 
 LIB_NAME = "libuvmshim.so"
-ABI = 1  # must equal UVMSHIM_ABI in uvmshim.c
+ABI = 2  # must equal UVMSHIM_ABI in uvmshim.c
 
 
 def source_dir() -> Path:
@@ -86,6 +86,26 @@ class Stats(ctypes.Structure):
         return {n: int(getattr(self, n)) for n, _ in self._fields_}
 
 
+LIMIT_MODES = {1: "host", 2: "gpu-free", 3: "bytes"}  # enum in uvmshim.c
+
+
+class LimitInfo(ctypes.Structure):
+    """Mirror of ``struct uvmshim_limit``: the managed-memory limit and the figures it came from."""
+
+    _fields_ = [(n, ctypes.c_uint64) for n in (
+        "limit_bytes", "mode", "requested", "device_free", "device_total", "gpu_cap", "host_known", "mem_available",
+        "cgroup_room", "cgroup_version", "host_margin", "host_backed")]
+
+    def as_dict(self) -> dict:
+        """Every field; ``mode`` as its name; ``cgroup_room`` None where no cgroup sets a limit."""
+        d = {n: int(getattr(self, n)) for n, _ in self._fields_}
+        d["mode"] = LIMIT_MODES.get(d["mode"], str(d["mode"]))
+        d["host_known"] = bool(d["host_known"])
+        if d["cgroup_room"] == 2**64 - 1:
+            d["cgroup_room"] = None
+        return d
+
+
 class LaunchRecord(ctypes.Structure):
     """Mirror of ``struct uvmshim_launch``."""
 
@@ -117,6 +137,11 @@ class Shim:
         self.lib.uvmshim_ring_read.restype = ctypes.c_size_t
         self.lib.uvmshim_ring_read.argtypes = [ctypes.POINTER(LaunchRecord), ctypes.c_size_t,
                                                ctypes.POINTER(ctypes.c_uint64)]
+        self.lib.uvmshim_plan_limit.restype = ctypes.c_int
+        self.lib.uvmshim_plan_limit.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_char_p,
+                                                ctypes.POINTER(LimitInfo)]
+        self.lib.uvmshim_parse_limit.restype = ctypes.c_int
+        self.lib.uvmshim_parse_limit.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint64)]
         self.lib.uvmshim_segments.restype = ctypes.c_size_t
         self.lib.uvmshim_segments.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64),
                                               ctypes.c_size_t]
@@ -127,6 +152,34 @@ class Shim:
         s = Stats()
         self.lib.uvmshim_get_stats(ctypes.byref(s))
         return s.as_dict()
+
+    def limit(self) -> dict:
+        """The managed-memory limit in force (``LimitInfo.as_dict``). Fixes it now if no allocation has yet:
+        call it once CUDA is initialised, as the cuda backend does."""
+        out = LimitInfo()
+        self.lib.uvmshim_limit_info(ctypes.byref(out))
+        return out.as_dict()
+
+    def plan_limit(self, device_free: int, device_total: int, spec: str | None) -> dict:
+        """The limit ``spec`` (a ``UVMPREFETCH_MANAGED_LIMIT`` value; None: the default) would give on a device
+        with ``device_free`` of ``device_total`` bytes free (0: unknown), with this machine's host memory.
+
+        Raises
+        ------
+        ShimError
+            ``spec`` is not a valid value.
+        """
+        out = LimitInfo()
+        if not self.lib.uvmshim_plan_limit(device_free, device_total,
+                                           None if spec is None else spec.encode(), ctypes.byref(out)):
+            raise ShimError(f"UVMPREFETCH_MANAGED_LIMIT={spec!r} is not a valid value")
+        return out.as_dict()
+
+    def parse_limit(self, spec: str) -> tuple[str, int] | None:
+        """The shim's own reading of a ``UVMPREFETCH_MANAGED_LIMIT`` value: ``(mode, bytes)``, None if invalid."""
+        n = ctypes.c_uint64(0)
+        mode = self.lib.uvmshim_parse_limit(spec.encode(), ctypes.byref(n))
+        return (LIMIT_MODES[mode], int(n.value) if mode == 3 else 0) if mode else None
 
     def read_launches(self) -> list[LaunchRecord]:
         """Launch records published since the last call (oldest first)."""

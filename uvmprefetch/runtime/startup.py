@@ -13,7 +13,8 @@ starts, only when ``UVMPREFETCH`` is set, so an unset variable costs one environ
 
 Only the process that the user started runs the runtime: it records its pid in ``UVMPREFETCH_OWNER``, and
 its children (DataLoader workers, subprocesses) inherit the variable and stay plain. The shim is removed
-from the children's ``LD_PRELOAD`` too.
+from the children's ``LD_PRELOAD`` too. Under a launcher (torchrun) the launcher does nothing and every rank
+owns its runtime on its own device (``ranks.py``).
 """
 
 from __future__ import annotations
@@ -54,18 +55,16 @@ def hook() -> None:
         os._exit(70)
 
 
+def _argv() -> list[str]:
+    return list(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv])
+
+
 def _is_uvmprefetch_cli() -> bool:
     """Is this process the ``uvmprefetch`` command itself? (it must not observe itself: ``run`` starts the child
-    with the runtime on). ``sys.orig_argv`` is ``[python, options..., script or -m module, args...]``."""
-    argv = list(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv])
-    i = 1
-    while i < len(argv) and argv[i].startswith("-") and argv[i] not in ("-m", "-c", "-"):
-        i += 2 if argv[i] in ("-W", "-X", "-Q") else 1
-    if i >= len(argv):
-        return False
-    if argv[i] == "-m":
-        return i + 1 < len(argv) and argv[i + 1].split(".")[0] == "uvmprefetch"
-    return os.path.basename(argv[i]) == "uvmprefetch"
+    with the runtime on)."""
+    from .ranks import program_of
+    kind, name = program_of(_argv())
+    return (kind == "-m" and name.split(".")[0] == "uvmprefetch") or (kind == "script" and name == "uvmprefetch")
 
 
 def _hook() -> None:
@@ -73,16 +72,23 @@ def _hook() -> None:
     cfg = from_env()
     if not cfg.enabled or _is_uvmprefetch_cli():
         return
-    owner = os.environ.get("UVMPREFETCH_OWNER")
-    if owner and owner != str(os.getpid()):
-        return  # a child of a run: the parent owns the GPU memory books
+    from .ranks import claim, role_of
+    role = role_of(os.environ, os.getpid(), _argv())  # launchers and the children of an owner stay plain
+    if role.note:
+        _say(role.note)
+    if role.kind == "plain":
+        claim(os.environ, os.getpid(), role)
+    if role.kind != "owner":
+        return
     if cfg.backend == "cuda":
         from .device import require_cuda
-        require_cuda()
+        drv = require_cuda()
+        if role.rank is not None and not _rank_has_device(role, drv.devices):
+            return
         from .shim import LIB_NAME, preloaded, remember_preloaded, shim_path
         path = preloaded()
         if path is None:
-            _reexec_with_shim(str(shim_path()))
+            _reexec_with_shim(str(shim_path()), role)
         remember_preloaded(path)
         # children must not inherit the shim (a worker allocating on the GPU would be redirected unbooked)
         parts = [p for p in os.environ.get("LD_PRELOAD", "").replace(":", " ").split()
@@ -91,9 +97,22 @@ def _hook() -> None:
             os.environ["LD_PRELOAD"] = " ".join(parts)
         else:
             os.environ.pop("LD_PRELOAD", None)
-    os.environ["UVMPREFETCH_OWNER"] = str(os.getpid())
+    claim(os.environ, os.getpid(), role)
     from . import enable
     enable(cfg)
+
+
+def _rank_has_device(role, visible: int) -> bool:
+    """A rank whose device cannot be named runs plain (one line), its children too; the other ranks go on."""
+    from ..errors import DeviceError
+    from .ranks import claim, device_index
+    try:
+        device_index(role.rank, visible)
+        return True
+    except DeviceError as e:
+        _say(f"{e}; this rank runs without uvmprefetch")
+        claim(os.environ, os.getpid(), role)
+        return False
 
 
 def alloc_conf_without_expandable(conf: str) -> tuple[str, bool]:
@@ -120,15 +139,16 @@ def alloc_conf_without_expandable(conf: str) -> tuple[str, bool]:
     return ",".join(out), changed
 
 
-def _reexec_with_shim(path: str) -> None:
+def _reexec_with_shim(path: str, role) -> None:
+    from .ranks import claim
     env = dict(os.environ)
     env["LD_PRELOAD"] = " ".join(filter(None, [path, env.get("LD_PRELOAD", "")]))
-    env["UVMPREFETCH_OWNER"] = str(os.getpid())  # execve keeps the pid
+    claim(env, os.getpid(), role)  # execve keeps the pid
     conf, changed = alloc_conf_without_expandable(env.get("PYTORCH_CUDA_ALLOC_CONF", ""))
     if changed:
         _say("expandable segments switched off (they allocate through driver calls the shim cannot see)")
     env["PYTORCH_CUDA_ALLOC_CONF"] = conf
-    argv = list(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv])
+    argv = _argv()
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, *argv[1:]], env)

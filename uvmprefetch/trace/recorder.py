@@ -131,7 +131,7 @@ def scan_op(func, args, kwargs, out, device_type: str):
     """
     if _torch is None:
         _init_torch()
-    Tensor, strided, dstr = _torch.Tensor, _STRIDED, _DTYPE_STR
+    Tensor, strided, dstr, tensor_types = _torch.Tensor, _STRIDED, _DTYPE_STR, _TENSOR_TYPES
     acc, key = [], []
     has_bool = False
     mutable = _mutable_args(func)
@@ -149,7 +149,10 @@ def scan_op(func, args, kwargs, out, device_type: str):
                         s = dstr[d] = str(d)[6:]
                     key.append((tuple(x.shape), s))
                     if x.layout == strided and x.device.type == device_type:
-                        acc.append((x, mode))
+                        if type(x) in tensor_types:
+                            acc.append((x, mode))
+                        else:
+                            _subclass_accesses(x, mode, acc)
                 elif isinstance(x, (bool, int)):
                     key.append(x)
                     if x is True or x is False:
@@ -158,12 +161,32 @@ def scan_op(func, args, kwargs, out, device_type: str):
     _leaves(out, buf)
     for x in buf:
         if isinstance(x, Tensor) and x.layout == strided and x.device.type == device_type:
-            acc.append((x, WRITE))
+            if type(x) in tensor_types:
+                acc.append((x, WRITE))
+            else:
+                _subclass_accesses(x, WRITE, acc)
     key = tuple(key)
     ckey = (func, key)
     if has_bool:
         ckey = (func, tuple(("b", x) if x is True or x is False else x for x in key))
     return acc, key, ckey
+
+
+def _subclass_accesses(x, mode: int, acc: list) -> None:
+    """The accesses of a tensor subclass: a wrapper subclass (``DTensor``: FSDP2's parameters, their gradients
+    and optimizer states) owns no memory of its own (its storage has no data pointer); the op runs on its inner
+    tensors (``__tensor_flatten__``), which are what it touches."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+    if not is_traceable_wrapper_subclass(x):
+        acc.append((x, mode))  # a plain subclass: its own storage
+        return
+    for name in x.__tensor_flatten__()[0]:  # (torch 2.13's DTensor also names its DeviceMesh here)
+        inner = getattr(x, name, None)
+        if isinstance(inner, _torch.Tensor) and inner.layout == _STRIDED and inner.device.type == x.device.type:
+            if type(inner) in _TENSOR_TYPES:
+                acc.append((inner, mode))
+            else:
+                _subclass_accesses(inner, mode, acc)
 
 
 def accesses_of(func, args, kwargs, out, device_type: str) -> list:
