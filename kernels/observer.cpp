@@ -218,6 +218,24 @@ bool passes_through(const OpInfo* info) {
     return info->autocast && !tls_is_dispatch_key_excluded(cuda ? K::AutocastCUDA : K::AutocastCPU);
 }
 
+// A tensor subclass with __torch_dispatch__ (DTensor: FSDP2's parameters, gradients and optimizer states) owns
+// no memory of its own; its handler runs the op on its inner tensors, and those calls are what touch memory. So an
+// op with such an argument is not taken as the launch: the calls its handler makes are (the Python observer
+// instead flattens the subclass into its inner tensors and records one launch).
+bool has_python_subclass(c10::ArrayRef<const c10::IValue> in) {
+    for (const auto& v : in) {
+        if (v.isTensor()) {
+            const auto& t = v.toTensor();
+            if (t.defined() && t.key_set().has(c10::DispatchKey::Python)) return true;
+        } else if (v.isList()) {
+            for (const auto& e : v.toListRef())
+                if (e.isTensor() && e.toTensor().defined() && e.toTensor().key_set().has(c10::DispatchKey::Python))
+                    return true;
+        }
+    }
+    return false;
+}
+
 uint8_t current_phase() {
     if (g_optimizer.load(std::memory_order_relaxed)) return uvm::kOptimizer;
     return bool(torch::autograd::get_current_node()) ? uvm::kBackward : uvm::kForward;
@@ -606,7 +624,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     if (p.owner != nullptr || g_state.load(std::memory_order_relaxed) != kActive) return nullptr;
     try {
         const OpInfo* info = op_info(fn);
-        if (info == nullptr || passes_through(info)) return nullptr;
+        if (info == nullptr || passes_through(info) || has_python_subclass(fn.inputs())) return nullptr;
         p.owner = &fn;
         p.info = info;
         // With the Python key excluded (torch.tensor(data) builds its tensor so, no_dispatch()) a dispatch mode

@@ -184,3 +184,39 @@ def test_an_exception_inside_the_observer_switches_it_off_and_the_op_is_untouche
     finally:
         lib.lib.uvmobs_test_fail_after(-1)
         lib.stop()
+
+
+def test_a_wrapper_subclass_is_seen_through_its_inner_tensors(lib):
+    # A __torch_dispatch__ subclass that owns no memory (as DTensor does for FSDP2) runs each op on its inner
+    # tensor: the C++ observer records those inner calls, with the inner tensor's bytes.
+    from torch.utils._pytree import tree_map
+
+    class Wrapper(torch.Tensor):
+        @staticmethod
+        def __new__(cls, inner):
+            return torch.Tensor._make_wrapper_subclass(cls, inner.shape, dtype=inner.dtype, device=inner.device)
+
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __tensor_flatten__(self):
+            return ["inner"], None
+
+        @classmethod
+        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+            unwrap = lambda x: x.inner if isinstance(x, Wrapper) else x  # noqa: E731
+            out = func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {}))
+            return tree_map(lambda x: Wrapper(x) if isinstance(x, torch.Tensor) else x, out)
+
+    inner = torch.arange(16.0)
+    w = Wrapper(inner)
+    lib.drain_ops()
+    lib.start("cpu", True)
+    try:
+        w.mul_(2)
+    finally:
+        lib.stop()
+    got = native_ops(lib, lib.drain_ops())
+    assert [op[0] for op in got] == ["aten::mul_.Tensor"]
+    assert got[0][3][0][:3] == (inner.untyped_storage().data_ptr(), 0, 64)  # the inner tensor's 64 bytes
+    assert torch.equal(inner, torch.arange(16.0) * 2)
