@@ -53,8 +53,8 @@ OBSERVER = Library("observer", "observer", "libuvmobserver.so",
                    ("observer.cpp", "cpu_alloc.cpp", "gate.cpp", "uvmring.h", "uvmevents.h", "uvmobs.h", "blake2b.h",
                     "Makefile"), torch=True, compiler_var="CXX")
 # Sources that need CUDA headers and libc10_cuda.so join the observer library when both exist (Makefile:
-# OBS_CUDA_SRCS); their names go here so that they are part of the key.
-OBSERVER_CUDA_INPUTS: tuple[str, ...] = ()
+# OBS_CUDA_SRCS): the caching allocator's trace tracker. Their names go here so that they are part of the key.
+OBSERVER_CUDA_INPUTS: tuple[str, ...] = ("alloc_tracker.cpp",)
 
 
 def source_dir() -> Path:
@@ -99,9 +99,13 @@ def torch_facts() -> dict:
     facts = {"torch": torch.__version__, "abi": int(bool(torch._C._GLIBCXX_USE_CXX11_ABI)),
              "include": ext.include_paths()[0], "lib": lib, "cuda_include": ""}
     if OBSERVER_CUDA_INPUTS and os.path.isfile(os.path.join(lib, "libc10_cuda.so")):
-        for cand in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
-            if cand and os.path.isfile(os.path.join(cand, "include", "cuda_runtime_api.h")):
-                facts["cuda_include"] = os.path.join(cand, "include")
+        # where the CUDA runtime headers are (tests/alloc_tracker_build.py looks in the same places)
+        site = os.path.dirname(os.path.dirname(torch.__file__))
+        cands = [os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "include"), "/usr/local/cuda/include"]
+        cands += [os.path.join(site, "nvidia", d, "include") for d in ("cu13", "cuda_runtime")]
+        for cand in cands:
+            if all(os.path.exists(os.path.join(cand, f)) for f in ("cuda_runtime_api.h", "crt/host_config.h")):
+                facts["cuda_include"] = cand
                 break
     return facts
 
@@ -269,7 +273,7 @@ def _make(lib: Library, src: Path, out: Path, facts: dict) -> None:
     if lib.torch:
         cmd += [f"TORCH_INCLUDE={facts['include']}", f"TORCH_LIB={facts['lib']}", f"ABI={facts['abi']}"]
         if facts.get("cuda_include"):
-            cmd.append(f"CUDA_INCLUDE={facts['cuda_include']}")
+            cmd += [f"CUDA_INCLUDE={facts['cuda_include']}", f"TORCH_VERSION={facts['torch']}"]
     if not os.path.isdir(facts.get("include", "/")):
         raise NativeBuildError(f"torch's C++ headers are missing ({facts['include']}): a torch wheel without "
                                "headers cannot build the observer")
