@@ -15,6 +15,8 @@
 #   bench/gpu/run_all.sh discard3  # one command for a 15-minute lease: the discard probe, discard2's diagnose,
 #                                  # then correctness --discard over 10 iterations (~7-8 min; the last step may be cut)
 #   bench/gpu/run_all.sh dist      # torchrun, one rank, NCCL, DDP on GPT-2 small under a budget (<= ~4 min)
+#   bench/gpu/run_all.sh runtime   # the C++ observer: tests/gpu/test_native_observer_cuda.py, then runtime_cost.py
+#                                  # (GPT-2 medium fits, GPT-2 large at 1.5x; ~7 min with the setup, at most ~8.5)
 #   bench/gpu/run_all.sh tracker   # the allocator tracker on real allocator events (tests/gpu/test_alloc_tracker_gpu.py,
 #                                  # ~1-2 min with the setup; needs no runtime integration)
 #   bench/gpu/run_all.sh discards  # discards.py: GPT-2 large at 1.5x and 2x, discards on and off, 7 iterations
@@ -181,6 +183,18 @@ discard3)
     discard_diagnose
     step correctness-discard 150 "$PY" bench/gpu/correctness.py --discard --iters 10 --timeout 45 --out "$RES/discard"
     [ -n "${OUT:-}" ] && cp "$RES/discard/correctness.json" "$OUT/correctness-discard.json" 2>/dev/null
+    save
+    ;;
+runtime)
+    # the C++ observer, planner and mover threads (docs/runtime.md, "Threads"): events on CUDA against the dispatch
+    # mode and a real gated wait, then the overhead when the model fits and the cost at 1.5x (baseline cases)
+    setup
+    mkdir -p "$RES/runtime"
+    step tests-gpu-observer 90 "$PY" -m pytest -q -p no:cacheprovider tests/gpu/test_native_observer_cuda.py -rs
+    save
+    numba_warm
+    step runtime-cost 360 "$PY" bench/gpu/runtime_cost.py --time-limit 330 --out "$RES/runtime"
+    [ -n "${OUT:-}" ] && cp "$RES/runtime/runtime_cost.json" bench/baselines/gpu.json "$OUT/" 2>/dev/null
     save
     ;;
 tracker)
