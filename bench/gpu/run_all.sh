@@ -281,10 +281,11 @@ dry-run)
     step fidelity 300 "$PY" bench/gpu/fidelity.py --dry-run --from "$RES/oversub.json"
     step distributed 300 "$PY" bench/gpu/distributed.py --dry-run
     step alternatives 600 "$PY" bench/gpu/alternatives.py --dry-run
+    step runtime-cost 600 "$PY" bench/gpu/runtime_cost.py --dry-run --rounds 1 --time-limit 580
     "$PY" bench/gpu/summarize.py --dry-run | tail -n 12
     ;;
 *)
-    echo "usage: bench/gpu/run_all.sh next|part1|part2|part2b|part3|discard|discard2|discard3|dist|tracker|discards|alternatives|alternatives-2x|fidelity|summary|dry-run" >&2
+    echo "usage: bench/gpu/run_all.sh next|part1|part2|part2b|part3|discard|discard2|discard3|dist|runtime|tracker|discards|alternatives|alternatives-2x|fidelity|summary|dry-run" >&2
     exit 2
     ;;
 esac
