@@ -34,6 +34,7 @@
 #include <torch/version.h>
 
 #include <chrono>
+#include <thread>
 #include <cstring>
 #include <exception>
 #include <mutex>
@@ -63,6 +64,7 @@ uvm::Ring<OpRec, 17> g_ring;  // 131072 records (5 MiB)
 enum State : int { kOff = 0, kDormant = 1, kActive = 2, kFailed = 3 };
 std::atomic<int> g_state{kOff};
 std::atomic<bool> g_optimizer{false};
+std::thread::id g_main_thread;  // the thread that started the observer (the training loop's, in most programs)
 std::atomic<bool> g_timing{false};
 std::atomic<int64_t> g_fail_after{-1};  // tests: throw inside the callback once this many ops were recorded
 c10::DeviceType g_dev = c10::DeviceType::CPU;
@@ -238,7 +240,11 @@ bool has_python_subclass(c10::ArrayRef<const c10::IValue> in) {
 
 uint8_t current_phase() {
     if (g_optimizer.load(std::memory_order_relaxed)) return uvm::kOptimizer;
-    return bool(torch::autograd::get_current_node()) ? uvm::kBackward : uvm::kForward;
+    // backward: while the engine evaluates a node, and while a backward pass runs on this thread outside any node
+    // (its final callbacks: DDP's and FSDP2's gradient reductions)
+    return bool(torch::autograd::get_current_node()) || torch::autograd::get_current_graph_task_id() != -1
+               ? uvm::kBackward
+               : uvm::kForward;
 }
 
 // --------------------------------------------------------------------------------------- the op in progress
@@ -596,7 +602,8 @@ void finish(Pending& p, const at::RecordFunction& fn) {
     uint64_t fbits;
     std::memcpy(&fbits, &f, sizeof f);
     out[0] = OpRec{uvm::next_seq(), exec_id(p.info, p.key),
-                   uint64_t(p.info->id) | uint64_t(p.phase) << 32 | uint64_t(nl + nf) << 40 | uint64_t(uvm::kHead) << 56,
+                   uint64_t(p.info->id) | uint64_t(p.phase) << 32 | uint64_t(nl + nf) << 40 |
+                       uint64_t(std::this_thread::get_id() != g_main_thread) << 48 | uint64_t(uvm::kHead) << 56,
                    p.ranges.size() + nl + nf};
     out[1] = OpRec{fbits, nbytes, uint64_t(p.flop_dtype < 0 ? 0 : p.flop_dtype) | uint64_t(uvm::kHead2) << 56,
                    uint64_t(p.gate.late) | uint64_t(p.gate.fault) << 32};
@@ -733,6 +740,7 @@ UVM_EXPORT int uvmobs_start(int device_type, int active) {
                 g_state.store(g_full ? kDormant : kOff);
             }
             g_dev = device_type == 1 ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
+            g_main_thread = std::this_thread::get_id();
             if (g_full == 0) {
                 g_full = at::addGlobalCallback(at::RecordFunctionCallback(&on_start, &on_end)
                                                    .needsInputs(true)

@@ -17,7 +17,8 @@ namespace uvm {
 enum RecKind : uint8_t { kHead = 1, kHead2 = 2, kRange = 3, kMark = 4, kGate = 5 };
 
 // HEAD:  a = seq (uvm::next_seq() when the op returned), b = execution id,
-//        c = op id (32 bits) | phase << 32 | GATE records << 40 | kHead << 56,  d = RANGE + GATE records
+//        c = op id (32 bits) | phase << 32 | GATE records << 40 | other thread << 48 | kHead << 56,
+//        d = RANGE + GATE records (other thread: not the one that started the observer)
 // HEAD2: a = FLOPs (double bits), b = bytes moved (each range once, twice when read and written),
 //        c = flop dtype (0 fp32, 1 bf16, 2 fp16) | gate flags << 8 | kHead2 << 56,
 //        d = late blocks (32 bits: in flight when the op was issued) | fault blocks << 32 (neither resident nor

@@ -40,7 +40,7 @@ def reference_op(func, args, kwargs, out, in_optimizer: bool, device_type: str):
     acc, key, ckey = scan_op(func, args, kwargs, out, device_type)
     if not acc:
         return None
-    backward = torch._C._current_autograd_node() is not None
+    backward = torch._C._current_autograd_node() is not None or torch._C._current_graph_task_id() != -1
     phase = "optimizer" if in_optimizer else "backward" if backward else "forward"
     if phase == "optimizer" and all(t.dim() == 0 for t, _ in acc):
         return None

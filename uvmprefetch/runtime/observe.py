@@ -191,6 +191,7 @@ def make_mode(session):
     from torch.utils._python_dispatch import TorchDispatchMode
 
     current_node = torch._C._current_autograd_node
+    graph_task = torch._C._current_graph_task_id
     clock = time.perf_counter
 
     class UvmPrefetchMode(TorchDispatchMode):
@@ -200,7 +201,8 @@ def make_mode(session):
             t1 = clock()
             if session.active and launches_kernel(func):
                 try:
-                    backward = current_node() is not None
+                    # a node being evaluated, or a backward pass's final callbacks (DDP's, FSDP2's reductions)
+                    backward = current_node() is not None or graph_task() != -1
                     session.on_op(func, args, kwargs, out, backward)
                 except Exception as e:  # noqa: BLE001 - the prefetcher never kills training
                     session.fail("observer", e)

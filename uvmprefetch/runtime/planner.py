@@ -266,7 +266,11 @@ class Planner:
             accesses[k] = accesses.get(k, 0) | ((c[j] >> 48) & 0xF)
         if self._note_seq is not None:
             self._note_seq(a[i])
-        s.launch(self.lib.op_name(c[i] & 0xFFFFFFFF), b[i], phase, accesses, f[i + 1], DTYPES[c[i + 1] & 0xFF])
+        # A forward-phase op on another thread than the training loop's (a communication library's worker:
+        # gloo's copies while FSDP2 all-gathers during the backward pass) says nothing about where iterations end.
+        infer = phase != "forward" or not (c[i] >> 48) & 1
+        s.launch(self.lib.op_name(c[i] & 0xFFFFFFFF), b[i], phase, accesses, f[i + 1], DTYPES[c[i + 1] & 0xFF],
+                 infer=infer)
         if self._fail_after >= 0 and s.index >= self._fail_after:
             raise RuntimeError("injected planner failure (UVMPREFETCH_TEST_FAIL=planner)")
 

@@ -409,10 +409,12 @@ class Session:
         self.builder.alloc(s.nbytes, kind)
         self._alloc_seen += 1
 
-    def launch(self, name: str, exec_id: int, phase: str, accesses: dict, flops: float, dtype: str) -> None:
+    def launch(self, name: str, exec_id: int, phase: str, accesses: dict, flops: float, dtype: str,
+               infer: bool = True) -> None:
         """One launch with its ``accesses`` ({(Storage, offset, length): mode}) to the backend, the trace and the
-        counts; the caller holds the lock. Each distinct byte range becomes block ids once."""
-        if self.iter_ends.ends_before(phase):  # no torch.optim step seen (runtime/iterations.py)
+        counts; the caller holds the lock. Each distinct byte range becomes block ids once. ``infer``: the launch
+        may end an iteration by its phase (runtime/iterations.py)."""
+        if infer and self.iter_ends.ends_before(phase):  # no torch.optim step seen (runtime/iterations.py)
             self._end_iteration()
             if not self.active:
                 return
