@@ -15,6 +15,8 @@
 #   bench/gpu/run_all.sh discard3  # one command for a 15-minute lease: the discard probe, discard2's diagnose,
 #                                  # then correctness --discard over 10 iterations (~7-8 min; the last step may be cut)
 #   bench/gpu/run_all.sh dist      # torchrun, one rank, NCCL, DDP on GPT-2 small under a budget (<= ~4 min)
+#   bench/gpu/run_all.sh runtime   # the C++ observer: tests/gpu/test_native_observer_cuda.py, then runtime_cost.py
+#                                  # (GPT-2 medium fits, GPT-2 large at 1.5x; ~7 min with the setup, at most ~8.5)
 #   bench/gpu/run_all.sh tracker   # the allocator tracker on real allocator events (tests/gpu/test_alloc_tracker_gpu.py,
 #                                  # ~1-2 min with the setup; needs no runtime integration)
 #   bench/gpu/run_all.sh discards  # discards.py: GPT-2 large at 1.5x and 2x, discards on and off, 7 iterations
@@ -190,6 +192,18 @@ discard3)
     [ -n "${OUT:-}" ] && cp "$RES/discard/correctness.json" "$OUT/correctness-discard.json" 2>/dev/null
     save
     ;;
+runtime)
+    # the C++ observer, planner and mover threads (docs/runtime.md, "Threads"): events on CUDA against the dispatch
+    # mode and a real gated wait, then the overhead when the model fits and the cost at 1.5x (baseline cases)
+    setup
+    mkdir -p "$RES/runtime"
+    step tests-gpu-observer 90 "$PY" -m pytest -q -p no:cacheprovider tests/gpu/test_native_observer_cuda.py -rs
+    save
+    numba_warm
+    step runtime-cost 360 "$PY" bench/gpu/runtime_cost.py --time-limit 330 --out "$RES/runtime"
+    [ -n "${OUT:-}" ] && cp "$RES/runtime/runtime_cost.json" bench/baselines/gpu.json "$OUT/" 2>/dev/null
+    save
+    ;;
 tracker)
     setup
     step tests-gpu-tracker 240 "$PY" -m pytest -q -p no:cacheprovider tests/gpu/test_alloc_tracker_gpu.py -rs
@@ -275,10 +289,11 @@ dry-run)
     step fidelity 300 "$PY" bench/gpu/fidelity.py --dry-run --from "$RES/oversub.json"
     step distributed 300 "$PY" bench/gpu/distributed.py --dry-run
     step alternatives 600 "$PY" bench/gpu/alternatives.py --dry-run
+    step runtime-cost 600 "$PY" bench/gpu/runtime_cost.py --dry-run --rounds 1 --time-limit 580
     "$PY" bench/gpu/summarize.py --dry-run | tail -n 12
     ;;
 *)
-    echo "usage: bench/gpu/run_all.sh next|part1|part2|part2b|part3|discard|discard2|discard3|dist|tracker|discards|alternatives|alternatives-2x|fidelity|summary|dry-run" >&2
+    echo "usage: bench/gpu/run_all.sh next|part1|part2|part2b|part3|discard|discard2|discard3|dist|runtime|tracker|discards|alternatives|alternatives-2x|fidelity|summary|dry-run" >&2
     exit 2
     ;;
 esac
