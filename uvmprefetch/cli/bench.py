@@ -15,8 +15,10 @@ examples:
   uvmprefetch bench gpt2l.uvmt bert.uvmt --policies demand,oracle --oversub 1.5,2
   uvmprefetch bench --gpu a100-pcie --out /tmp/bench --json > results.json
   uvmprefetch bench --update-baseline                       # the figures the README quotes
-  uvmprefetch bench --gpu h100-pcie-cal --host live-sync --no-discard --policies demand,deepum,uvmprefetch,oracle \
-      --oversub 1.5,2,3 --update-baseline                   # the setting closest to a live GPU run
+  uvmprefetch bench --gpu h100-pcie-cal --host live-sync --no-discard --evict uvm \
+      --policies demand,deepum,uvmprefetch,oracle --oversub 1.5,2,3 --update-baseline   # closest to a live GPU run
+  uvmprefetch bench --gpu h100-pcie-cal --host live-sync --no-discard --policies demand,uvmprefetch,oracle \
+      --oversub 1.5,2,3                                     # the same with the copy path (--evict auto, the default)
   uvmprefetch bench --policies capuchin,tmof,uvmprefetch --oversub 1.5,2 --gpus 4   # 4 GPUs, one host link
   uvmprefetch bench --policies demand,g10,flashneuron,oracle --ssd pcie4-nvme --gpu-set host_capacity_bytes=8e9
 """
