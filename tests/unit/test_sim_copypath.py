@@ -194,14 +194,15 @@ def test_auto_takes_the_path_the_policy_names():
 
 
 def test_host_costs_of_the_copy_calls():
-    """``copy_call_s`` 5 us per call and ``copy_discard_block_s`` 10 us per discarded block: L0's decision issues 4
-    calls (copy, discard, repopulate, copy-in) and discards 2 blocks; the host waited for the GPU at the iteration's
-    end (``sync_iterations``), so the launch is issued at 40 us, e0 = 40 us + d;
-    L1's 40 us fall inside L0. With ``discard_waits_for_copy`` the thread waits for each decision's copy-out: L0
+    """``copy_call_s`` 5 us per copy or repopulate call, ``copy_discard_call_s`` 8 us per discard call and
+    ``copy_discard_block_s`` 6 us per discarded block: L0's decision issues 3 such calls (copy-out, repopulate,
+    copy-in) and one discard of 2 blocks: 15 + 8 + 12 = 35 us; the host waited for the GPU at the iteration's end
+    (``sync_iterations``), so the launch is issued at 35 us, e0 = 35 us + d;
+    L1's 35 us fall inside L0. With ``discard_waits_for_copy`` the thread waits for each decision's copy-out: L0
     starts at CO, L1 at e0 + CO, and B (back at e0 + 2 CO + DI + RE + CO) is there before L1 ends: e2 = 3 d + 2 CO."""
-    _, ends = run(D, "copy", host=HostModel(blocking_evict=True, copy_call_s=5e-6, copy_discard_block_s=10e-6,
-                                            sync_iterations=True))
-    assert ends == pytest.approx([D + 40e-6, 2 * D + 40e-6, 3 * D + 40e-6], rel=1e-12)
+    _, ends = run(D, "copy", host=HostModel(blocking_evict=True, copy_call_s=5e-6, copy_discard_call_s=8e-6,
+                                            copy_discard_block_s=6e-6, sync_iterations=True))
+    assert ends == pytest.approx([D + 35e-6, 2 * D + 35e-6, 3 * D + 35e-6], rel=1e-12)
     r, ends = run(D, "copy", host=HostModel(discard_waits_for_copy=True, sync_iterations=True))
     assert ends == pytest.approx([D + CO, 2 * D + 2 * CO, 3 * D + 2 * CO], rel=1e-12)
     assert r["host_blocked_s"] == pytest.approx(2 * CO + CO, rel=1e-12)  # (the warm-up's copy-out of C too)

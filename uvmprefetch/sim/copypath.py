@@ -112,6 +112,61 @@ def copy_eligible(trace, layout, ineligible: tuple = ()) -> np.ndarray:
     return np.cumsum(cover[:n]) == 0
 
 
+def from_microbench(mb: dict) -> dict:
+    """The copy path's GPU-profile and host-model fields measured by ``bench/gpu/evict_microbench.py``: ``mb`` is one
+    device's ``microbench`` object of ``bench/baselines/gpu.json`` (its ``evict/...`` entries). Returns ``{"gpu":
+    {field: value}, "host": {field: value}, "missing": [field, ...]}``; a field whose entry is absent or was not
+    measured is listed in ``missing`` and left out. Per-block figures are per 2 MiB block (the default block)."""
+    gpu: dict = {}
+    host: dict = {}
+    us = 1e-6
+
+    def largest(points):
+        ok = [p for p in points or () if p.get("gb_s")]
+        return max(ok, key=lambda p: p["size_bytes"]) if ok else None
+
+    co = mb.get("evict/copy_out") or {}
+    out, back = largest(co.get("managed_to_pinned")), largest(co.get("pinned_to_managed"))
+    if out and back:
+        gpu["copy_dtoh_bw"], gpu["copy_htod_bw"] = out["gb_s"] * 1e9, back["gb_s"] * 1e9
+        small = min(co["managed_to_pinned"], key=lambda p: p["size_bytes"])
+        if small.get("gpu_us") is not None:
+            gpu["copy_call_s"] = max(0.0, small["gpu_us"] * us - small["size_bytes"] / gpu["copy_dtoh_bw"])
+        if small.get("host_us") is not None:
+            host["copy_call_s"] = small["host_us"] * us
+    disc = mb.get("evict/discard") or {}
+    ranges = disc.get("ranges") or {}
+    for field, key, into in (("discard_call_s", "per_call_us", gpu), ("discard_block_s", "per_block_us", gpu),
+                             ("copy_discard_call_s", "host_per_call_us", host),
+                             ("copy_discard_block_s", "host_per_block_us", host)):
+        if ranges.get(key) is not None:
+            into[field] = max(0.0, ranges[key] * us)
+    waits = (disc.get("behind_copy") or {}).get("waits_for_copy")
+    if waits is not None:
+        host["discard_waits_for_copy"] = bool(waits)
+    fits = []  # (GPU time at the largest size, per call, per block) of each way to repopulate
+    for variant in ("prefetch", "discard_and_prefetch"):
+        pts = [p for p in ((mb.get("evict/copy_in") or {}).get(variant) or {}).get("points") or ()
+               if (p.get("repopulate") or {}).get("gpu_us") is not None]
+        if pts:
+            k = np.array([p["size_bytes"] / (2 << 20) for p in pts])
+            t = np.array([p["repopulate"]["gpu_us"] * us for p in pts])
+            slope, icpt = np.polyfit(k, t, 1) if np.unique(k).size > 1 else (float(t[0] / k[0]), 0.0)
+            fits.append((float(t[np.argmax(k)]), max(0.0, float(icpt)), max(0.0, float(slope))))
+    if fits:
+        _, gpu["repopulate_call_s"], gpu["repopulate_block_s"] = min(fits)
+    rem = mb.get("evict/remote") or {}
+    if rem.get("stayed_remote"):
+        for field, key in (("remote_access_bw", "read"), ("remote_write_bw", "write")):
+            if (rem.get(key) or {}).get("gb_s"):
+                gpu[field] = rem[key]["gb_s"] * 1e9
+    wanted = ("copy_dtoh_bw", "copy_htod_bw", "copy_call_s", "discard_call_s", "discard_block_s", "repopulate_call_s",
+              "repopulate_block_s", "remote_access_bw", "remote_write_bw")
+    host_wanted = ("copy_call_s", "copy_discard_call_s", "copy_discard_block_s", "discard_waits_for_copy")
+    missing = [f for f in wanted if f not in gpu] + [f"host {f}" for f in host_wanted if f not in host]
+    return {"gpu": gpu, "host": host, "missing": missing}
+
+
 class CopyPath:
     """The copy path's state and methods, as part of ``GpuModel`` (blocks' residency, the link, the room, the
     metrics ``m``)."""
@@ -300,13 +355,15 @@ class CopyPath:
     # ------------------------------------------------------------------------------------------ host
     def _copy_mark(self) -> tuple:
         m = self.m
-        return m["copy_calls"] + m["discard_calls"] + m["repopulate_calls"], m["copy_discard_blocks"], self._copy_out_end
+        return (m["copy_calls"] + m["repopulate_calls"], m["discard_calls"], m["copy_discard_blocks"],
+                self._copy_out_end)
 
     def _copy_host(self, host, mark: tuple, now: float, h: float) -> tuple[float, float]:
         """The host's cost of the copy-path calls one decision issued (since ``mark``): returns (now, h)."""
-        calls, blocks, out_end = self._copy_mark()
-        h += (calls - mark[0]) * host.copy_call_s + (blocks - mark[1]) * host.copy_discard_block_s
-        if host.discard_waits_for_copy and out_end > mark[2]:
+        calls, discards, blocks, out_end = self._copy_mark()
+        h += ((calls - mark[0]) * host.copy_call_s + (discards - mark[1]) * host.copy_discard_call_s
+              + (blocks - mark[2]) * host.copy_discard_block_s)
+        if host.discard_waits_for_copy and out_end > mark[3]:
             if out_end > max(h, now):
                 self.m["host_blocked_s"] += out_end - max(h, now)
             h = max(h, out_end)

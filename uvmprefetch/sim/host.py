@@ -23,10 +23,11 @@ class HostModel:
     ``sync_iterations``: at each iteration's end the host waits for the GPU to finish (a training loop that reads
     its loss, ``loss.item()``), so no lead the host built up in one iteration carries into the next.
 
-    The copy path (``--evict copy|auto``; ``blocking_evict`` does not apply to it): ``copy_call_s`` per call it issues
-    for a decision (copy, discard, repopulate: asynchronous, the issue cost only), ``copy_discard_block_s`` per block
-    such a discard drops, and with ``discard_waits_for_copy`` the host waits until the copy-outs it queued have ended
-    (a discard queued behind its copy-out that returns only when the copy is done).
+    The copy path (``--evict copy|auto``; ``blocking_evict`` does not apply to it): ``copy_call_s`` per copy or
+    repopulate call it issues for a decision (asynchronous: the issue cost only), ``copy_discard_call_s`` per discard
+    call and ``copy_discard_block_s`` per block such a discard drops, and with ``discard_waits_for_copy`` the host
+    waits until the copy-outs it queued have ended (a discard queued behind its copy-out that returns only when the
+    copy is done).
     """
 
     launch_s: float = 0.0
@@ -37,11 +38,13 @@ class HostModel:
     blocking_evict: bool = False
     sync_iterations: bool = False
     copy_call_s: float = 0.0
+    copy_discard_call_s: float = 0.0
     copy_discard_block_s: float = 0.0
     discard_waits_for_copy: bool = False
 
     def __post_init__(self) -> None:
-        for f in ("launch_s", "decision_s", "decision_scale", "discard_block_s", "copy_call_s", "copy_discard_block_s"):
+        for f in ("launch_s", "decision_s", "decision_scale", "discard_block_s", "copy_call_s",
+                  "copy_discard_call_s", "copy_discard_block_s"):
             v = getattr(self, f)
             if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0):
                 raise ConfigError(f"host model: {f} must be a number >= 0, got {v!r}")
@@ -58,7 +61,7 @@ HOST_PRESETS = {
     # measured ``evict/copy_out`` managed_to_pinned host_us at 2 MiB and ``evict/discard`` ranges host_per_call_us /
     # host_per_block_us and behind_copy.waits_for_copy.
     "live-sync": HostModel(launch_s=10e-6, measure_decision=True, blocking_evict=True, discard_block_s=159e-6,
-                           sync_iterations=True, copy_call_s=5e-6),
+                           sync_iterations=True, copy_call_s=5e-6, copy_discard_call_s=5e-6),
 }
 
 
