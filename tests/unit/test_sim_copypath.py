@@ -29,6 +29,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from test_sim_properties import SETTINGS, Chaos, traces, widest
+from test_sim_ssd_tier import Scripted
 
 from uvmprefetch.cli import main
 from uvmprefetch.errors import ConfigError
@@ -57,22 +58,12 @@ DI = RE = 20e-6 + 2 * 2e-6
 BLOCKING = HostModel(blocking_evict=True)
 
 
-class Script(Policy):
-    """Decisions by launch index: ``plan[i]`` = Decision fields (lists of block ids, ``evict_path`` too)."""
-    name = "script"
-
-    def __init__(self, plan):
-        super().__init__()
-        self.plan = plan
-
-    def on_launch(self, info, state):
-        d = self.plan.get(info.index)
-        if d is None:
-            return None
-        return Decision(**{k: np.array(v, dtype=np.int8 if k == "evict_path" else np.int64) for k, v in d.items()})
+def dec(**kw):
+    """A Decision from lists of block ids (``evict_path``: ``EvictPath`` values)."""
+    return Decision(**{k: np.array(v, dtype=np.int8 if k == "evict_path" else np.int64) for k, v in kw.items()})
 
 
-PLAN = {2: dict(evict=[4, 5]), 3: dict(evict=[2, 3], prefetch=[4, 5]), 4: dict(evict=[0, 1], prefetch=[2, 3])}
+PLAN = {2: dec(evict=[4, 5]), 3: dec(evict=[2, 3], prefetch=[4, 5]), 4: dec(evict=[0, 1], prefetch=[2, 3])}
 
 
 def golden_trace(d):
@@ -92,7 +83,7 @@ def golden_trace(d):
 
 def run(d, evict, plan=PLAN, host=BLOCKING, **kw):
     """Replay the golden scenario; returns (result, ends of L0, L1, L2 measured from the warm-up's end)."""
-    r = replay(golden_trace(d), Script(plan), GPU, capacity_bytes=8 * MiB, host=host, evict=evict, check=True,
+    r = replay(golden_trace(d), Scripted(plan), GPU, capacity_bytes=8 * MiB, host=host, evict=evict, check=True,
                timeline=True, **kw)
     comp = r["timeline"]["compute"]
     t0 = comp[2][1]
@@ -143,7 +134,7 @@ def test_clean_block_with_a_current_mirror_is_only_discarded():
     model's dirty tracking): e2 = e1 + d; with ``writeback_clean`` (the driver has no dirty tracking) both blocks are
     written back and the thread waits: e2 = e1 + 2 TD + d."""
     plan = dict(PLAN)
-    plan[5] = dict(evict=[4, 5])
+    plan[5] = dec(evict=[4, 5])
     r, ends = run(D, "copy", plan)
     assert ends[2] == pytest.approx(3 * D, rel=1e-12)
     assert r["discard_only_evictions"] == 2 and r["copy_evictions"] == 6 and r["copy_out_bytes"] == 12 * MiB
@@ -156,13 +147,13 @@ def test_clean_block_with_a_current_mirror_is_only_discarded():
 def test_a_launch_waits_for_its_copy_in_without_fault_latency():
     """No prefetch: L0 reads C, which is only in its mirror. The block comes back gated: room first (the driver's
     victim A, copied out: 0 .. CO + DI), then repopulate + copy-in (.. + RE + CO); no fault batch. e0 = that + d."""
-    plan = {2: dict(evict=[4, 5])}
+    plan = {2: dec(evict=[4, 5])}
     b = TraceBuilder()
     a, bb, c = (b.alloc(4 * MiB, "activation") for _ in range(3))
     for name, x in (("w0", c), ("w1", a), ("w2", bb)):
         b.launch(name, [(x, 0, 4 * MiB, WRITE)], duration=D)
     b.launch("l0", [(c, 0, 4 * MiB, READ)], duration=D)
-    r = replay(b.build(), Script(plan), GPU, capacity_bytes=8 * MiB, host=BLOCKING, evict="copy", check=True,
+    r = replay(b.build(), Scripted(plan), GPU, capacity_bytes=8 * MiB, host=BLOCKING, evict="copy", check=True,
                timeline=True)
     comp = r["timeline"]["compute"]
     assert comp[3][1] - comp[2][1] == pytest.approx(CO + DI + RE + CO + D, rel=1e-12)
@@ -184,11 +175,11 @@ def test_auto_takes_the_path_the_policy_names():
     """``auto``: the decision at L0 names UVM for B (``evict_path``), the others take the policy's default (COPY):
     B is written back and holds the thread (e0 = 2 TD + d); A leaves by the copy path inside L1."""
     plan = dict(PLAN)
-    plan[3] = dict(evict=[2, 3], evict_path=[EvictPath.UVM, EvictPath.UVM], prefetch=[4, 5])
+    plan[3] = dec(evict=[2, 3], evict_path=[EvictPath.UVM, EvictPath.UVM], prefetch=[4, 5])
     r, (e0, e1, e2) = run(D, "auto", plan)
     assert e0 == pytest.approx(2 * TD + D, rel=1e-9) and e1 == pytest.approx(e0 + D, rel=1e-9)
     assert (r["writebacks"], r["copy_evictions"]) == (2, 4)
-    plan[3] = dict(evict=[2, 3], evict_path=[EvictPath.UVM], prefetch=[4, 5])
+    plan[3] = dec(evict=[2, 3], evict_path=[EvictPath.UVM], prefetch=[4, 5])
     with pytest.raises(ConfigError, match="evict_path has 1 entries for 2 evict blocks"):
         run(D, "auto", plan)
 
@@ -240,9 +231,9 @@ def test_prefer_host_restores_the_mirror():
     """PREFER_HOST for C while C is only in its mirror: kernels will read the managed range on the host, so the
     mirror goes back into it (``mirror_restores``) and L1 reads C over the link: no copy-in, no fault, L1 takes
     d + 4 MiB / 50e9 (remote reads at the link's bandwidth)."""
-    plan = {2: dict(evict=[4, 5])}
+    plan = {2: dec(evict=[4, 5])}
 
-    class Far(Script):
+    class Far(Scripted):
         def on_launch(self, info, state):
             if info.index == 3:
                 return Decision(advise=((np.array([4, 5]), Advice.PREFER_HOST),))

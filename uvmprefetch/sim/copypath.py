@@ -34,7 +34,7 @@ import numpy as np
 from ..errors import ConfigError, SimError
 from ..policy.base import EvictPath
 from ..trace.format import KIND, KINDS
-from .link import fifo_finish
+from .link import clear_flags, fifo_finish
 
 EVICT_MODES = ("uvm", "copy", "auto")
 
@@ -339,11 +339,7 @@ class CopyPath:
     # ------------------------------------------------------------------------------------------- mirrors
     def _unmirror(self, b: np.ndarray) -> None:
         """``b``'s mirrors no longer hold current data (written on the GPU, dead, or handed to UVM)."""
-        h = b[self.mirrored[b]]
-        if h.size:
-            h = np.unique(h)
-            self.mirrored[h] = False
-            self.n_mirrored -= h.shape[0]
+        self.n_mirrored -= clear_flags(self.mirrored, b)
 
     def _restore_mirrors(self, b: np.ndarray) -> None:
         """``PREFER_HOST`` for ``b``: kernels will read the managed range on the host, so a mirrored block off the
