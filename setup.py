@@ -1,5 +1,5 @@
 """Only what pyproject.toml cannot say: install the start-up hook ``uvmprefetch-startup.pth`` into site-packages
-(and, in a wheel, the shim's C source as ``uvmprefetch/_kernels/``).
+(and, in a wheel, the native sources under ``kernels/`` as ``uvmprefetch/_kernels/``).
 
 Python runs ``import`` lines of ``*.pth`` files in site-packages at start-up; ours costs one environment lookup
 when ``UVMPREFETCH`` is unset and enables the runtime when it is set (``uvmprefetch/runtime/startup.py``).
@@ -22,12 +22,14 @@ class build_py_with_startup_hook(build_py):
             target = self.get_finalized_command("install").install_lib
         else:
             target = self.build_lib
-            # a wheel has no kernels/ folder: ship the shim's source inside the package (runtime/shim.py
-            # looks for uvmprefetch/_kernels/ when ../kernels/ is absent) so `shim-path` can build it
+            # a wheel has no kernels/ folder: ship the native sources inside the package (runtime/native.py
+            # looks for uvmprefetch/_kernels/ when ../kernels/ is absent) so that the shim and the C++ observer
+            # can be built on first use
             self.mkpath(os.path.join(target, "uvmprefetch", "_kernels"))
-            for name in ("uvmshim.c", "Makefile"):
-                self.copy_file(os.path.join("kernels", name), os.path.join(target, "uvmprefetch", "_kernels", name),
-                               preserve_mode=0)
+            for name in sorted(os.listdir("kernels")):
+                if name == "Makefile" or name.endswith((".c", ".cpp", ".h")):
+                    self.copy_file(os.path.join("kernels", name),
+                                   os.path.join(target, "uvmprefetch", "_kernels", name), preserve_mode=0)
         self.copy_file(PTH, os.path.join(target, os.path.basename(PTH)), preserve_mode=0)
 
 

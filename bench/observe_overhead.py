@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""Per-op cost of the live runtime's observation (issue 5 overhead target), measured on the CPU under the
-dryrun backend: a small GPT-2 training step, plain vs ``uvmprefetch.runtime.enable(backend='dryrun')``.
+"""Per-op cost of the Python observer (the dispatch mode the runtime falls back to where the C++ observer
+cannot be built), measured on the CPU under the dryrun backend: a small GPT-2 training step, plain vs
+``uvmprefetch.runtime.enable(backend='dryrun', observer='python')``. The C++ observer's cost is measured by
+``bench/runtime_overhead.py``.
 
 Two kinds of figures:
 
@@ -122,7 +124,7 @@ def breakdown(step, policy: str, budget: str, steps: int) -> dict:
     drain = S.Session._drain_frees
     S.Session._drain_frees = _timer(ns["frees"], drain)
     try:
-        sess = rt.enable(backend="dryrun", budget=budget, policy=policy, report=None, trace=None)
+        sess = rt.enable(backend="dryrun", budget=budget, policy=policy, report=None, trace=None, observer="python")
         for h in POLICY_HOOKS:
             setattr(sess.policy, h, _timer(ns["policy"], getattr(sess.policy, h)))
         sess.backend.launch = _timer(ns["backend"], sess.backend.launch)
@@ -237,7 +239,7 @@ def main() -> int:
            "torch": torch.__version__, "model": vars(args), "ops_per_step": n_ops, "plain_step_s": plain,
            "policies": {}}
     for pol in args.policies.split(","):
-        sess = rt.enable(backend="dryrun", budget=args.budget, policy=pol, report=None, trace=None)
+        sess = rt.enable(backend="dryrun", budget=args.budget, policy=pol, report=None, trace=None, observer="python")
         step()
         i0 = sess.index
         t = statistics.median(step_times(step, args.steps))

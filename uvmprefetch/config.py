@@ -34,6 +34,8 @@ VARIABLES: dict[str, str] = {
     "UVMPREFETCH_GPU": "dryrun only: the simulated GPU profile, e.g. h100-pcie (default)",
     "UVMPREFETCH_MOVER": "cuda only: sync (default: moves issued from the training thread) or thread "
                          "(prefetches and evictions from a mover thread; experimental)",
+    "UVMPREFETCH_OBSERVER": "auto (default: the C++ observer, built on first use, where it can be; else the Python "
+                            "dispatch mode), native (stop when the C++ observer cannot be used) or python",
     "UVMPREFETCH_DISCARD": "0/false/off (default: a policy's discards of dead blocks are issued as evictions, "
                            "which keep the data; dryrun models the same) or 1/true/on (cuda: "
                            "cudaMemDiscardBatchAsync where the caching allocator holds nothing; experimental: GPT-2 "
@@ -44,6 +46,7 @@ VARIABLES: dict[str, str] = {
                                  "snapshot before every discarding launch: strict, ~3 ms each on GPT-2 large)",
 }
 MOVERS = ("thread", "sync")
+OBSERVERS = ("auto", "native", "python")
 LIMIT_MODES = ("host", "gpu-free")
 
 
@@ -120,9 +123,12 @@ class RuntimeConfig:
     mover: str = "sync"
     discard: bool = False  # issue discards (else dead blocks are evicted: slower, never loses data); dryrun alike
     discard_audit: bool = False  # cuda: a snapshot before every discarding launch (runtime/discard_guard.py)
+    observer: str = "auto"  # which observer sees the ops: runtime/native_observer.py or runtime/observe.py
     managed_limit: ManagedLimit = ManagedLimit()  # read by the shim itself; here validated and reported
 
     def __post_init__(self) -> None:
+        if self.observer not in OBSERVERS:
+            raise _bad("UVMPREFETCH_OBSERVER", self.observer)
         if self.mover not in MOVERS:
             raise _bad("UVMPREFETCH_MOVER", self.mover)
         if self.backend not in BACKENDS:
@@ -138,7 +144,7 @@ class RuntimeConfig:
                "UVMPREFETCH_LOG": self.log, "UVMPREFETCH_GPU": self.gpu,
                "UVMPREFETCH_WINDOW": "auto" if self.window is None else str(self.window),
                "UVMPREFETCH_MOVER": self.mover, "UVMPREFETCH_DISCARD": "1" if self.discard else "0",
-               "UVMPREFETCH_DISCARD_AUDIT": "1" if self.discard_audit else "0",
+               "UVMPREFETCH_DISCARD_AUDIT": "1" if self.discard_audit else "0", "UVMPREFETCH_OBSERVER": self.observer,
                "UVMPREFETCH_MANAGED_LIMIT": self.managed_limit.env_value()}
         if self.budget is not None:
             env["UVMPREFETCH_BUDGET"] = (str(self.budget.nbytes) if self.budget.nbytes is not None
@@ -315,7 +321,10 @@ def from_env(environ=None, *, check_policy: bool = True) -> RuntimeConfig:
         raise _bad("UVMPREFETCH_MOVER", get("UVMPREFETCH_MOVER"))
     discard = parse_bool("UVMPREFETCH_DISCARD", get("UVMPREFETCH_DISCARD"))
     discard_audit = parse_bool("UVMPREFETCH_DISCARD_AUDIT", get("UVMPREFETCH_DISCARD_AUDIT"))
+    observer = get("UVMPREFETCH_OBSERVER", "auto").strip().lower() or "auto"
+    if observer not in OBSERVERS:
+        raise _bad("UVMPREFETCH_OBSERVER", get("UVMPREFETCH_OBSERVER"))
     return RuntimeConfig(enabled=enabled, backend=backend, budget=budget, policy=policy, window=window, mover=mover,
-                         discard=discard, discard_audit=discard_audit, managed_limit=managed_limit,
+                         discard=discard, discard_audit=discard_audit, observer=observer, managed_limit=managed_limit,
                          report=_parse_path("UVMPREFETCH_REPORT", get("UVMPREFETCH_REPORT")),
                          trace=_parse_path("UVMPREFETCH_TRACE", get("UVMPREFETCH_TRACE")), log=log, gpu=gpu)

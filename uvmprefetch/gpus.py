@@ -41,6 +41,18 @@ class GpuProfile:
     ssd_write_bw: float = 0.0  # SSD sequential write bandwidth, bytes/s; 0 = ssd_bw
     ssd_latency_s: float = 0.0  # per SSD request batch (one Decision's or one fault batch's SSD reads/writes)
     host_capacity_bytes: int = 0  # host memory for evicted GPU data; 0 = unlimited
+    # The copy path (docs/simulator.md "Eviction paths"): copy-out of GPU-resident managed memory into a pinned host
+    # mirror + discard, and back by repopulate + copy-in, beside UVM's eviction. copy_dtoh_bw = 0 turns it off (the
+    # default: the literature profiles' UVM eviction already runs at the link's speed). Each field names the entry
+    # of bench/baselines/gpu.json ``microbench`` (bench/gpu/evict_microbench.py) that is to replace it.
+    copy_dtoh_bw: float = 0.0  # pinned D2H copy from GPU-resident managed memory: evict/copy_out managed_to_pinned gb_s
+    copy_htod_bw: float = 0.0  # pinned H2D copy into GPU-resident managed memory: evict/copy_out pinned_to_managed gb_s
+    copy_call_s: float = 0.0  # GPU time per copy call beyond its bytes: evict/copy_out 2 MiB gpu_us - 2 MiB / bw
+    discard_call_s: float = 0.0  # GPU time of one discard call: evict/discard ranges per_call_us
+    discard_block_s: float = 0.0  # ... and per block it discards: evict/discard ranges per_block_us
+    repopulate_call_s: float = 0.0  # prefetch to the GPU of a discarded range (no bytes move): evict/copy_in
+    repopulate_block_s: float = 0.0  # ... per block (prefetch points' repopulate gpu_us against size, line fit)
+    remote_write_bw: float = 0.0  # zero-copy writes of a PREFER_HOST block by a kernel; 0 = remote_access_bw's
     calibrated: str = ""  # "" = starting values from the literature; else date + script that measured them
     sources: str = ""
 
@@ -51,7 +63,9 @@ class GpuProfile:
         for f in ("fault_batch_latency_s", "launch_overhead_s", "remote_access_bw"):
             if getattr(self, f) < 0:
                 raise ConfigError(f"gpu profile {self.name}: {f} must be >= 0, got {getattr(self, f)!r}")
-        for f in ("ssd_bw", "ssd_write_bw", "ssd_latency_s", "host_capacity_bytes"):
+        for f in ("ssd_bw", "ssd_write_bw", "ssd_latency_s", "host_capacity_bytes", "remote_write_bw", "copy_dtoh_bw",
+                  "copy_htod_bw", "copy_call_s", "discard_call_s", "discard_block_s", "repopulate_call_s",
+                  "repopulate_block_s"):
             v = getattr(self, f)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise ConfigError(f"gpu profile {self.name}: {f} must be a finite number >= 0, got {v!r}")
@@ -60,11 +74,19 @@ class GpuProfile:
             if on:
                 raise ConfigError(f"gpu profile {self.name}: {', '.join(on)} set but ssd_bw is 0 (the SSD tier is "
                                   f"off); set ssd_bw too, e.g. --gpu-set ssd_bw=7e9 or --ssd pcie4-nvme")
+        if (self.copy_dtoh_bw > 0) != (self.copy_htod_bw > 0):
+            raise ConfigError(f"gpu profile {self.name}: the copy path needs both copy_dtoh_bw and copy_htod_bw "
+                              f"(got {self.copy_dtoh_bw!r} and {self.copy_htod_bw!r}; 0 for both turns it off)")
         for f in ("matmul_efficiency", "memory_efficiency"):
             if not 0 < getattr(self, f) <= 1:
                 raise ConfigError(f"gpu profile {self.name}: {f} must be in (0, 1], got {getattr(self, f)!r}")
         if not self.flops or any(v <= 0 for v in self.flops.values()):
             raise ConfigError(f"gpu profile {self.name}: flops must map dtypes to positive FLOP/s")
+
+    @property
+    def copy_path(self) -> bool:
+        """True when the profile models the copy path (``copy_dtoh_bw > 0``)."""
+        return self.copy_dtoh_bw > 0
 
     @property
     def ssd_tier(self) -> bool:
@@ -149,10 +171,16 @@ PROFILES["h200"] = dataclasses.replace(
 # docs/simulator.md, "Calibrated profile", has the table; bench/results/gpu-20261123/README.md the runs.
 # ``h100-sxm-cal``: the same costs with the SXM5 compute, i.e. the board that was measured (bench/gpu/fidelity.py
 # replays live H100 runs with it).
+# The copy path on the lent H100 and H200 (``COPY_PATH``, both boards): pinned cudaMemcpy ran at 55 GB/s each way
+# there (DESIGN.md §6; measured with plain device memory, not yet from GPU-resident managed memory). The per-call
+# costs are assumptions until bench/gpu/evict_microbench.py has run on a GPU: the field comments in GpuProfile
+# name the ``microbench`` entry that replaces each.
+COPY_PATH = dict(copy_dtoh_bw=55 * GB, copy_htod_bw=55 * GB, copy_call_s=10e-6, discard_call_s=20e-6,
+                 discard_block_s=2e-6, repopulate_call_s=20e-6, repopulate_block_s=2e-6)
 for _base in ("h100-pcie", "h100-sxm"):
     PROFILES[f"{_base}-cal"] = dataclasses.replace(
         PROFILES[_base], name=f"{_base}-cal", link_htod_bw=50 * GB, link_dtoh_bw=7.5 * GB,
-        fault_batch_size=17, fault_batch_latency_s=330e-6,
+        fault_batch_size=17, fault_batch_latency_s=330e-6, **COPY_PATH,
         sources=PROFILES[_base].sources + "; link and fault costs measured on an H100 (bench/results/calibrate.json)",
         calibrated="2026-11-23 bench/gpu/calibrate.py on NVIDIA H100 80GB HBM3 (driver 580.159.04), fitted by hand",
     )
@@ -167,7 +195,7 @@ for _base in ("h100-pcie", "h100-sxm"):
 #   2 MiB-1 GiB within -19..+25 %; to the GPU 49 GB/s for >= 128 MiB (within 0.1 %).
 PROFILES["h200-cal"] = dataclasses.replace(
     PROFILES["h200"], name="h200-cal", link_htod_bw=49 * GB, link_dtoh_bw=9 * GB,
-    fault_batch_size=17, fault_batch_latency_s=280e-6,
+    fault_batch_size=17, fault_batch_latency_s=280e-6, **COPY_PATH,
     sources=PROFILES["h200"].sources + "; link and fault costs measured on an H200 (bench/results/gpu-20261127/)",
     calibrated="2026-11-27 bench/gpu/calibrate.py on NVIDIA H200 (driver 580.159.04), fitted by hand",
 )

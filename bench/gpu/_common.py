@@ -42,7 +42,8 @@ EXIT_CHECK_FAILED = 1
 # baseline into a managed run).
 RUNTIME_VARS = ("UVMPREFETCH", "UVMPREFETCH_BUDGET", "UVMPREFETCH_POLICY", "UVMPREFETCH_WINDOW",
                 "UVMPREFETCH_REPORT", "UVMPREFETCH_TRACE", "UVMPREFETCH_BACKEND", "UVMPREFETCH_LOG", "UVMPREFETCH_GPU",
-                "UVMPREFETCH_MOVER", "UVMPREFETCH_DISCARD", "UVMPREFETCH_DISCARD_AUDIT", "UVMPREFETCH_MANAGED_LIMIT")
+                "UVMPREFETCH_MOVER", "UVMPREFETCH_DISCARD", "UVMPREFETCH_DISCARD_AUDIT", "UVMPREFETCH_MANAGED_LIMIT",
+                "UVMPREFETCH_OBSERVER", "UVMPREFETCH_TEST_FAIL")
 
 # The shared-GPU rule (DESIGN.md section 5): the GPUs these scripts run on are shared, and asking one for more
 # managed memory than it has free can hang it. So every child process gets the shim's old cap, the GPU's free
@@ -517,3 +518,14 @@ def geomean(xs: list[float]) -> float:
 
 def which(prog: str) -> str | None:
     return shutil.which(prog)
+
+
+def host_available_bytes() -> int | None:
+    """``MemAvailable`` of ``/proc/meminfo`` in bytes (None where it cannot be read)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None

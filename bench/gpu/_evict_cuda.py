@@ -124,12 +124,21 @@ class Cuda:
         self._allocs.append(("cudaFreeHost", p))
         return p, np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(p))
 
-    def close(self) -> None:
-        """Wait for the stream, then free everything (errors ignored: this runs after a failure too)."""
+    def mark(self) -> int:
+        """The allocations made so far: ``free_since(mark)`` frees those made after this point."""
+        return len(self._allocs)
+
+    def free_since(self, mark: int) -> None:
+        """Wait for the stream, then free what was allocated after ``mark``, newest first (errors ignored: this
+        runs after a failure too)."""
         self.rt.cudaStreamSynchronize(self.stream)
-        while self._allocs:
+        while len(self._allocs) > mark:
             fn, p = self._allocs.pop()
             getattr(self.rt, fn)(p)
+
+    def close(self) -> None:
+        """Wait for the stream, then free everything (errors ignored: this runs after a failure too)."""
+        self.free_since(0)
         for ev in (self.e0, self.e1):
             self.rt.cudaEventDestroy(ev)
         self.rt.cudaStreamDestroy(self.stream)

@@ -139,8 +139,11 @@ class FakeRuntime:
         """Wait in real time until the virtual clock reaches ``v``. A late wake-up (a busy CPU) is taken off the
         virtual clock: there, the caller resumes when the GPU finishes."""
         target = v + self._emulated
+        began = time.perf_counter()
         _wait_real(target)
-        self._emulated += max(0.0, time.perf_counter() - target)
+        # (lateness counts from the target or from the call, whichever is later: a wait for a time already
+        # passed, an idle stream's say, must not take the whole past off the clock)
+        self._emulated += max(0.0, time.perf_counter() - max(target, began))
 
     def emulate(self, fn, *args):
         """Run CPU work that stands for GPU work (copies, fills, sums) off the virtual clock."""

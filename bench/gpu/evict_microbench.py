@@ -621,16 +621,6 @@ def truth_checks(parts: dict, t: dict) -> list[C.Check]:
 
 # ------------------------------------------------------------------------------------------------------- main
 
-def host_available_bytes() -> int | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
 def parse_sizes(text: str) -> list[int]:
     from uvmprefetch.errors import ConfigError
     from uvmprefetch.units import parse_size
@@ -684,7 +674,7 @@ def main(argv=None) -> int:
         free, total = cuda.mem_get_info()
         budget = int(free * args.max_fraction)
         cap = (budget - 2 * MB2) // 2  # the managed arena (+2 MiB to align it) and a device buffer as large
-        host = host_available_bytes()
+        host = C.host_available_bytes()
         if host:
             cap = min(cap, host // 4 // 3)  # three pinned buffers of the arena's size, <= 1/4 of available RAM
         cap = cap // MB2 * MB2

@@ -120,6 +120,8 @@ def host_per_launch(report) -> list:
     hook = C.report_get(report, "backend_result.host_time") or {}
     if not n or not ot:
         return ["-", "-", "-"]
+    if ot.get("observer") == "native":  # the C++ observer: its callbacks' time; the hook runs on the planner
+        return ["-", ot.get("callback_us_per_launch") or "-", "-"]
     return [ot["op_s"] / n * 1e6, ot["after_op_s"] / n * 1e6,
             hook["hook_s"] / n * 1e6 if "hook_s" in hook else "-"]
 

@@ -4,7 +4,7 @@
 # run them on the device machine, never on a machine whose Python others use.
 #
 #   bench/gpu/run_all.sh next      # the next GPU session's first command: its measurements, most decisive
-#                                  # first, each step under its own limit (below; ~2 min today, at most ~6)
+#                                  # first, each step under its own limit (below; ~4 min today, at most ~9)
 #   bench/gpu/run_all.sh part1     # calibrate + tests/gpu + correctness           (~6 min, at most ~9)
 #   bench/gpu/run_all.sh part2     # 1.5x: oversub --trace (managed, uvmprefetch, deepum) + fidelity --from
 #                                  # oversub, without and with the live-sync host clock (~8 min, at most ~9.5)
@@ -15,6 +15,8 @@
 #   bench/gpu/run_all.sh discard3  # one command for a 15-minute lease: the discard probe, discard2's diagnose,
 #                                  # then correctness --discard over 10 iterations (~7-8 min; the last step may be cut)
 #   bench/gpu/run_all.sh dist      # torchrun, one rank, NCCL, DDP on GPT-2 small under a budget (<= ~4 min)
+#   bench/gpu/run_all.sh runtime   # the C++ observer: tests/gpu/test_native_observer_cuda.py, then runtime_cost.py
+#                                  # (GPT-2 medium fits, GPT-2 large at 1.5x; ~7 min with the setup, at most ~8.5)
 #   bench/gpu/run_all.sh tracker   # the allocator tracker on real allocator events (tests/gpu/test_alloc_tracker_gpu.py,
 #                                  # ~1-2 min with the setup; needs no runtime integration)
 #   bench/gpu/run_all.sh discards  # discards.py: GPT-2 large at 1.5x and 2x, discards on and off, 7 iterations
@@ -137,6 +139,13 @@ next)
     # 1. issue 33 step 1: copy-out + discard + copy-in against UVM eviction, remote access (~1 min, at most ~5)
     step evict-microbench 330 "$PY" bench/gpu/evict_microbench.py --out "$NEXT" --time-limit 280
     keep_next evict_microbench.json
+    # 2. issue 38: the four standard traces replayed with touch kernels at 1/8 of their size, 1.5x, demand and
+    #    uvmprefetch under the live runtime, each with the simulator's prediction (~2.5 min, at most 3.5: it
+    #    records the traces, ~30 s, and compiles the policy, ~1 min on a fresh machine, first; no case starts
+    #    after 150 s, so the smaller traces go first). Written into $OUT after every case: a cut keeps them.
+    step replay-gpu 210 "$PY" bench/gpu/replay_gpu.py resnet-152 bert-large vit-large gpt2-large --scale 1/8 \
+        --oversub 1.5 --policies demand,uvmprefetch --time-limit 150 --case-timeout 45 --out "${OUT:-$NEXT}"
+    keep_next replay_gpu.json
     ;;
 part1)
     setup
@@ -181,6 +190,18 @@ discard3)
     discard_diagnose
     step correctness-discard 150 "$PY" bench/gpu/correctness.py --discard --iters 10 --timeout 45 --out "$RES/discard"
     [ -n "${OUT:-}" ] && cp "$RES/discard/correctness.json" "$OUT/correctness-discard.json" 2>/dev/null
+    save
+    ;;
+runtime)
+    # the C++ observer, planner and mover threads (docs/runtime.md, "Threads"): events on CUDA against the dispatch
+    # mode and a real gated wait, then the overhead when the model fits and the cost at 1.5x (baseline cases)
+    setup
+    mkdir -p "$RES/runtime"
+    step tests-gpu-observer 90 "$PY" -m pytest -q -p no:cacheprovider tests/gpu/test_native_observer_cuda.py -rs
+    save
+    numba_warm
+    step runtime-cost 360 "$PY" bench/gpu/runtime_cost.py --time-limit 330 --out "$RES/runtime"
+    [ -n "${OUT:-}" ] && cp "$RES/runtime/runtime_cost.json" bench/baselines/gpu.json "$OUT/" 2>/dev/null
     save
     ;;
 tracker)
@@ -260,6 +281,7 @@ summary)
 dry-run)
     RES=out/gpu-dryrun
     step evict-microbench 120 "$PY" bench/gpu/evict_microbench.py --dry-run --quiet
+    step replay-gpu 300 "$PY" bench/gpu/replay_gpu.py --dry-run --quiet
     step calibrate 120 "$PY" bench/gpu/calibrate.py --dry-run --quiet
     step correctness 300 "$PY" bench/gpu/correctness.py --dry-run
     step overhead 300 "$PY" bench/gpu/overhead.py --dry-run --rounds 1
@@ -267,10 +289,11 @@ dry-run)
     step fidelity 300 "$PY" bench/gpu/fidelity.py --dry-run --from "$RES/oversub.json"
     step distributed 300 "$PY" bench/gpu/distributed.py --dry-run
     step alternatives 600 "$PY" bench/gpu/alternatives.py --dry-run
+    step runtime-cost 600 "$PY" bench/gpu/runtime_cost.py --dry-run --rounds 1 --time-limit 580
     "$PY" bench/gpu/summarize.py --dry-run | tail -n 12
     ;;
 *)
-    echo "usage: bench/gpu/run_all.sh next|part1|part2|part2b|part3|discard|discard2|discard3|dist|tracker|discards|alternatives|alternatives-2x|fidelity|summary|dry-run" >&2
+    echo "usage: bench/gpu/run_all.sh next|part1|part2|part2b|part3|discard|discard2|discard3|dist|runtime|tracker|discards|alternatives|alternatives-2x|fidelity|summary|dry-run" >&2
     exit 2
     ;;
 esac

@@ -1,9 +1,9 @@
 """Turn the GPU validation results (a run folder's ``*.json``) into one Markdown summary.
 
 Reads whichever of calibrate.json, correctness.json, overhead.json, oversub.json, fidelity.json,
-distributed.json and alternatives.json exist in ``--results`` and writes ``gpu-summary.md`` beside them (or
-to ``--md``): one line per script with its device, date, verdict and headline figure, then each script's
-own table and checks. Needs no GPU.
+distributed.json, alternatives.json and replay_gpu.json exist in ``--results`` and writes ``gpu-summary.md``
+beside them (or to ``--md``): one line per script with its device, date, verdict and headline figure, then each
+script's own table and checks. Needs no GPU.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import _common as C
 
-SCRIPTS = ["calibrate", "correctness", "overhead", "oversub", "fidelity", "distributed", "alternatives"]
+SCRIPTS = ["calibrate", "correctness", "overhead", "oversub", "fidelity", "distributed", "alternatives", "replay_gpu"]
 
 
 def _pct(x) -> str:
@@ -52,6 +52,10 @@ def headline(name: str, r: dict) -> str:
         if name == "alternatives":
             return "; ".join(f"@{o}x: " + ", ".join(f"{m} {t:.3g} s" for t, m in sorted(v))
                              for o, v in _trained(r).items()) + f" (plain, no cap: {r['plain_s']:.3g} s/iter)"
+        if name == "replay_gpu":
+            m = r.get("median_abs_error")
+            return (f"{len(r['cases'])} trace replays, median |error| of the simulator's prediction {m:.1%} "
+                    f"(target +-20%); profile {r['profile']}") if m is not None else "no case replayed"
     except (KeyError, TypeError, ZeroDivisionError) as e:
         return f"(result incomplete: {type(e).__name__}: {e})"
     return ""

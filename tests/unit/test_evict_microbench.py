@@ -9,7 +9,6 @@ baseline writing are the ones a GPU run executes.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,14 +23,11 @@ sys.path.insert(0, str(GPU))
 
 from _evict_cuda import MB2, Cuda, CudaError  # noqa: E402
 from _evict_fake import TRUTH, FakeKernels, FakeRuntime  # noqa: E402
+from _scripts import run_script  # noqa: E402
 
 
 def _run(*args: str, timeout: float = 600.0) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("UVMPREFETCH")}
-    env["CUDA_VISIBLE_DEVICES"] = ""
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
-    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    return run_script(SCRIPT, *args, timeout=timeout)
 
 
 def _checks(res: dict) -> dict:

@@ -18,7 +18,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 GPU = REPO / "bench" / "gpu"
-SCRIPTS = ["calibrate", "correctness", "overhead", "oversub", "fidelity", "diagnose", "distributed"]
+SCRIPTS = ["calibrate", "correctness", "overhead", "oversub", "fidelity", "diagnose", "distributed", "replay_gpu",
+           "runtime_cost"]
 sys.path.insert(0, str(GPU))
 
 
@@ -176,6 +177,26 @@ def test_overhead_dry_run(tmp_path):
     assert timing and timing[0]["ok"] is None  # CPU timings: the 3 % target does not apply
     _skip_if_runtime_missing(res)
     assert res["passed"], proc.stdout[-3000:]
+
+
+@pytest.mark.slow
+def test_runtime_cost_dry_run(tmp_path):
+    """The C++ observer's GPU script on the CPU: both cases run under the runtime with the C++ observer (the
+    fitting one dormant, the oversubscribed one planning), losses bit-equal to plain, cases in the baseline."""
+    base = tmp_path / "gpu.json"
+    proc = _run([str(GPU / "runtime_cost.py"), "--dry-run", "--rounds", "1", "--out", str(tmp_path),
+                 "--baseline", str(base), "--time-limit", "1000"])
+    res = _result(tmp_path, "runtime_cost", proc)
+    assert res["passed"], proc.stdout[-3000:]
+    runs = {r["case"]: r for r in _runtime_runs(res)}
+    assert {r["report"]["observer"]["kind"] for r in runs.values()} == {"native"}
+    assert runs["fits-uvm-0"]["report"]["observe_time"]["planner"]["woke"] is None  # fits: the planner slept
+    assert runs["over-uvm"]["report"]["launches"] > 0 and runs["over-uvm"]["report"]["bytes_dtoh"] > 0
+    entry = next(iter(json.loads(base.read_text()).values()))
+    cases = {c["name"]: c for c in entry["cases"]}
+    assert set(cases) == {"native-fits-gpt2-mini", "native-oversub-gpt2-mini-1.5x"}
+    assert all(c["losses_bit_equal_plain"] is True for c in cases.values())
+    assert cases["native-oversub-gpt2-mini-1.5x"]["host_us_per_launch"] > 0
 
 
 def test_diagnose_dry_run_runs_each_policy_spec(tmp_path):

@@ -248,11 +248,12 @@ class ReferenceSession(Session):
             self.index += 1
 
 
-def _run_session(cls):
+def _run_session(cls, observer="python"):  # (the Python observer's fast path against its reference)
     torch.manual_seed(0)
     model, opt, loss_fn = gpt2_step()
     backend = RecordingBackend()
-    s = cls(RuntimeConfig(enabled=True, backend="dryrun", policy="demand"), backend=backend).start()
+    cfg = RuntimeConfig(enabled=True, backend="dryrun", policy="demand", observer=observer)
+    s = cls(cfg, backend=backend, dormant=False).start()
     try:
         for _ in range(2):
             loss_fn().backward()

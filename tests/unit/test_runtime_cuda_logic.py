@@ -731,3 +731,36 @@ def test_audit_overlap_search_matches_a_pairwise_check():
             if h >= 0:
                 assert found[h] in want
     check()
+
+
+def test_the_gates_observations_reach_the_policy_instead_of_the_books_guess():
+    """With the C++ observer the gate says, per op, which blocks were still in flight (late) and which faulted;
+    the policy sees the late ones in flight during ``on_launch`` and gets the faulted ones in ``on_fault``, even
+    where the books believed otherwise (they count a prefetch resident as soon as it is issued)."""
+    seen = {}
+
+    class Watch(Scripted):
+        def on_launch(self, info, state):
+            seen.setdefault("in_flight", []).append(np.flatnonzero(state.in_flight).tolist())
+            return super().on_launch(info, state)
+
+        def on_fault(self, info, blocks):
+            seen.setdefault("faults", []).append(blocks.tolist())
+    be = backend(Watch([]), 8, [(BASE, 8 * BS)])
+    be.launch(info(0, be, BASE, 3 * BS))  # blocks 0..2: first touch, the books say they fault
+    assert seen["faults"] == [[0, 1, 2]] and seen["in_flight"] == [[]]
+    be.note_gate(late=[(BASE >> 21) + 1], fault=[(BASE >> 21) + 2, 0x7777])  # block 0x7777: never seen, ignored
+    be.launch(info(1, be, BASE, 3 * BS))  # the books say resident; the gate saw 1 in flight and 2 faulting
+    assert seen["in_flight"][1] == [1] and seen["faults"][1] == [2]
+    assert not be.res.in_flight.any()  # the view was the gate's for that launch only
+
+
+def test_a_gap_in_the_observers_records_forgets_every_death():
+    # a full ring dropped records: a launch that reused a dead block may be among them, so no block counted
+    # dead before the gap may be discarded after it
+    be = backend(Scripted([]), 8, [(BASE, 8 * BS)])
+    be.launch(info(0, be, BASE, 4 * BS))
+    be.free(np.array([(BASE >> 21) + 1, (BASE >> 21) + 2]))
+    assert be.dead[[1, 2]].all()
+    be.gap()
+    assert not be.dead.any()

@@ -1,6 +1,6 @@
-"""Observation on the CPU: the dispatcher mode sees forward, backward and optimizer launches with their
-accesses, storage deaths reach ``on_free``, the address layout reuses memory like a caching allocator, and a
-failing backend never breaks the user's program."""
+"""Observation on the CPU, by both observers (the C++ one with its planner thread, and the Python dispatch mode):
+forward, backward and optimizer launches are seen with their accesses, storage deaths reach ``on_free``, the
+address layout reuses memory like a caching allocator, and a failing backend never breaks the user's program."""
 
 import numpy as np
 import pytest
@@ -51,9 +51,23 @@ class RecordingBackend:
         pass
 
 
-def session(backend, **kw):
-    cfg = RuntimeConfig(enabled=True, backend="dryrun", policy="demand", log="quiet", **kw)
-    return Session(cfg, backend=backend)
+OBSERVERS = ["python", "native"]
+
+
+@pytest.fixture(params=OBSERVERS)
+def observer(request):
+    if request.param == "native":
+        from uvmprefetch.runtime import native, native_observer
+        try:
+            native_observer.load()
+        except native.NativeBuildError as e:
+            pytest.skip(f"the C++ observer cannot be built here: {e}")
+    return request.param
+
+
+def session(backend, observer="python", **kw):
+    cfg = RuntimeConfig(enabled=True, backend="dryrun", policy="demand", log="quiet", observer=observer, **kw)
+    return Session(cfg, backend=backend, dormant=False)
 
 
 def train(steps=2, seed=0, update="adam", clip=False):
@@ -80,10 +94,10 @@ def train(steps=2, seed=0, update="adam", clip=False):
     return losses
 
 
-def observed(**kw):
+def observed(observer, **kw):
     """``train(**kw)`` under a session on a ``RecordingBackend``: (backend, session)."""
     be = RecordingBackend()
-    s = session(be).start()
+    s = session(be, observer).start()
     try:
         train(**kw)
     finally:
@@ -91,8 +105,8 @@ def observed(**kw):
     return be, s
 
 
-def test_forward_backward_optimizer_and_iterations_seen():
-    be, s = observed(steps=2)
+def test_forward_backward_optimizer_and_iterations_seen(observer):
+    be, s = observed(observer, steps=2)
     phases = {PHASE[p] for p in ("forward", "backward", "optimizer")}
     assert phases <= {i.phase for i in be.launches}
     assert be.iters == [0, 1] and s.iteration == 2
@@ -109,10 +123,10 @@ def test_forward_backward_optimizer_and_iterations_seen():
 
 
 
-def test_iterations_inferred_without_a_torch_optim_step():
+def test_iterations_inferred_without_a_torch_optim_step(observer):
     # No optimizer hook fires: the launch after each backward pass starts an iteration, so the policy's
     # per-iteration state still resets.
-    be, s = observed(steps=4, update="manual")
+    be, s = observed(observer, steps=4, update="manual")
     assert be.iters == [0, 1, 2, 3] and s.iteration == 4 and s.iter_ends.inferred == 4
     seg = {k: [(i.exec_id, i.phase) for i in be.launches if i.iteration == k] for k in range(5)}
     assert seg[1] == seg[2] == seg[3] and seg[1]  # update, forward, backward: the same launches every iteration
@@ -120,11 +134,11 @@ def test_iterations_inferred_without_a_torch_optim_step():
     assert seg[0] and seg[0][-1][1] == PHASE["backward"] and seg[4] and all(p == PHASE["forward"] for _, p in seg[4])
 
 
-def test_a_hooked_step_after_gradient_clipping_ends_each_iteration_once():
+def test_a_hooked_step_after_gradient_clipping_ends_each_iteration_once(observer):
     # Clipping runs forward-phase ops between the backward pass and the step: they end the first iteration
     # (no hook has been seen yet), so that step's hook ends none; after it only the hooks end iterations. Three
     # loops, three ends.
-    be, s = observed(steps=3, clip=True)
+    be, s = observed(observer, steps=3, clip=True)
     assert be.iters == [0, 1, 2] and s.iter_ends.inferred == 1 and s.iteration == 3
 
 
@@ -132,15 +146,17 @@ def s_name(s, info):
     return {v: k for k, v in s.names.items()}[info.name]
 
 
-def test_tensor_death_reaches_on_free():
+def test_tensor_death_reaches_on_free(observer):
     be = RecordingBackend()
-    s = session(be).start()
+    s = session(be, observer).start()
     try:
         x = torch.ones(4 * BS // 4)  # 4 blocks
         y = x * 2
+        s.flush()
         blocks_y = be.launches[-1].write_blocks.copy()
         del y
         z = x + 1  # the next launch drains the death first
+        s.flush()
         assert be.frees, "no free reported"
         _, freed = be.frees[-1]
         assert set(blocks_y.tolist()) <= set(freed.tolist())
@@ -159,10 +175,10 @@ def test_accesses_modes():
     assert tensor_extent(v) == (8, (1 + 4 * 2) * 4)
 
 
-def test_failing_backend_degrades_training_goes_on(capsys):
+def test_failing_backend_degrades_training_goes_on(capsys, observer):
     ref = train(steps=3)
     be = RecordingBackend(fail_at=5)
-    s = session(be).start()
+    s = session(be, observer).start()
     try:
         got = train(steps=3)
     finally:
@@ -198,7 +214,7 @@ def test_dryrun_backend_respects_budget(policy):
     from uvmprefetch.runtime.dryrun import DryrunBackend
     from uvmprefetch.config import parse_budget
     cfg = RuntimeConfig(enabled=True, backend="dryrun", policy=policy, log="quiet", budget=parse_budget("8MiB"))
-    s = Session(cfg)
+    s = Session(cfg, dormant=False)  # (a program this short would end before a dormant planner woke)
     assert isinstance(s.backend, DryrunBackend)
     s.start()
     try:
@@ -212,15 +228,15 @@ def test_dryrun_backend_respects_budget(policy):
 
 
 
-def test_inferred_iteration_ends_reach_the_policy_through_the_dryrun_backend():
+def test_inferred_iteration_ends_reach_the_policy_through_the_dryrun_backend(observer):
     # A hand-written update under the real dryrun backend and the default policy: every inferred end reaches
     # uvmprefetch's on_iteration (its per-iteration counts reset), the report counts them, and training is as
     # without the runtime.
     from uvmprefetch.config import parse_budget
     ref = train(steps=4, update="manual")
     cfg = RuntimeConfig(enabled=True, backend="dryrun", policy="uvmprefetch", log="quiet",
-                        budget=parse_budget("256KiB"))
-    s = Session(cfg).start()
+                        budget=parse_budget("256KiB"), observer=observer)
+    s = Session(cfg, dormant=False).start()
     try:
         got = train(steps=4, update="manual")
     finally:
@@ -230,12 +246,13 @@ def test_inferred_iteration_ends_reach_the_policy_through_the_dryrun_backend():
     assert s.policy.history.r["iters"] == 4 and s.policy.history.r["n_starts"] == 4
     assert rep["model_iter_s"] and len(rep["model_iter_s"]) == 4
 
-def test_forked_child_does_not_observe_or_report(tmp_path):
+def test_forked_child_does_not_observe_or_report(tmp_path, observer):
     import os
     be = RecordingBackend()
-    s = session(be).start()
+    s = session(be, observer).start()
     try:
         torch.ones(8) + 1
+        s.flush()
         n = len(be.launches)
         pid = os.fork()
         if pid == 0:  # child: ops run unobserved, nothing is reported at exit
@@ -246,3 +263,40 @@ def test_forked_child_does_not_observe_or_report(tmp_path):
         assert s.active
     finally:
         s.stop()
+
+
+def test_planner_keeps_a_run_cut_by_the_drain_for_the_next_batch():
+    # The ring publishes an op's records one by one: a drain can stop inside a run whose producer is still
+    # writing. The planner must plan it whole, with the next batch, and never read past the batch.
+    from uvmprefetch.runtime import native_observer as no
+    from uvmprefetch.runtime.planner import Planner
+    recs = np.zeros(9, dtype=no.OP_DTYPE)
+    recs["c"][0], recs["d"][0] = np.uint64(no.HEAD) << np.uint64(56), 2  # op 1: head, head2, two ranges
+    recs["c"][1] = np.uint64(no.HEAD2) << np.uint64(56)
+    recs["c"][2:4] = np.uint64(no.RANGE) << np.uint64(56)
+    recs["c"][4], recs["d"][4] = np.uint64(no.HEAD) << np.uint64(56), 3  # op 2: head, head2, three ranges
+    recs["c"][5] = np.uint64(no.HEAD2) << np.uint64(56)
+    recs["c"][6:9] = np.uint64(no.RANGE) << np.uint64(56)
+    p = object.__new__(Planner)
+    p._op_carry = recs[:0]
+    first = p._whole_runs(recs[:7])  # the drain stopped after op 2's first range
+    assert len(first) == 4 and len(p._op_carry) == 3
+    second = p._whole_runs(recs[7:])
+    assert len(second) == 5 and second["d"][0] == 3 and len(p._op_carry) == 0
+
+
+def test_a_session_never_plans_what_an_earlier_one_left_in_the_rings():
+    # The rings are process-wide; records pushed for another run (here: a bare start of the observer with nobody
+    # draining) must not reach a new session's policy.
+    from uvmprefetch.runtime import native, native_observer
+    try:
+        lib = native_observer.load()
+    except native.NativeBuildError as e:
+        pytest.skip(f"the C++ observer cannot be built here: {e}")
+    clean, _ = observed("native", steps=1)
+    lib.start("cpu", True)
+    torch.ones(8).mul_(3)
+    lib.stop()  # two op runs left in the ring
+    be, s = observed("native", steps=1)
+    assert len(be.launches) == len(clean.launches) and be.iters == clean.iters == [0]
+    assert s_name(s, be.launches[0]) != "aten::ones"

@@ -258,7 +258,8 @@ import uvmprefetch
 
 def work(i, folder):
     dist.init_process_group("gloo", init_method="file://" + os.path.join(folder, "store"), rank=i, world_size=2)
-    uvmprefetch.enable(backend="dryrun", budget="4MiB", log="quiet", report=os.path.join(folder, "r.json"))
+    uvmprefetch.enable(backend="dryrun", budget="4MiB", log="quiet", report=os.path.join(folder, "r.json"),
+                       trace=os.path.join(folder, "t.uvmt"))  # (a trace keeps the planner awake: every launch)
     torch.manual_seed(0)
     m = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
                                                                       torch.nn.Linear(256, 64)))

@@ -38,6 +38,7 @@ def test_unset_costs_nothing():
                                        ("UVMPREFETCH_BACKEND", "tpu"), ("UVMPREFETCH_WINDOW", "-3"),
                                        ("UVMPREFETCH_POLICY", "nope"), ("UVMPREFETCH_POLICY", "oracle"),
                                        ("UVMPREFETCH_MANAGED_LIMIT", "lots"), ("UVMPREFETCH_SHIM_LIMIT", "1000"),
+                                       ("UVMPREFETCH_OBSERVER", "cpp"),
                                        ("UVMPREFETCH_WINDOW", "8")])  # demand has no window
 def test_invalid_value_one_line_exit_2(var, value):
     env = {"UVMPREFETCH": "1", "UVMPREFETCH_BACKEND": "dryrun", "UVMPREFETCH_POLICY": "demand", var: value}
@@ -60,8 +61,9 @@ def test_missing_gpu_one_line_exit_5():
 def test_hook_enables_runtime_in_owner_only(tmp_path):
     rep = tmp_path / "r.json"
     code = "import torch; x = torch.ones(4); (x * 2).sum()"
+    # (a trace keeps the planner awake: without one it would sleep through a program this small, launches unseen)
     env = {"UVMPREFETCH": "1", "UVMPREFETCH_BACKEND": "dryrun", "UVMPREFETCH_REPORT": str(rep),
-           "UVMPREFETCH_LOG": "quiet"}
+           "UVMPREFETCH_LOG": "quiet", "UVMPREFETCH_TRACE": str(tmp_path / "t.uvmt")}
     r = py(code, env)
     assert r.returncode == 0, r.stderr
     assert json.loads(rep.read_text())["launches"] >= 2
@@ -70,9 +72,32 @@ def test_hook_enables_runtime_in_owner_only(tmp_path):
     assert r.returncode == 0 and not rep.exists()
 
 
+def test_observer_native_where_it_cannot_be_used_is_one_line_exit_2(tmp_path):
+    # GIVEN a cache the builder may not use (someone else's folder): the C++ observer cannot be built here
+    import os as _os
+    if _os.geteuid() != 0:
+        pytest.skip("needs root to hand the cache folder to another owner")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    _os.chown(cache, 12345, 12345)
+    env = {"UVMPREFETCH": "1", "UVMPREFETCH_BACKEND": "dryrun", "UVMPREFETCH_CACHE_DIR": str(cache)}
+    code = "import torch; print((torch.ones(3) * 2).sum().item())"
+    # WHEN it is required, THEN one line naming the variable and the reason, exit 2, the program never runs
+    r = py(code, {**env, "UVMPREFETCH_OBSERVER": "native"})
+    assert r.returncode == 2 and "6.0" not in r.stdout
+    line = one_line(r.stderr)
+    assert "UVMPREFETCH_OBSERVER=native" in line and "not private" in line
+    # WHEN it is only preferred (auto), THEN the Python observer runs and one line says why
+    r = py(code, env)
+    assert r.returncode == 0 and r.stdout.strip() == "6.0"
+    said = [ln for ln in r.stderr.splitlines() if "observer: Python dispatch mode" in ln]
+    assert len(said) == 1 and "not private" in said[0]
+
+
 def test_run_cli_dryrun(tmp_path):
     rep = tmp_path / "r.json"
     r = subprocess.run(["uvmprefetch", "run", "--backend", "dryrun", "--budget", "16MiB", "--report", str(rep),
+                        "--trace", str(tmp_path / "t.uvmt"),  # (a trace keeps the planner awake: every launch)
                         "--log", "quiet", "--", sys.executable, "-c",
                         "import torch; a = torch.randn(1024, 1024); b = (a @ a).relu().sum(); print(float(b) > 0)"],
                        capture_output=True, text=True, timeout=120,
@@ -136,8 +161,9 @@ def test_the_cli_never_observes_itself():
             assert not d["cuda_ready"] and not next(c for c in d["checks"] if c["name"] == "gpu")["ok"]
 
 
-def test_run_cli_json_last_line():
-    r = subprocess.run(["uvmprefetch", "run", "--json", "--backend", "dryrun", "--log", "quiet", "--", sys.executable,
+def test_run_cli_json_last_line(tmp_path):
+    r = subprocess.run(["uvmprefetch", "run", "--json", "--backend", "dryrun", "--log", "quiet",
+                        "--trace", str(tmp_path / "t.uvmt"), "--", sys.executable,
                         "-c", "import torch; print('child'); (torch.ones(4) + 1).sum()"],
                        capture_output=True, text=True, timeout=120,
                        env={k: v for k, v in os.environ.items() if not k.startswith("UVMPREFETCH")})

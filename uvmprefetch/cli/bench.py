@@ -15,8 +15,10 @@ examples:
   uvmprefetch bench gpt2l.uvmt bert.uvmt --policies demand,oracle --oversub 1.5,2
   uvmprefetch bench --gpu a100-pcie --out /tmp/bench --json > results.json
   uvmprefetch bench --update-baseline                       # the figures the README quotes
-  uvmprefetch bench --gpu h100-pcie-cal --host live-sync --no-discard --policies demand,deepum,uvmprefetch,oracle \
-      --oversub 1.5,2,3 --update-baseline                   # the setting closest to a live GPU run
+  uvmprefetch bench --gpu h100-pcie-cal --host live-sync --no-discard --evict uvm \
+      --policies demand,deepum,uvmprefetch,oracle --oversub 1.5,2,3 --update-baseline   # closest to a live GPU run
+  uvmprefetch bench --gpu h100-pcie-cal --host live-sync --no-discard --policies demand,uvmprefetch,oracle \
+      --oversub 1.5,2,3                                     # the same with the copy path (--evict auto, the default)
   uvmprefetch bench --policies capuchin,tmof,uvmprefetch --oversub 1.5,2 --gpus 4   # 4 GPUs, one host link
   uvmprefetch bench --policies demand,g10,flashneuron,oracle --ssd pcie4-nvme --gpu-set host_capacity_bytes=8e9
 """
@@ -45,11 +47,12 @@ def run(args) -> int:
     from ..errors import ConfigError
     from ..policy import available
     from ..sim import bench as B
-    from .replay import block_size_from_args, gpu_from_args, gpus_from_args, host_from_args
+    from .replay import block_size_from_args, evict_from_args, gpu_from_args, gpus_from_args, host_from_args
     gpu = gpu_from_args(args)
     n_gpus = gpus_from_args(args)
     bs = block_size_from_args(args)
     host = host_from_args(args)
+    evict = evict_from_args(args)
     oversubs = B.parse_oversub_list(args.oversub)
     if args.policies.strip() == "all":
         policies = available()
@@ -61,14 +64,15 @@ def run(args) -> int:
     t0 = time.perf_counter()
     rows = B.run_bench(traces, policies, oversubs, gpu, block_size=bs, writeback_clean=args.writeback_clean,
                        progress=not args.no_progress, n_gpus=n_gpus, shared_link=not args.own_links, host=host,
-                       discards=args.discards)
+                       discards=args.discards, evict=evict)
     wall = time.perf_counter() - t0
     out = results.run_dir(args.out, "replay", create=False)
-    meta = B.bench_meta(gpu, bs, wall, host, args.discards)
+    meta = B.bench_meta(gpu, bs, wall, host, args.discards, evict)
     files = B.save_outputs(rows, oversubs, out, meta)
     baseline = None
     if args.update_baseline:
-        baseline = results.update_baseline("replay", setting(args, n_gpus, standard=not args.traces),
+        baseline = results.update_baseline("replay", setting(args, n_gpus, standard=not args.traces,
+                                                             copy_path=gpu.copy_path),
                                            baseline_payload(rows, oversubs, meta))
     if args.json:
         from . import emit_json
@@ -82,9 +86,10 @@ def run(args) -> int:
     return 0
 
 
-def setting(args, n_gpus: int, standard: bool) -> str:
+def setting(args, n_gpus: int, standard: bool, copy_path: bool = False) -> str:
     """The baseline key of a run: the flags that change the simulated machine, in the order they are written
-    (``h100-pcie``, ``h100-pcie-cal no-discard host=live-sync``, ...)."""
+    (``h100-pcie``, ``h100-pcie-cal no-discard host=live-sync``, ``h100-pcie-cal host=live-sync evict=auto``, ...).
+    ``--evict`` is part of it where the profile has the copy path (elsewhere every mode replays as ``uvm``)."""
     parts = [args.gpu]
     parts += [f"set:{kv}" for kv in args.gpu_set or ()]
     if args.ssd:
@@ -99,6 +104,8 @@ def setting(args, n_gpus: int, standard: bool) -> str:
         parts.append(f"host={args.host}")
     if n_gpus > 1:
         parts.append(f"gpus={n_gpus}" + (" own-links" if args.own_links else ""))
+    if copy_path and getattr(args, "evict", "uvm") != "uvm":
+        parts.append(f"evict={args.evict}")
     if not standard:
         from pathlib import Path
         parts.append("traces=" + ",".join(Path(t).stem for t in args.traces))
@@ -132,6 +139,6 @@ def baseline_payload(rows: list[dict], oversubs: list[float], meta: dict) -> dic
                                      if ok and len(ok) == len(traces) else None)
     slim = [{"trace": r["trace"], "policy": r["policy"], "oversub": r["oversub_target"],
              **{k: _short(r.get(k)) for k in BASELINE_FIELDS}} for r in rows]
-    return {"meta": {k: meta.get(k) for k in ("date", "commit", "gpu", "block_size", "host", "discards", "cpus",
-                                              "wall_s")},
+    return {"meta": {k: meta.get(k) for k in ("date", "commit", "gpu", "block_size", "host", "discards", "evict",
+                                              "cpus", "wall_s")},
             "traces": traces, "oversub": list(oversubs), "geomean": geo, "rows": slim}

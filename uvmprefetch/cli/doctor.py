@@ -6,10 +6,11 @@ import os
 import sys
 
 NAME = "doctor"
-HELP = "check the driver, GPU features, cuda-python, CUPTI, the shim and torch"
+HELP = "check the driver, GPU features, cuda-python, CUPTI, the shim, the observer and torch"
 DESCRIPTION = ("Check what the live runtime needs, one line each: NVIDIA driver and its version, GPU, managed "
                "memory and concurrent managed access, CUDA 13 batched prefetch/discard, the CUDA runtime "
                "library, cuda-python, CUPTI (cupti-python), the LD_PRELOAD shim (built here if it is not yet), "
+               "which observer a run uses (the C++ one, or the Python dispatch mode it falls back to) and why, "
                "the managed-memory limit and the budget that a run would get and why, torch and its CUDA build, "
                "the start-up hook. Works without a GPU: it says what is missing. Exit 0 when the cuda backend can "
                "run, 1 when something it needs is missing (the dryrun backend works anywhere torch does).")
@@ -54,6 +55,7 @@ def checks() -> list[dict]:
         "missing (optional: GPU fault and cuBLAS/cuDNN launch observation): pip install 'uvmprefetch[cupti]'",
         required=False)
     add("shim", *_shim())
+    add("observer", *_observer(), required=False)
     add("managed limit", *_managed_limit(d.total_bytes or 0), required=False)
     add("budget", *_budget(d.total_bytes or 0), required=False)
     try:
@@ -141,6 +143,25 @@ def _budget(total: int) -> tuple[bool, str]:
         return False, str(e)
     at = f" = {format_size(b.resolve(total))} here" if total and b.fraction is not None else ""
     return True, f"UVMPREFETCH_BUDGET={text}: {b}{at}; refused at start-up if above the GPU's free memory"
+
+
+def _observer() -> tuple[bool, str]:
+    """Which observer a run here would use, and why (without building anything)."""
+    from ..runtime import native_observer
+    from ..runtime.native import OBSERVER, NativeBuildError, build_key, folder_for
+    if os.environ.get("UVMPREFETCH_OBSERVER", "").strip().lower() == "python":
+        return False, "Python dispatch mode: UVMPREFETCH_OBSERVER=python"
+    ok, detail = native_observer.status()
+    if ok:
+        return True, f"C++ (RecordFunction): {detail}"
+    try:
+        key, facts = build_key(OBSERVER)
+    except (NativeBuildError, ImportError, OSError) as e:
+        return False, f"Python dispatch mode (the C++ observer cannot be built: {e})"
+    if shutil.which("make") is None:
+        return False, "Python dispatch mode (the C++ observer needs `make` to build)"
+    return True, (f"C++ (RecordFunction), not built yet: the first run builds it for torch {facts['torch']} "
+                  f"({facts['compiler'].split()[-1] if facts['compiler'] else 'c++'}) into {folder_for(OBSERVER, key)}")
 
 
 def _hook_installed() -> str:

@@ -16,11 +16,13 @@ examples:
   uvmprefetch replay gpt2l.uvmt --oversub 2 --block-size 64KiB --gpu-set fault_batch_latency_s=30e-6
   uvmprefetch replay live.uvmt --oversub 1.5 --policy uvmprefetch --allocator first-fit --json
   uvmprefetch replay gpt2l.uvmt --oversub 2 --policy tmof --gpus 4          # 4 GPUs sharing one host link
+  uvmprefetch replay gpt2l.uvmt --gpu h100-pcie-cal --host live-sync --oversub 1.5 --policy oracle --evict uvm
+  uvmprefetch replay gpt2l.uvmt --gpu h100-pcie-cal --oversub 2 --evict copy:mirror_bytes=16GiB
 """
 
 
 def add_gpu_arguments(p) -> None:
-    """--gpu / --gpu-set / --block-size / --writeback-clean / --no-discard / --host, shared with ``bench``."""
+    """--gpu / --gpu-set / --block-size / --writeback-clean / --no-discard / --host / --evict, shared with ``bench``."""
     from ..gpus import DEFAULT_GPU, PROFILES
     p.add_argument("--gpu", default=DEFAULT_GPU, metavar="NAME",
                    help=f"GPU profile ({', '.join(PROFILES)}; default {DEFAULT_GPU})")
@@ -42,6 +44,14 @@ def add_gpu_arguments(p) -> None:
                         "live-sync (what the live runtime cost on an H100: measured decision time, evictions "
                         "that hold the thread, discard cost), or k=v pairs such as decision_s=20e-6,"
                         "blocking_evict=true, or live-sync:decision_scale=0.5. Default: the host never limits")
+    p.add_argument("--evict", default="auto", metavar="MODE[:k=v,...]",
+                   help="how evicted data leaves the GPU (docs/simulator.md 'Eviction paths'): uvm (UVM's eviction "
+                        "only, what the live runtime does today), copy (copy-out into a pinned host mirror + discard "
+                        "for every block whose allocations the runtime fully observes, UVM for the rest) or auto "
+                        "(default: the policy chooses per block; demand and deepum keep UVM's). Only profiles with "
+                        "copy_dtoh_bw > 0 (the calibrated ones) have the copy path; elsewhere auto is uvm. "
+                        "Parameters: mirror_bytes=SIZE (pinned mirror memory, default unlimited), "
+                        "ineligible=KIND+KIND (allocation kinds to treat as not fully observed)")
 
 
 def add_gpus_arguments(p) -> None:
@@ -92,6 +102,16 @@ def host_from_args(args):
         raise ConfigError(f"--host {args.host!r}: {e}") from None
 
 
+def evict_from_args(args):
+    """The ``EvictModel`` that ``--evict`` names (ConfigError naming the flag on a bad one)."""
+    from ..errors import ConfigError
+    from ..sim.copypath import parse_evict
+    try:
+        return parse_evict(args.evict)
+    except ConfigError as e:
+        raise ConfigError(f"--evict {args.evict!r}: {e}") from None
+
+
 def block_size_from_args(args) -> int:
     from ..units import parse_size
     return parse_size(args.block_size, "--block-size")
@@ -139,6 +159,7 @@ def run(args) -> int:
     policy = make_policy(args.policy)
     n_gpus = gpus_from_args(args)
     trace = load(args.trace)
+    evict = evict_from_args(args)
     want_tl = bool(args.perfetto or args.plot)
     if n_gpus > 1:
         if want_tl or args.writeback_clean or args.host or not args.discards:
@@ -146,7 +167,7 @@ def run(args) -> int:
                               "(drop --gpus)")
         from ..sim.multigpu import replay_multi
         res = replay_multi(trace, args.policy, gpu, n_gpus, capacity_bytes=cap, oversub=args.oversub,
-                           block_size=bs, shared_link=not args.own_links, allocator=args.allocator)
+                           block_size=bs, shared_link=not args.own_links, allocator=args.allocator, evict=evict)
         res["trace"] = str(args.trace)
         if args.json:
             from . import emit_json
@@ -156,7 +177,8 @@ def run(args) -> int:
         return 0
     host = host_from_args(args)
     res = replay(trace, policy, gpu, capacity_bytes=cap, oversub=args.oversub, block_size=bs, timeline=want_tl,
-                 writeback_clean=args.writeback_clean, allocator=args.allocator, host=host, discards=args.discards)
+                 writeback_clean=args.writeback_clean, allocator=args.allocator, host=host, discards=args.discards,
+                 evict=evict)
     res["trace"] = str(args.trace)
     if args.perfetto:
         from ..sim.timeline import write_perfetto
@@ -201,6 +223,13 @@ def format_result(r: dict) -> str:
         f"cold       first-touch {format_size(r['cold_first_touch_bytes'])}, {r['cold_first_touch_s'] * 1e3:.3f} ms "
         f"on demand",
     ]
+    if r.get("copy_path"):
+        lines.append(f"copy path  out {format_size(r['copy_out_bytes'])} ({r['copy_evictions']} blocks copied, "
+                     f"{r['discard_only_evictions']} only discarded), in {format_size(r['copy_in_bytes'])} "
+                     f"({r['copy_in_gated']} gated, {r['copy_in_stall_s'] * 1e3:.3f} ms); mirrors peak "
+                     f"{format_size(r['mirror_peak_bytes'])}; by UVM: {r['writebacks']} written back")
+    elif r.get("evict", {}).get("mode", "uvm") != "uvm":
+        lines.append(f"copy path  off: the profile {r['gpu']} has none (copy_dtoh_bw = 0), every eviction is UVM's")
     if r.get("host"):
         lines.append(f"host       GPU idle waiting for the host {r['host_stall_s'] * 1e3:.3f} ms; decisions "
                      f"{r['host_decision_s'] * 1e3:.3f} ms; host held by evictions {r['host_blocked_s'] * 1e3:.3f} ms")

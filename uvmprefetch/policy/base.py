@@ -45,6 +45,7 @@ from ..errors import ConfigError
 from ..gpus import GpuProfile
 
 EMPTY = np.zeros(0, dtype=np.int64)
+EMPTY_PATH = np.zeros(0, dtype=np.int8)
 
 
 class Advice(enum.IntEnum):
@@ -53,6 +54,17 @@ class Advice(enum.IntEnum):
     UNSET = 0  # undo earlier advice
     READ_MOSTLY = 1  # cudaMemAdviseSetReadMostly: read-only copies on both sides, eviction is free
     PREFER_HOST = 2  # cudaMemAdviseSetPreferredLocation(host) + AccessedBy(gpu): kernels read it over the link
+
+
+class EvictPath(enum.IntEnum):
+    """Where an evicted block goes (``Decision.evict_path``, ``Policy.evict_path``; docs/simulator.md "Eviction
+    paths")."""
+
+    DEFAULT = 0  # the policy's own default (``Policy.evict_path``)
+    UVM = 1  # UVM's eviction: cudaMemPrefetchAsync to the host (written back at the driver's speed)
+    COPY = 2  # copy-out into a pinned host mirror + discard; back by repopulate + copy-in. Only for blocks whose
+    # every allocation the runtime fully observes; any other block (and any block where the copy path is off)
+    # goes by UVM
 
 
 @dataclass(frozen=True)
@@ -74,6 +86,9 @@ class PolicyContext:
     discards: bool = True
     trace: typing.Any = None  # uvmprefetch.trace.Trace, offline policies only
     layout: typing.Any = None  # uvmprefetch.sim.layout.Layout (alloc -> blocks, per-launch blocks), offline only
+    # True where the caller has the copy path (``--evict copy|auto`` on a profile with copy bandwidth): evictions of
+    # copy-eligible blocks can leave at the copy engines' speed without holding the thread (docs/simulator.md)
+    copy_path: bool = False
 
 
 @dataclass
@@ -104,6 +119,8 @@ class Decision:
     The caller applies, in this order: ``discard`` (drop contents, no write-back: the data is dead),
     ``evict`` (move to host, written back if dirty), ``advise``, then ``prefetch`` (to the GPU, queued in
     the order given: put the soonest-needed first). Blocks already where they are asked to go are skipped.
+    ``evict`` leaves by UVM's eviction or by the copy path (``evict_path``, ``EvictPath``); ``PREFER_HOST``
+    advice is the third way: the block stays in host memory and kernels reach it over the link.
     """
 
     prefetch: np.ndarray = field(default_factory=lambda: EMPTY)
@@ -115,6 +132,9 @@ class Decision:
     # blocks already off the GPU whose data sits in host memory move host -> SSD. Needs a GPU profile with
     # ``ssd_bw > 0`` (docs/tiers.md).
     evict_ssd: np.ndarray = field(default_factory=lambda: EMPTY)
+    # Per block of ``evict`` (same length; empty = every block ``EvictPath.DEFAULT``): the way out it takes under
+    # ``--evict auto``, an ``EvictPath``. A caller without the copy path ignores it (every eviction is UVM's).
+    evict_path: np.ndarray = field(default_factory=lambda: EMPTY_PATH)
 
     def is_empty(self) -> bool:
         return not (self.prefetch.size or self.evict.size or self.discard.size or self.advise or self.evict_ssd.size)
@@ -155,6 +175,11 @@ class Policy:
     name: ClassVar[str] = ""
     offline: ClassVar[bool] = False
     ideal: ClassVar[bool] = False
+    # Under ``--evict auto``: how the caller evicts for this policy (its Decision's ``evict`` blocks without an
+    # ``evict_path`` of their own, and the caller's own evictions when the policy left no room). COPY: by the copy
+    # path wherever the block is eligible (the runtime's rule); UVM: by UVM's eviction (``demand``, ``deepum``:
+    # the driver's mechanisms, which have no copy path).
+    evict_path: ClassVar[EvictPath] = EvictPath.COPY
     Params: ClassVar[type] = Params
     description: ClassVar[str] = ""
     rank: int = 0

@@ -46,7 +46,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..errors import ConfigError
-from .base import EMPTY, Decision, LaunchInfo, Params, Policy, PolicyContext, ResidencyView
+from .base import EMPTY, Decision, EvictPath, LaunchInfo, Params, Policy, PolicyContext, ResidencyView
 from .tables import LruMap, SetAssocTable
 
 
@@ -92,6 +92,7 @@ class DeepUMPolicy(Policy):
     name: ClassVar[str] = "deepum"
     Params: ClassVar[type] = DeepUMParams
     description: ClassVar[str] = "DeepUM (ASPLOS'23): fault-learned correlation tables, chained prefetch, pre-eviction"
+    evict_path: ClassVar[EvictPath] = EvictPath.UVM  # a driver module: its pre-evictions are the driver's migrations
 
     def __init__(self, params: DeepUMParams | None = None, **overrides) -> None:
         super().__init__(params, **overrides)

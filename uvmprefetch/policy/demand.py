@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from .base import Policy
+from .base import EvictPath, Policy
 
 
 class DemandPolicy(Policy):
@@ -27,3 +27,4 @@ class DemandPolicy(Policy):
     name: ClassVar[str] = "demand"
     description: ClassVar[str] = "naive UM: fault-driven migration, 51 % density prefetch, LRM eviction"
     invalidates_frees: ClassVar[bool] = False
+    evict_path: ClassVar[EvictPath] = EvictPath.UVM  # the driver has no copy path (--evict auto keeps UVM's)

@@ -13,6 +13,10 @@
   flight have arrived (FIFO estimate), so the point is later when it waits.
   ``refetch=false,stall_aware=false`` is the oracle before both (weaker: launches whose blocks were evicted
   in a walk that had already passed them got them only when they ran, late).
+- Eviction path: every eviction takes the copy path where the caller has it (``--evict auto``: the base
+  ``Policy.evict_path``, COPY) and the block is eligible; the others, and every eviction under ``--evict uvm``,
+  are UVM's. The pacing's link estimate stays UVM's per-block H2D time: a copy-in of a run of blocks costs about
+  the same per block (2 us + 2 MiB / 55 GB/s on the calibrated profiles, against 42 us).
 
 It is the reference every real policy is compared with. It is not a proof of optimality: Belady
 minimises misses, not write-backs, and the simulator's timing adds queueing effects, but it is the best

@@ -1,9 +1,11 @@
 """act (live): CUDA managed memory, the prefetch stream, the budget, the monitor.
 
-``enable()`` starts a ``Session`` in this process (the start-up hook calls it for ``UVMPREFETCH=1``);
-``observe`` sees launches, accesses, deaths and GPU progress; ``residency`` keeps books and the budget;
-``cuda_backend`` moves memory with cuda-python; ``dryrun`` drives the simulated GPU instead; ``shim`` builds
-and reads the LD_PRELOAD shim; ``report`` writes what happened. See ``docs/runtime.md``.
+``enable()`` starts a ``Session`` in this process (the start-up hook calls it for ``UVMPREFETCH=1``). The C++
+observer (``native_observer``, built by ``native``) sees launches, accesses and deaths on every thread and hands
+them to the ``planner`` thread, which runs the policy and the backend; ``observe`` is the Python fallback;
+``residency`` keeps books and the budget; ``cuda_backend`` plans the moves and ``mover`` issues them with
+cuda-python from a thread of its own; ``dryrun`` drives the simulated GPU instead; ``shim`` reads the
+LD_PRELOAD shim; ``report`` writes what happened. See ``docs/runtime.md``.
 """
 
 from __future__ import annotations

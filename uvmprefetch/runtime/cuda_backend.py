@@ -6,8 +6,9 @@ moves blocks with cuda-python (``cuda.bindings.runtime``, CUDA 13 ``cudaMemLocat
 
 - prefetches to the device and evictions to the host go on a dedicated non-blocking stream, one
   ``cudaMemPrefetchAsync`` per range (cheaper per range than ``cudaMemPrefetchBatchAsync`` on the H100; the
-  batch path stays behind ``Mover(batch_prefetch=True)``), issued from the training thread, or from a mover
-  thread with ``UVMPREFETCH_MOVER=thread`` (``MoveThread``);
+  batch path stays behind ``Mover(batch_prefetch=True)``), issued from the mover thread (``MoveThread``)
+  with the C++ observer (this backend's hooks then run on the planner thread) or with
+  ``UVMPREFETCH_MOVER=thread``, else from the thread that runs the hooks;
 - discards (dead data, no write-back) are off by default: a Decision's discards are issued as evictions,
   which free the same room and keep the data. With ``UVMPREFETCH_DISCARD=1`` they use
   ``cudaMemDiscardBatchAsync`` on a second stream, only for blocks the runtime saw freed and no launch touched
@@ -31,14 +32,7 @@ eviction and discard calls held the training thread (bench/results/gpu-20261123b
 
 Any CUDA error raises ``CudaCallError``; the session logs it once and switches the prefetcher off, leaving
 plain managed memory (still correct: the driver pages on demand).
-
-C signatures behind the calls (CUDA 13 ``cuda_runtime_api.h``)::
-
-    cudaMemPrefetchAsync(const void* devPtr, size_t count, cudaMemLocation location, unsigned int flags, cudaStream_t)
-    cudaMemPrefetchBatchAsync(void** dptrs, size_t* sizes, size_t count, cudaMemLocation* prefetchLocs,
-                              size_t* prefetchLocIdxs, size_t numPrefetchLocs, unsigned long long flags, cudaStream_t)
-    cudaMemDiscardBatchAsync(void** dptrs, size_t* sizes, size_t count, unsigned long long flags, cudaStream_t)
-    cudaMemAdvise(const void* devPtr, size_t count, cudaMemoryAdvise advice, cudaMemLocation location)
+The calls themselves, their streams and the mover thread are in ``mover.py``.
 """
 
 from __future__ import annotations
@@ -46,24 +40,19 @@ from __future__ import annotations
 import bisect
 import ctypes
 import sys
-import threading
 import time
-from collections import deque
 
 import numpy as np
 
-from ..errors import DeviceError, UvmPrefetchError
+from ..errors import DeviceError
 from ..gpus import PROFILES
 from ..policy.base import EMPTY, Advice, LaunchInfo, Policy, PolicyContext
 from .discard_guard import DiscardGuard
+from .mover import CudaCallError, MoverError, MoveThread, Mover, StreamMarks  # noqa: F401 - re-exported
 from .memory import plan_memory
 from .residency import Residency
 
 BLOCK_SIZE = 2 << 20
-
-
-class CudaCallError(UvmPrefetchError):
-    """A CUDA call in the prefetch path failed."""
 
 
 def profile_for(name: str, total_bytes: int):
@@ -74,278 +63,6 @@ def profile_for(name: str, total_bytes: int):
         if key in n and prof in PROFILES:
             return PROFILES[prof].with_overrides(memory_bytes=int(total_bytes))
     return PROFILES["h100-pcie"].with_overrides(name=f"generic ({name})", memory_bytes=int(total_bytes))
-
-
-class MoveThread:
-    """Issues prefetches and evictions from a thread of its own, in the order they were submitted.
-
-    Opt-in (``UVMPREFETCH_MOVER=thread``). On the H100 (driver 580.159.04, bench/results/gpu-20261123b/)
-    ``cudaMemPrefetchAsync`` to the host held the calling thread for much of the migration: GPT-2 large at
-    1.5x under ``demand`` spent 17 of its 53 s inside the launch hook's eviction calls, on the thread that
-    launches the kernels. cuda-bindings releases the GIL around its C calls, so here the training thread only
-    queues the call. Measured there: the wait moved to the training thread's other CUDA calls (the iteration
-    time did not change beyond noise) and discards got slower, hence not the default.
-
-    Backpressure: at most ``max_pending`` bytes may wait; beyond that ``submit`` blocks (the training thread
-    waits for the link, as it would wait for the driver's own eviction on a full GPU), so the books' budget
-    never runs far ahead of the device. The first error of a call is kept and raised by the next ``submit`` or
-    ``drain`` (the session then switches the prefetcher off).
-    """
-
-    def __init__(self, device: int, max_pending: int, set_device=None) -> None:
-        self.max_pending = max(1, int(max_pending))
-        self._q: deque = deque()
-        self._cv = threading.Condition()
-        self._pending = 0  # bytes queued or in a call
-        self._busy = False
-        self.error: BaseException | None = None
-        self.waited_s = 0.0  # training-thread seconds spent blocked on backpressure
-        self._closed = False
-        self._set_device = set_device
-        self._device = device
-        self._thread = threading.Thread(target=self._run, name="uvmprefetch-mover", daemon=True)
-        self._thread.start()
-
-    def submit(self, nbytes: int, fn, *args) -> None:
-        with self._cv:
-            self._raise()
-            if self._closed or not self._thread.is_alive():
-                raise CudaCallError("the mover thread is not running: a move was submitted after close()")
-            if self._pending and self._pending + nbytes > self.max_pending:
-                t = time.perf_counter()
-                while self._pending and self._pending + nbytes > self.max_pending and self.error is None:
-                    self._cv.wait()
-                self.waited_s += time.perf_counter() - t
-                self._raise()
-            self._q.append((nbytes, fn, args))
-            self._pending += nbytes
-            self._cv.notify_all()
-
-    def drain(self) -> None:
-        """Wait until every submitted call has been made (not until the copies finish: sync the stream)."""
-        with self._cv:
-            while (self._q or self._busy) and self._thread.is_alive():
-                self._cv.wait(0.1)
-            self._raise()
-
-    def close(self) -> None:
-        with self._cv:
-            self._closed = True
-            self._cv.notify_all()
-        self._thread.join(timeout=30)
-
-    def _raise(self) -> None:
-        if self.error is not None:
-            raise CudaCallError(f"in the mover thread: {self.error}")
-
-    def _run(self) -> None:
-        if self._set_device is not None:
-            try:
-                self._set_device(self._device)
-            except Exception as e:  # noqa: BLE001 - reported to the training thread
-                with self._cv:
-                    self.error = e
-                    self._cv.notify_all()
-                return
-        while True:
-            with self._cv:
-                while not self._q and not self._closed:
-                    self._cv.wait()
-                if not self._q:
-                    return
-                nbytes, fn, args = self._q.popleft()
-                self._busy = True
-            try:
-                if self.error is None:
-                    fn(*args)
-            except Exception as e:  # noqa: BLE001 - kept, raised on the training thread
-                with self._cv:
-                    if self.error is None:
-                        self.error = e
-            finally:
-                with self._cv:
-                    self._pending -= nbytes
-                    self._busy = False
-                    self._cv.notify_all()
-
-
-class StreamMarks:
-    """Events recorded on one stream, numbered 1, 2, ... in order: which have completed, and the event of one
-    that has not (to wait on). Completed events are dropped from the front, so only those still pending are
-    held. An event the mover thread has not recorded yet is never taken for completed: CUDA reports an
-    unrecorded event as complete, and a wait on it as a no-op."""
-
-    def __init__(self) -> None:
-        self.q: deque = deque()  # [event, recorded] of numbers first, first + 1, ...
-        self.first = 1
-        self.n = 0
-
-    def add(self, event, recorded: bool = True) -> list:
-        """Number the next mark; returns its entry (the mover thread sets ``entry[1]`` once it recorded it). The
-        completed marks at the front are dropped first, so the queue holds only what the GPU has not passed
-        (one event per launch with moves would otherwise pile up over a run)."""
-        self._drop_completed()
-        self.n += 1
-        entry = [event, recorded]
-        self.q.append(entry)
-        return entry
-
-    def _drop_completed(self) -> None:
-        q = self.q
-        while q and q[0][1] and q[0][0].query():
-            q.popleft()
-            self.first += 1
-
-    def pending(self, number: int) -> list | None:
-        """The ``[event, recorded]`` entry of mark ``number`` if it may not have completed; ``None`` if it has
-        (or ``number`` is 0: no mark)."""
-        self._drop_completed()
-        if number < self.first:
-            return None
-        return self.q[number - self.first]
-
-
-class Mover:
-    """Prefetch / evict / discard / advise calls over cuda-python on dedicated streams.
-
-    Ordering of discards (with ``UVMPREFETCH_DISCARD=1``; the backend keeps the numbers per block):
-    ``mark_moves`` records an event on the move stream after a launch's moves and returns its number;
-    ``discard(ranges, after=m)`` waits for the compute stream and for move mark ``m`` (the last move of those
-    blocks), and makes the compute stream wait for it; it returns the discard's own mark, and a later
-    ``prefetch(ranges, to_device, after=d)`` of any of those blocks makes the move stream wait for it.
-    """
-
-    thread: MoveThread | None = None  # set by start_thread(): prefetches and evictions off the training thread
-
-    def __init__(self, device: int, batch_api: bool, batch_prefetch: bool = False) -> None:
-        import torch
-        from cuda.bindings import runtime as cudart
-        self.rt = cudart
-        self.torch = torch
-        self.device = device
-        # torch's pool streams are created non-blocking: not the legacy default stream, as the batch calls need
-        self.stream = torch.cuda.Stream(device=device)
-        self.discard_stream = torch.cuda.Stream(device=device)
-        self.dev_loc = self._loc(cudart.cudaMemLocationType.cudaMemLocationTypeDevice, device)
-        self.host_loc = self._loc(cudart.cudaMemLocationType.cudaMemLocationTypeHost, 0)
-        # Prefetches and evictions go one cudaMemPrefetchAsync per range by default: on the H100 (driver
-        # 580.159.04, bench/results/calibrate.json) one call took 9 us of host time, while the batch call took
-        # 28-37 us per range (8-256 ranges). Discards need the batch API (there is no single-range discard).
-        self.batch = batch_prefetch and batch_api and hasattr(cudart, "cudaMemPrefetchBatchAsync")
-        self.can_discard = batch_api and hasattr(cudart, "cudaMemDiscardBatchAsync")
-        self.calls = 0
-        self.moves = StreamMarks()  # events after moves (``mark_moves``)
-        self.discards = StreamMarks()  # events after discards
-
-    def _loc(self, typ, ident: int):
-        loc = self.rt.cudaMemLocation()
-        loc.type = typ
-        loc.id = ident
-        return loc
-
-    def _check(self, res, what: str):
-        err = res[0] if isinstance(res, tuple) else res
-        self.calls += 1
-        if err != self.rt.cudaError_t.cudaSuccess:
-            name = self.rt.cudaGetErrorName(err)
-            name = name[1].decode() if isinstance(name, tuple) and isinstance(name[1], bytes) else str(err)
-            raise CudaCallError(f"{what} failed: {name}")
-        return res
-
-    def start_thread(self, max_pending: int) -> None:
-        """Issue prefetches and evictions from a mover thread from now on (see ``MoveThread``)."""
-        def set_device(dev):
-            self._check(self.rt.cudaSetDevice(dev), "cudaSetDevice (mover thread)")
-        self.thread = MoveThread(self.device, max_pending, set_device)
-
-    def prefetch(self, ranges: list[tuple[int, int]], to_device: bool, after: int = 0) -> None:
-        """Move ``ranges`` to the GPU (``to_device``) or to the host on the move stream; ``after``: a discard
-        mark (``discard``) the moves must wait for, 0 for none."""
-        if not ranges:
-            return
-        entry = self.discards.pending(after) if after else None
-        if entry is not None:  # (discard marks are recorded on this thread: always recorded)
-            if self.thread is not None:
-                self.thread.submit(0, self.stream.wait_event, entry[0])
-            else:
-                self.stream.wait_event(entry[0])
-        if self.thread is not None:
-            self.thread.submit(sum(s for _, s in ranges), self._prefetch_now, ranges, to_device)
-        else:
-            self._prefetch_now(ranges, to_device)
-
-    def _prefetch_now(self, ranges: list[tuple[int, int]], to_device: bool) -> None:
-        loc = self.dev_loc if to_device else self.host_loc
-        handle = self.stream.cuda_stream
-        what = "cudaMemPrefetch" + ("BatchAsync" if self.batch else "Async") + (" to GPU" if to_device else " to host")
-        if self.batch:
-            ptrs = [p for p, _ in ranges]
-            sizes = [s for _, s in ranges]
-            self._check(self.rt.cudaMemPrefetchBatchAsync(ptrs, sizes, len(ranges), [loc], [0], 1, 0, handle), what)
-        else:
-            for p, s in ranges:
-                self._check(self.rt.cudaMemPrefetchAsync(p, s, loc, 0, handle), what)
-
-    def mark_moves(self) -> int:
-        """Record an event on the move stream after the moves issued so far; returns its number (for
-        ``discard``'s ``after``)."""
-        ev = self.torch.cuda.Event()
-        if self.thread is None:
-            ev.record(self.stream)
-            self.moves.add(ev)
-            return self.moves.n
-        entry = self.moves.add(ev, recorded=False)
-
-        def record() -> None:  # in the mover thread, after the moves submitted before it
-            ev.record(self.stream)
-            entry[1] = True
-        self.thread.submit(0, record)
-        return self.moves.n
-
-    def discard(self, ranges: list[tuple[int, int]], after: int = 0) -> int:
-        """Discard ``ranges``; returns the discard's mark (0 if nothing was issued). CUDA makes any read, write
-        *or prefetch* of a range that runs while it is discarded undefined behaviour
-        (``cuMemDiscardBatchAsync``), so the discard runs after every kernel queued so far and before every
-        later one (the compute stream), and after move mark ``after`` (the last move of these blocks; 0: none).
-        Later moves of these blocks wait for the returned mark (``prefetch(..., after=)``); other moves are not
-        ordered with it."""
-        if not ranges or not self.can_discard:
-            return 0
-        compute = self.torch.cuda.current_stream(self.device)
-        self.discard_stream.wait_stream(compute)  # after every queued kernel that may still read the data
-        entry = self.moves.pending(after) if after else None
-        if entry is not None:
-            if not entry[1]:
-                self.thread.drain()  # the mover thread records it after the moves still queued there
-            self.discard_stream.wait_event(entry[0])  # after the moves of these blocks already issued
-        self._check(self.rt.cudaMemDiscardBatchAsync([p for p, _ in ranges], [s for _, s in ranges], len(ranges), 0,
-                                                     self.discard_stream.cuda_stream), "cudaMemDiscardBatchAsync")
-        ev = self.torch.cuda.Event()
-        ev.record(self.discard_stream)
-        self.discards.add(ev)
-        compute.wait_event(ev)  # before any later kernel that reuses the memory
-        return self.discards.n
-
-    def advise(self, ranges: list[tuple[int, int]], advice: Advice) -> None:
-        rt = self.rt
-        adv = rt.cudaMemoryAdvise
-        for p, s in ranges:
-            if advice == Advice.READ_MOSTLY:
-                self._check(rt.cudaMemAdvise(p, s, adv.cudaMemAdviseSetReadMostly, self.dev_loc), "cudaMemAdvise")
-            elif advice == Advice.PREFER_HOST:
-                self._check(rt.cudaMemAdvise(p, s, adv.cudaMemAdviseSetPreferredLocation, self.host_loc), "cudaMemAdvise")
-                self._check(rt.cudaMemAdvise(p, s, adv.cudaMemAdviseSetAccessedBy, self.dev_loc), "cudaMemAdvise")
-            else:
-                for a, loc in ((adv.cudaMemAdviseUnsetReadMostly, self.dev_loc),
-                               (adv.cudaMemAdviseUnsetPreferredLocation, self.host_loc),
-                               (adv.cudaMemAdviseUnsetAccessedBy, self.dev_loc)):
-                    self._check(rt.cudaMemAdvise(p, s, a, loc), "cudaMemAdvise")
-
-    def synchronize(self) -> None:
-        if self.thread is not None:
-            self.thread.drain()
-        self.stream.synchronize()
-        self.discard_stream.synchronize()
 
 
 class HostTime:
@@ -390,6 +107,8 @@ class CudaBackend:
     name = "cuda"
     virtual_addresses = False
     device_type = "cuda"
+    _native_lib = None  # the C++ observer, when it runs (attach_native)
+    _gate = None  # (late, fault) dense ids the gate saw for the next launch (note_gate)
 
     def __init__(self, cfg, policy: Policy, *, shim=None) -> None:
         from .device import require_cuda
@@ -471,6 +190,59 @@ class CudaBackend:
         policy.on_start(PolicyContext(block_size=self.block_size, capacity_blocks=cap_blocks,
                                       max_blocks=self.max_blocks, gpu=self.gpu, live=True,
                                       discards=self.discard_on))
+
+    def attach_native(self, lib) -> None:
+        """Run under the C++ observer (``native_observer.py``): the hooks run on the planner thread, every move
+        goes through the mover thread and into the pre-op gate (``GateBook``), and GPU progress comes from the
+        events the observer records on the ops' streams (``NativeProgress``); captured CUDA graphs are skipped by
+        the observer itself."""
+        from .mover import GateBook
+        from .native_observer import NativeProgress
+        import os
+        cudart = os.environ.get("UVMPREFETCH_CUDART")  # as the shim: the library to take the CUDA calls from
+        if lib.lib.uvmgate_init(cudart.encode() if cudart else None) != 0:
+            raise CudaCallError("libcudart not found by the gate: ops cannot wait for moves in flight")
+        self.progress = NativeProgress(lib, self.max_blocks)
+        self.mover.gate = GateBook(lib, self.block_size)
+        if self.mover.thread is None:
+            self.mover.start_thread(max(self.capacity_bytes // 16, 64 * BLOCK_SIZE))
+        self.mover.thread.idle = self.mover.gate.settle
+        self._capturing = lambda: False
+        self._native_lib = lib
+
+    def gap(self) -> None:
+        """The observer dropped records (a full ring): launches may have reused blocks counted dead, so none of
+        them may be discarded any more (each becomes dead again only by a death seen after the gap)."""
+        self.dead[:] = False
+
+    def thread_init(self) -> None:
+        """On the planner thread, before its first launch: this backend's device is its current device (events and
+        queries it makes go to the right context)."""
+        import torch
+        torch.cuda.set_device(self.device)
+
+    def note_gate(self, late: list[int], fault: list[int]) -> None:
+        """What the gate saw when the op about to be planned was issued (block numbers): blocks still in flight
+        to the GPU, and blocks neither resident nor on their way (they faulted). The next ``launch`` feeds these
+        to the policy instead of what its books infer."""
+        get = self._ids.get
+        ids = lambda bs: np.asarray([i for i in map(get, bs) if i is not None], dtype=np.int64)  # noqa: E731
+        self._gate = (ids(late), ids(fault))
+
+    def monitor(self) -> dict:
+        """Cumulative counts of the monitor: late prefetches and faults as the gate saw them (C++ observer), else
+        the books' expected faults; prefetched blocks evicted before any use (the books)."""
+        m = self.res.m
+        if self._native_lib is not None:
+            c = self._native_lib.counters()
+            return {"late_blocks": c["gate_late"], "fault_blocks": c["gate_fault"],
+                    "evicted_unused_blocks": m["evicted_unused"], "source": "gate"}
+        return {"late_blocks": None, "fault_blocks": m["expected_faults"], "evicted_unused_blocks": m["evicted_unused"],
+                "source": "books"}
+
+    def note_seq(self, seq: int) -> None:
+        """The observer's sequence number of the launch the next ``launch`` call plans (GPU progress)."""
+        self.progress.seq = seq
 
     # ------------------------------------------------------------------------------------ addresses
     def block_ids(self, start: int, length: int) -> np.ndarray:
@@ -562,7 +334,12 @@ class CudaBackend:
         # since start is the live clock. It runs ahead of the GPU by the queued launches, which only makes the
         # policy's link model look less busy than it is; the budget still caps what lands on the GPU.
         res.now = t0 - self._t0
+        gate, self._gate = self._gate, None
+        if gate is not None and gate[0].size:  # exact: in flight when the op was issued (a late prefetch)
+            res.in_flight[gate[0]] = True
         dec = self.policy.on_launch(info, res)
+        if gate is not None and gate[0].size:
+            res.in_flight[gate[0]] = False
         t1 = clock()
         if info.blocks.size:
             self.dead[info.blocks] = False  # in use again (the allocator handed the memory out)
@@ -605,6 +382,8 @@ class CudaBackend:
             self._move_mark[pf] = m
         t6 = clock()
         missing = res.touch(info.blocks)
+        if gate is not None:
+            missing = gate[1]  # what the driver faulted, as the gate saw it (the books' guess otherwise)
         if missing.size:
             self.policy.on_fault(info, missing)
         if victims.size:
@@ -678,6 +457,7 @@ class CudaBackend:
                  managed_bytes_end=st["managed_bytes"], managed_limit_bytes=st["limit_bytes"],
                  shim=st, shim_mode=self.shim_mode, shim_launches_seen=self.shim_launches,
                  mover="thread" if self.mover.thread is not None else "sync",
+                 mover_calls_on_training_thread=dict(self.mover.on_main or {"to_gpu": 0, "to_host": 0}),
                  mover_wait_s=self.mover.thread.waited_s if self.mover.thread is not None else 0.0,
                  batch_prefetch=self.mover.batch, discard_api=self.mover.can_discard, cuda_calls=self.mover.calls,
                  discards_issued=self.discard_on, discards_as_evictions=self.discards_as_evictions,

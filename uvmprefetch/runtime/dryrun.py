@@ -80,6 +80,13 @@ class DryrunBackend:
     def end_iteration(self, k: int) -> None:
         self.model.end_iteration(k)
 
+    def monitor(self) -> dict:
+        """Cumulative counts of the exact monitor (the simulated GPU knows them): late prefetches, faults,
+        prefetched blocks evicted before any use."""
+        m = self.model.m
+        return {"late_blocks": int(m["late_blocks"]), "fault_blocks": int(m["faults"]),
+                "evicted_unused_blocks": int(m["prefetch_wasted_bytes"]) // self.block_size, "source": "model"}
+
     def resident_bytes(self) -> int:
         return int(self.model.used_blocks) * self.block_size
 

@@ -7,7 +7,7 @@ and how far the GPU has got.
   stack included) over to it. A launch's phase is ``backward`` when ``torch._C._current_autograd_node()`` is
   set, ``optimizer`` between the global optimizer step pre/post hooks, ``forward`` otherwise; each optimizer
   step ends an iteration.
-- **Tensor deaths** come from finalizers on storages (PyTorch keeps one Python object per live storage, so a
+- **Tensor deaths** (this Python observer) come from finalizers on storages (PyTorch keeps one Python object per live storage, so a
   ``weakref.finalize`` fires when the storage itself dies). Finalizers run on whatever thread drops the last
   reference, so they only append to a queue; the session drains it before the next launch (hook order:
   ``on_free`` before ``on_launch``).
@@ -41,9 +41,9 @@ from ..trace.recorder import accesses_of, launches_kernel, tensor_extent  # noqa
 VirtualLayout = FirstFit
 
 
-@dataclass
+@dataclass(eq=False)
 class Storage:
-    """One live storage as the runtime sees it."""
+    """One live storage as the runtime sees it (hashed by identity: one object per allocation id)."""
 
     id: int  # allocation id (dense, in first-sight order; also the trace's allocation id)
     key: int  # the storage's data_ptr when first seen
@@ -80,7 +80,8 @@ class StorageTracker:
         self._by_owner: dict[int, Storage] = {}  # id(Python storage object) -> its current memory
 
     def lookup(self, storage) -> Storage | None:
-        """The ``Storage`` for a torch ``UntypedStorage``, registering it on first sight."""
+        """The ``Storage`` for a torch ``UntypedStorage``, registering it on first sight (its death comes from a
+        finalizer on its Python object, or from its resize: the Python observer)."""
         nbytes = storage.nbytes()
         if nbytes <= 0:
             return None
@@ -95,17 +96,41 @@ class StorageTracker:
                 if prev.key == key and prev.nbytes == nbytes:
                     return prev  # another storage aliases this memory and took ``live[key]``: keep both
                 self.dead.append(prev)  # resized in place: the object's old memory is free
-            base = self.layout.alloc(nbytes) if self.layout is not None else key
-            s = Storage(self.next_id, key, base, nbytes, owner)
-            self.next_id += 1
-            self.live[key] = s
-            self.live_bytes += nbytes
-            self.peak_live_bytes = max(self.peak_live_bytes, self.live_bytes)
-            for b in self.blocks_of(base, nbytes):
-                self.block_refs[b] += 1
+            s = self.register(key, nbytes, owner)
             self._by_owner[owner] = s
         if prev is None:
             weakref.finalize(storage, self._owner_died, owner)
+        return s
+
+    def at(self, key: int, nbytes: int) -> Storage:
+        """The live ``Storage`` at address ``key`` of ``nbytes`` (the C++ observer's ranges), registering it on first
+        sight; one of another size there died unreported (its free was not seen): it is queued dead first."""
+        s = self.live.get(key)
+        if s is not None:
+            if s.nbytes == nbytes:
+                return s
+            self.dead.append(s)
+        with self._lock:
+            return self.register(key, nbytes)
+
+    def kill(self, key: int) -> None:
+        """The allocation at address ``key`` was freed (an allocator event): its storage, if one was seen, is
+        queued dead."""
+        s = self.live.get(key)
+        if s is not None:
+            self.dead.append(s)
+            del self.live[key]
+
+    def register(self, key: int, nbytes: int, owner: int = 0) -> Storage:
+        """A new live storage at ``key`` (the caller holds the lock)."""
+        base = self.layout.alloc(nbytes) if self.layout is not None else key
+        s = Storage(self.next_id, key, base, nbytes, owner)
+        self.next_id += 1
+        self.live[key] = s
+        self.live_bytes += nbytes
+        self.peak_live_bytes = max(self.peak_live_bytes, self.live_bytes)
+        for b in self.blocks_of(base, nbytes):
+            self.block_refs[b] += 1
         return s
 
     def _owner_died(self, owner: int) -> None:
@@ -166,6 +191,7 @@ def make_mode(session):
     from torch.utils._python_dispatch import TorchDispatchMode
 
     current_node = torch._C._current_autograd_node
+    graph_task = torch._C._current_graph_task_id
     clock = time.perf_counter
 
     class UvmPrefetchMode(TorchDispatchMode):
@@ -175,7 +201,8 @@ def make_mode(session):
             t1 = clock()
             if session.active and launches_kernel(func):
                 try:
-                    backward = current_node() is not None
+                    # a node being evaluated, or a backward pass's final callbacks (DDP's, FSDP2's reductions)
+                    backward = current_node() is not None or graph_task() != -1
                     session.on_op(func, args, kwargs, out, backward)
                 except Exception as e:  # noqa: BLE001 - the prefetcher never kills training
                     session.fail("observer", e)

@@ -36,6 +36,8 @@ def build_report(s) -> dict:
         s._note_error("policy report", e)
         pol = {}
     cap = int(getattr(s.backend, "capacity_bytes", 0) or 0)
+    nat = _native(s)
+    never_woke = bool(nat) and nat.get("planner", {}).get("woke") is None and nat["planner"].get("dormant")
     rep = {
         "uvmprefetch": __version__,
         "backend": s.cfg.backend,
@@ -48,15 +50,17 @@ def build_report(s) -> dict:
         # cuda: the shim's managed limit and the budget, each with why it has its value (runtime/memory.py)
         "memory": s.backend.memory.as_dict() if getattr(s.backend, "memory", None) is not None else None,
         "block_size": s.block_size,
+        "observer": {"kind": s.observer, "why_not_native": s.observer_why or None},
         "launches": s.index,
         "launches_by_phase": dict(s.phase_launches),
         "iterations": s.iteration,
         "inferred_iterations": s.iter_ends.inferred,
         "allocations_seen": s.tracker.next_id,
-        "working_set_bytes": int(s.tracker.peak_live_bytes),
-        # dryrun: the high-water mark of the caching-allocator-like address space is what would be managed
-        "peak_managed_bytes": int(be.get("peak_managed_bytes") or (s.tracker.layout.peak_top if s.tracker.layout
-                                                                   else s.tracker.peak_live_bytes)),
+        # null while nothing was planned (the model fitted: no storage was looked at)
+        "working_set_bytes": None if never_woke else int(s.tracker.peak_live_bytes),
+        # dryrun: the high-water mark of the caching-allocator-like address space is what would be managed (while
+        # the planner slept nothing was placed there: then the CPU allocator's peak live bytes stand in)
+        "peak_managed_bytes": _peak_managed(s, be, nat),
         "peak_resident_bytes": be.get("peak_resident_bytes"),
         "faults": be.get("faults"),
         "expected_faults": be.get("expected_faults"),
@@ -68,21 +72,43 @@ def build_report(s) -> dict:
         "coverage": be.get("coverage"),
         "iter_s": [round(x, 6) for x in s.iter_wall],
         "window": [list(w) for w in s.window_log] or pol.get("window_log") or None,
+        # per iteration: late prefetches, faults, prefetched blocks evicted unused (source: the pre-op gate with
+        # the C++ observer on a GPU, the simulated GPU for dryrun, the books otherwise)
+        "monitor": s.monitor or None,
         "degraded": s.degraded,
         "errors": s.errors[:20],
         "policy_report": pol,
         "backend_result": be,
-        "observe_time": {"ops": s.ops, "op_s": round(s.op_s, 6), "after_op_s": round(s.after_op_s, 6),
-                         "note": "host seconds over every dispatched op: op_s = the ops themselves (PyTorch below "
-                                 "the dispatch mode, kernel launches included); after_op_s = the runtime after "
-                                 "each op (observation + launch hook; the hook's own split is "
-                                 "backend_result.host_time)"},
+        "observe_time": nat or {
+            "observer": "python", "ops": s.ops, "op_s": round(s.op_s, 6), "after_op_s": round(s.after_op_s, 6),
+            "note": "host seconds over every dispatched op: op_s = the ops themselves (PyTorch below the dispatch "
+                    "mode, kernel launches included); after_op_s = the runtime after each op (observation + "
+                    "launch hook; the hook's own split is backend_result.host_time)"},
     }
     if s.cfg.backend == "dryrun":
         rep["model_time_s"] = be.get("time_s")
         rep["model_stall_s"] = be.get("stall_s")
         rep["model_iter_s"] = be.get("iteration_times_s")
     return rep
+
+
+def _peak_managed(s, be: dict, nat: dict) -> int:
+    peak = int(be.get("peak_managed_bytes") or (s.tracker.layout.peak_top if s.tracker.layout
+                                               else s.tracker.peak_live_bytes))
+    planner = nat.get("planner") or {}
+    if s.tracker.layout is not None and (planner.get("woke") is not None or planner.get("dormant")):
+        peak = max(peak, int((nat.get("allocator") or {}).get("peak_live_bytes") or 0))
+    return peak
+
+
+def _native(s) -> dict:
+    if s.native is None:
+        return {}
+    try:
+        return s.native.result()
+    except Exception as e:  # noqa: BLE001
+        s._note_error("observer report", e)
+        return {}
 
 
 def summary(rep: dict) -> str:
@@ -93,11 +119,15 @@ def summary(rep: dict) -> str:
     def pct(v):
         return f"{v:.0%}" if isinstance(v, (int, float)) else "n/a"
 
+    ot = rep.get("observe_time") or {}
+    planner = ot.get("planner") or {}
+    observer = rep["observer"]["kind"] + (" observer, planner never woke: the model fitted" if planner.get("dormant")
+                                          and not planner.get("woke") else " observer")
     budget = rep["budget_bytes"] or (rep.get("memory") or {}).get("budget_bytes")
     lines = [
         f"uvmprefetch: {rep['backend']} run" + (f" (rank {rep['rank']['rank']})" if rep.get("rank") else "") +
-        f", policy {rep['policy']}, {rep['launches']} launches, "
-        f"{rep['iterations']} iterations" + (" (DEGRADED: prefetcher switched off)" if rep["degraded"] else ""),
+        f", policy {rep['policy']}, {rep['launches']} launches, {rep['iterations']} iterations, {observer}"
+        + (" (DEGRADED: prefetcher switched off)" if rep["degraded"] else ""),
         f"  working set {sz(rep['working_set_bytes'])}, budget {sz(budget) if budget else 'none'}"
         f", peak resident {sz(rep['peak_resident_bytes'])}, peak managed {sz(rep['peak_managed_bytes'])}",
         f"  moved {sz(rep['bytes_htod'])} to GPU, {sz(rep['bytes_dtoh'])} to host; faults "

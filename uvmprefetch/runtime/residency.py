@@ -45,7 +45,7 @@ class Residency:
         self.now = 0.0
         self.m = dict(expected_faults=0, bytes_htod=0, bytes_dtoh=0, prefetch_issued_bytes=0,
                       prefetch_useful_bytes=0, budget_evictions=0, policy_evictions=0, discards=0,
-                      dropped_evictions=0, peak_resident_blocks=0, over_budget_launches=0)
+                      dropped_evictions=0, peak_resident_blocks=0, over_budget_launches=0, evicted_unused=0)
 
     @property
     def used_blocks(self) -> int:
@@ -111,6 +111,7 @@ class Residency:
             self._set(discard, False)
             self.pf_pending[discard] = False
         if evict.size:
+            self.m["evicted_unused"] += int(self.pf_pending[evict].sum())  # prefetched, evicted before any use
             self.m["policy_evictions"] += int(evict.size)
             self.m["bytes_dtoh"] += int(evict.size) * bs
             self._set(evict, False)
@@ -135,6 +136,7 @@ class Residency:
 
     def evict_for_budget(self, victims: np.ndarray) -> None:
         if victims.size:
+            self.m["evicted_unused"] += int(self.pf_pending[victims].sum())
             self.m["budget_evictions"] += int(victims.size)
             self.m["bytes_dtoh"] += int(victims.size) * self.block_size
             self._set(victims, False)

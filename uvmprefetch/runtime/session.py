@@ -75,6 +75,15 @@ def build_policy(cfg: RuntimeConfig) -> Policy:
     return pol
 
 
+def native_unsupported(cfg: RuntimeConfig) -> str:
+    """Why the C++ observer cannot serve ``cfg`` ('' when it can)."""
+    if cfg.backend == "cuda" and cfg.discard:
+        # discards need exact deaths of the caching allocator's blocks: the allocator tracker (issue 9) joins the
+        # observer library for that; until then the Python observer's finalizers provide them
+        return "UVMPREFETCH_DISCARD=1 needs tensor deaths, which the C++ observer does not see on a GPU yet"
+    return ""
+
+
 def make_backend(cfg: RuntimeConfig, policy: Policy):
     if cfg.backend == "dryrun":
         from .dryrun import DryrunBackend
@@ -113,6 +122,9 @@ class Session:
     rank
         This process's ``ranks.Rank`` in a distributed job (None: a single process). The policy is told its
         ``rank`` and ``world`` before it starts, as in the simulator's several-GPU replay.
+    dormant
+        With the C++ observer: let the planner sleep until the live bytes reach half the capacity (the default);
+        False plans every launch from the start (small models in tests, like a trace does).
 
     Raises
     ------
@@ -120,9 +132,10 @@ class Session:
         At construction: bad policy/window, no GPU or a missing driver feature for the cuda backend.
     """
 
-    def __init__(self, cfg: RuntimeConfig, backend=None, rank=None) -> None:
+    def __init__(self, cfg: RuntimeConfig, backend=None, rank=None, dormant: bool = True) -> None:
         self.cfg = cfg
         self.rank = rank
+        self._dormant_ok = dormant
         self.policy = build_policy(cfg)
         if rank is not None:
             self.policy.rank, self.policy.world = rank.rank, rank.world_size
@@ -144,6 +157,8 @@ class Session:
         self.errors: list[str] = []
         self.degraded = False
         self.window_log: list[tuple[int, float]] = []
+        self.monitor: list[dict] = []  # per iteration (_monitor_tick)
+        self._monitor_prev: dict = {}
         self.iter_wall: list[float] = []
         self.phase_launches = {p: 0 for p in ("forward", "backward", "optimizer", "other")}
         # Host seconds per dispatched op, accumulated by the dispatch mode (``observe.make_mode``): the op itself
@@ -166,28 +181,79 @@ class Session:
                                          "policy": self.policy.name})
             self.builder.iteration = 0
         self._alloc_seen = 0
+        self.observer = "python"  # which observer sees the ops, and why the C++ one does not (when it does not)
+        self.observer_why = ""
+        self.native = None  # planner.NativeObservation while the C++ observer runs
 
     # -------------------------------------------------------------------------------------- lifecycle
     def start(self) -> "Session":
-        """Enter the dispatcher mode on this thread, hook optimizer steps, write the report at exit."""
+        """Start the C++ observer and the planner thread (or, where it cannot be used, enter the Python
+        dispatcher mode on this thread), hook optimizer steps, write the report at exit.
+
+        Raises
+        ------
+        ConfigError
+            ``UVMPREFETCH_OBSERVER=native`` where the C++ observer cannot be used (the message says why).
+        """
         import torch
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
-        self._mode = make_mode(self)
-        self._mode.__enter__()
-        self._hooks = [register_optimizer_step_pre_hook(self._opt_pre),
-                       register_optimizer_step_post_hook(self._opt_post)]
         self._torch = torch
         self.active = True
+        if not self._start_native():
+            self._mode = make_mode(self)
+            self._mode.__enter__()
+        self._hooks = [register_optimizer_step_pre_hook(self._opt_pre),
+                       register_optimizer_step_post_hook(self._opt_post)]
         atexit.register(self.stop)
         # A forked child (DataLoader worker) inherits the mode and this object: it must neither observe (its
         # ops are not the GPU's; CUDA calls fail after fork) nor write the parent's report at its exit.
         os.register_at_fork(after_in_child=self._forked)
         return self
 
+    def _start_native(self) -> bool:
+        """Start the C++ observer if it can be used here; say (once) why not where it cannot."""
+        from .native import NativeBuildError
+        choice = self.cfg.observer
+        why = "UVMPREFETCH_OBSERVER=python" if choice == "python" else native_unsupported(self.cfg)
+        if not why:
+            from . import native_observer
+            from .planner import NativeObservation
+            try:
+                lib = native_observer.load(say=self._say if self.cfg.log != "quiet" else None)
+                self.native = NativeObservation(self, lib, self._dormant_ok).start()
+                self.observer = "native"
+                if self.cfg.log in ("info", "debug"):
+                    self._say(f"observer: C++ (RecordFunction, built for torch {lib.torch_version}); planner "
+                              + ("dormant until the live bytes reach half the capacity" if self.native.planner.dormant
+                                 else "active"))
+                return True
+            except NativeBuildError as e:
+                self.native = None
+                why = str(e)
+        if choice == "native":
+            self.active = False
+            raise ConfigError(f"UVMPREFETCH_OBSERVER=native: the C++ observer cannot be used here: {why}")
+        self.observer_why = why
+        if choice != "python" and self.cfg.log != "quiet":
+            self._say(f"observer: Python dispatch mode (the C++ observer is unavailable: {why}); every op costs "
+                      "tens of microseconds more on the training thread")
+        return False
+
+    @staticmethod
+    def _say(msg: str) -> None:
+        print(f"uvmprefetch: {msg}", file=sys.stderr, flush=True)
+
+    def flush(self) -> None:
+        """Wait until every op observed so far is planned (the C++ observer plans on its own thread)."""
+        if self.native is not None:
+            self.native.planner.flush()
+
     def _forked(self) -> None:
         self.active = False
         self._stopped = True
         self._report = None
+        if self.native is not None:
+            self.native.forked()
 
     def stop(self) -> dict:
         """Leave the mode, write the report (and trace); idempotent. Returns the report."""
@@ -195,9 +261,14 @@ class Session:
             if self._stopped:
                 return self._report
             self._stopped = True
-            self.active = False
         for h in self._hooks:
             h.remove()
+        if self.native is not None:
+            try:
+                self.native.stop()  # the callbacks go, then what is left in the rings is planned
+            except Exception as e:  # noqa: BLE001
+                self._note_error("observer stop", e)
+        self.active = False
         if self._mode is not None:
             try:
                 self._mode.__exit__(None, None, None)
@@ -218,6 +289,11 @@ class Session:
         if not self.degraded:
             self.degraded = True
             self.active = False
+            if self.native is not None:
+                try:
+                    self.native.halt()
+                except Exception as e:  # noqa: BLE001
+                    self._note_error("observer halt", e)
             rest = ("training continues on plain managed memory" if self.cfg.backend == "cuda"
                     else "the program continues unobserved")
             print(f"uvmprefetch: {where} failed ({type(exc).__name__}: {exc}); the prefetcher is off for the rest "
@@ -231,20 +307,31 @@ class Session:
     # -------------------------------------------------------------------------------------- hooks
     def _opt_pre(self, opt, args, kwargs) -> None:
         self.in_optimizer = True
+        if self.native is not None:
+            self.native.optimizer(True)
 
     def _opt_post(self, opt, args, kwargs) -> None:
         self.in_optimizer = False
+        if self.native is not None:
+            self.native.optimizer(False)  # a mark in the op stream: the planner ends the iteration in order
+            return
         if not self.iter_ends.step() or not self.active:
             return
         with self._lock:
             self._end_iteration()
 
-    def _end_iteration(self) -> None:
+    def step_done(self, t: float) -> None:
+        """The planner reached an optimizer step's end (hooked at ``t``, perf_counter seconds); lock held."""
+        if self.iter_ends.step() and self.active:
+            self._end_iteration(t)
+
+    def _end_iteration(self, now: float | None = None) -> None:
         """The iteration ended (after its last launch): tell the backend (and through it the policy), count it."""
         try:
             self._drain_frees()
             self.backend.end_iteration(self.iteration)
-            now = time.perf_counter()
+            now = time.perf_counter() if now is None else now
+            self._monitor_tick()
             self.iter_wall.append(now - self._t_iter)
             self._t_iter = now
             self.iteration += 1
@@ -252,6 +339,17 @@ class Session:
                 self.builder.iteration = self.iteration
         except Exception as e:  # noqa: BLE001
             self.fail("end of iteration", e)
+
+    def _monitor_tick(self) -> None:
+        """One iteration's monitor (late prefetches, faults, prefetched blocks evicted unused), from the backend's
+        cumulative counts."""
+        mon = getattr(self.backend, "monitor", None)
+        if mon is None:
+            return
+        now = mon()
+        prev, self._monitor_prev = self._monitor_prev, now
+        self.monitor.append({k: (v - prev.get(k, 0) if isinstance(v, int) and isinstance(prev.get(k, 0), int) else v)
+                             for k, v in now.items()})
 
     def _drain_frees(self) -> None:
         died, freed = self.tracker.drain_dead()
@@ -263,11 +361,11 @@ class Session:
             self.backend.free(np.asarray(sorted(freed), dtype=np.int64))
 
     def on_op(self, func, args, kwargs, out, backward: bool) -> None:
-        """One kernel-launching op ran (called by the dispatcher mode).
+        """One kernel-launching op ran (called by the Python dispatcher mode: the fallback observer).
 
-        The hot path of the runtime (every launch): one flat walk of the arguments gives the accesses and the
-        shape key (``scan_op``); execution ids and shape-only FLOP counts are memoised per (op, shapes); each
-        distinct byte range is turned into block ids once.
+        One flat walk of the arguments gives the accesses and the shape key (``scan_op``); execution ids and
+        shape-only FLOP counts are memoised per (op, shapes). The C++ observer hands the planner the same facts
+        (``planner.py``), which then calls ``launch`` as this does.
         """
         with self._lock:
             if not self.active:
@@ -280,22 +378,14 @@ class Session:
             phase = "optimizer" if self.in_optimizer else "backward" if backward else "forward"
             if phase == "optimizer" and all(t.dim() == 0 for t, _ in acc):
                 return  # AdamW's step counters: host work in a GPU run (as the recorder counts it)
-            if self.iter_ends.ends_before(phase):  # no torch.optim step seen (runtime/iterations.py)
-                self._end_iteration()
-                if not self.active:
-                    return
-            lookup, builder, block_ids = self.tracker.lookup, self.builder, self.backend.block_ids
-            ranges: dict = {}  # (start, length) -> [block ids, mode]: in-place ops name a range twice
-            merged: dict = {}
+            lookup = self.tracker.lookup
+            accesses: dict = {}  # (storage, offset, length) -> mode: in-place ops name a range twice
             for t, mode in acc:
                 s = lookup(t.untyped_storage())
                 if s is None:
                     continue
-                if builder is not None and s.id == self._alloc_seen:  # ids follow first-sight order
-                    kind = ("param" if isinstance(t, self._torch.nn.Parameter) else
-                            "optimizer" if self.in_optimizer else "activation")
-                    builder.alloc(s.nbytes, kind)
-                    self._alloc_seen += 1
+                if self.builder is not None and s.id == self._alloc_seen:  # ids follow first-sight order
+                    self._note_alloc(s, isinstance(t, self._torch.nn.Parameter), self.in_optimizer)
                 if t.is_contiguous():  # tensor_extent's answer without the call and the stride walk
                     es = t.element_size()
                     off, length = t.storage_offset() * es, t.numel() * es
@@ -304,42 +394,54 @@ class Session:
                 length = min(length, s.nbytes - off)
                 if length <= 0:
                     continue
-                r = ranges.get((s.base + off, length))
-                if r is None:
-                    ranges[(s.base + off, length)] = [block_ids(s.base + off, length), mode]
-                else:
-                    r[1] |= mode
-                k = (s.id, off, length)
-                merged[k] = merged.get(k, 0) | mode
-            rs = list(ranges.values())
-            b = _union([r[0] for r in rs])
-            w = _union([r[0] for r in rs if r[1] & WRITE])
+                k = (s, off, length)
+                accesses[k] = accesses.get(k, 0) | mode
             name = func.name()
-            nid = self.names.get(name)
-            if nid is None:
-                nid = self.names[name] = len(self.names)
-            self.phase_launches[phase] += 1
-            nbytes = sum(ln * (2 if m == READ | WRITE else 1) for (_, _, ln), m in merged.items())
             flops = cached_flops(func, args, kwargs, out, ckey)
             dtype = "fp32"
             if flops:
                 dtype = next((_DTYPE_NAMES.get(str(t.dtype), "fp32") for t, _ in acc if t.is_floating_point()), "fp32")
-                if builder is not None:
-                    # as the recorder does: a replay on another profile re-estimates from FLOPs in this dtype
-                    # (without it every bf16 matmul of a live trace counted as fp32: bench/results/gpu-20261123b)
-                    builder.note_flop_dtype(dtype)
-            duration = estimate(flops, nbytes, dtype, self.gpu) if self.gpu is not None else 0.0
-            info = LaunchInfo(index=self.index, exec_id=cached_exec_id(name, key, ckey),
-                              name=nid, phase=PHASE[phase], iteration=self.iteration, duration=duration,
-                              blocks=b, write_blocks=w)
-            self.backend.launch(info)
-            if builder is not None:
-                accesses = [(a, off, ln, m) for (a, off, ln), m in merged.items()]
-                builder.launch(name, accesses, duration=duration, flops=flops, nbytes=nbytes,
-                               exec_id=info.exec_id, phase=phase, iteration=self.iteration)
-            self.index += 1
-            if self.index % 64 == 0:
-                self._sample_window()
+            self.launch(name, cached_exec_id(name, key, ckey), phase, accesses, flops, dtype)
+
+    def _note_alloc(self, s, param: bool, optimizer: bool) -> None:
+        """The trace's allocation for storage ``s``, seen for the first time (ids follow first-sight order)."""
+        kind = "param" if param else "optimizer" if optimizer else "activation"
+        self.builder.alloc(s.nbytes, kind)
+        self._alloc_seen += 1
+
+    def launch(self, name: str, exec_id: int, phase: str, accesses: dict, flops: float, dtype: str,
+               infer: bool = True) -> None:
+        """One launch with its ``accesses`` ({(Storage, offset, length): mode}) to the backend, the trace and the
+        counts; the caller holds the lock. Each distinct byte range becomes block ids once. ``infer``: the launch
+        may end an iteration by its phase (runtime/iterations.py)."""
+        if infer and self.iter_ends.ends_before(phase):  # no torch.optim step seen (runtime/iterations.py)
+            self._end_iteration()
+            if not self.active:
+                return
+        block_ids = self.backend.block_ids
+        rs = [(block_ids(s.base + off, ln), m) for (s, off, ln), m in accesses.items()]
+        b = _union([r for r, _ in rs])
+        w = _union([r for r, m in rs if m & WRITE])
+        nid = self.names.get(name)
+        if nid is None:
+            nid = self.names[name] = len(self.names)
+        self.phase_launches[phase] += 1
+        nbytes = sum(ln * (2 if m == READ | WRITE else 1) for (_, _, ln), m in accesses.items())
+        builder = self.builder
+        if flops and builder is not None:
+            # as the recorder does: a replay on another profile re-estimates from FLOPs in this dtype
+            # (without it every bf16 matmul of a live trace counted as fp32: bench/results/gpu-20261123b)
+            builder.note_flop_dtype(dtype)
+        duration = estimate(flops, nbytes, dtype, self.gpu) if self.gpu is not None else 0.0
+        info = LaunchInfo(index=self.index, exec_id=exec_id, name=nid, phase=PHASE[phase], iteration=self.iteration,
+                          duration=duration, blocks=b, write_blocks=w)
+        self.backend.launch(info)
+        if builder is not None:
+            builder.launch(name, [(s.id, off, ln, m) for (s, off, ln), m in accesses.items()], duration=duration,
+                           flops=flops, nbytes=nbytes, exec_id=exec_id, phase=phase, iteration=self.iteration)
+        self.index += 1
+        if self.index % 64 == 0:
+            self._sample_window()
 
     def _sample_window(self) -> None:
         try:

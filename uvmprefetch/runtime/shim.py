@@ -1,21 +1,19 @@
 """The LD_PRELOAD shim (``kernels/uvmshim.c``): build it on first use, find it, read it through ctypes.
 
-The shim is built from source into a cache folder keyed by the source's hash, so an edited shim is rebuilt
-and two versions never collide. Reading it in-process works because ``ctypes.CDLL`` on the path of an
+The shim is built from source by the native builder (``runtime/native.py``) into a private cache folder keyed
+by the source's hash and the compiler, so an edited shim is rebuilt and two versions never collide. Reading it in-process works because ``ctypes.CDLL`` on the path of an
 already preloaded library returns that same library (same ring, same counters).
 """
 
 from __future__ import annotations
 
 import ctypes
-import fcntl
-import hashlib
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 from ..errors import ShimError
+from . import native
 
 LIB_NAME = "libuvmshim.so"
 ABI = 2  # must equal UVMSHIM_ABI in uvmshim.c
@@ -23,63 +21,55 @@ ABI = 2  # must equal UVMSHIM_ABI in uvmshim.c
 
 def source_dir() -> Path:
     """Folder holding ``uvmshim.c`` and its Makefile (the repository's ``kernels/``)."""
-    here = Path(__file__).resolve().parent
-    for cand in (here.parents[1] / "kernels", here.parent / "_kernels"):
-        if (cand / "uvmshim.c").is_file():
-            return cand
-    raise ShimError(f"shim source kernels/uvmshim.c not found next to the package ({here.parents[1]})")
-
-
-def _source_hash(src: Path) -> str:
-    h = hashlib.sha256()
-    for name in ("uvmshim.c", "Makefile"):
-        h.update((src / name).read_bytes())
-    return h.hexdigest()[:16]
+    try:
+        src = native.source_dir()
+    except native.NativeBuildError as e:
+        raise ShimError(str(e)) from None
+    if not (src / "uvmshim.c").is_file():
+        raise ShimError(f"shim source uvmshim.c not found in {src}")
+    return src
 
 
 def cache_dir() -> Path:
-    """Where built shims live: ``$UVMPREFETCH_SHIM_DIR``, else ``$XDG_CACHE_HOME/uvmprefetch``, else
-    ``~/.cache/uvmprefetch``."""
+    """Where built shims live: ``$UVMPREFETCH_SHIM_DIR``, else the native build cache (``native.cache_root``)."""
     d = os.environ.get("UVMPREFETCH_SHIM_DIR")
-    if d:
-        return Path(d)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "uvmprefetch"
+    return Path(d) if d else native.cache_root()
 
 
 def built_path() -> Path:
-    """Path the shim for the current source has (or will have) once built."""
-    src = source_dir()
-    return cache_dir() / f"shim-{_source_hash(src)}" / LIB_NAME
+    """Path the shim for the current source and compiler has (or will have) once built."""
+    source_dir()
+    try:
+        key, _ = native.build_key(native.SHIM)
+    except native.NativeBuildError as e:
+        raise ShimError(str(e)) from None
+    return native.folder_for(native.SHIM, key) / LIB_NAME
 
 
 def shim_path(build: bool = True) -> Path:
-    """The shim's path, building it first if needed (and ``build``).
+    """The shim's path, building it first if needed (and ``build``). The cache rules are the native builder's
+    (``runtime/native.py``): private folders only, and a library whose owner, mode or recorded hash does not
+    match is rebuilt, never loaded.
 
     Raises
     ------
     ShimError
-        No C compiler / make, the build failed (the compiler's last lines are in the message), or the shim
-        is not built and ``build`` is False.
+        No C compiler / make, the build failed (the compiler's last lines are in the message), the cache is
+        not private, or the shim is not built and ``build`` is False.
     """
-    out = built_path()
-    if out.is_file():
-        return out
+    source_dir()
     if not build:
-        raise ShimError(f"shim not built yet ({out}); run `uvmprefetch shim-path` to build it")
+        path, why = native.built(native.SHIM)
+        if path is None:
+            raise ShimError(f"shim not built yet ({built_path()}: {why}); run `uvmprefetch shim-path` to build it")
+        return path
     for tool in ("make", os.environ.get("CC", "cc")):
         if shutil.which(tool) is None:
             raise ShimError(f"building the shim needs `{tool}` on PATH (a C compiler and make; no CUDA needed)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.parent / ".lock", "w") as lock:  # two processes starting at once build it once
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not out.is_file():
-            r = subprocess.run(["make", "-s", "-C", str(source_dir()), f"O={out.parent}"],
-                               capture_output=True, text=True)
-            if r.returncode != 0 or not out.is_file():
-                tail = " | ".join((r.stderr or r.stdout).strip().splitlines()[-3:])
-                raise ShimError(f"building the shim failed (make exit {r.returncode}): {tail}")
-    return out
+    try:
+        return native.build(native.SHIM)
+    except native.NativeBuildError as e:
+        raise ShimError(str(e).replace("libuvmshim.so", "the shim", 1)) from None
 
 
 # ------------------------------------------------------------------------------------------ ctypes view

@@ -20,6 +20,7 @@ from ..jsonutil import json_default
 from ..policy import make_policy
 from ..trace.format import Trace, load
 from .layout import build_layout
+from .copypath import parse_evict
 from .replay import launch_durations, replay
 
 DEFAULT_OVERSUB = (1.0, 1.25, 1.5, 2.0, 3.0)
@@ -82,14 +83,14 @@ def parse_oversub_list(text: str) -> list[float]:
 
 def run_bench(traces: list[tuple[str, Trace]], policies: list[str], oversubs: list[float], gpu: GpuProfile,
               block_size: int = 2 << 20, writeback_clean: bool = False, progress: bool = True, n_gpus: int = 1,
-              shared_link: bool = True, host=None, discards: bool = True) -> list[dict]:
+              shared_link: bool = True, host=None, discards: bool = True, evict=None) -> list[dict]:
     """Replay every trace under every policy at every oversubscription level.
 
     A combination the capacity cannot hold (a launch wider than the capacity) becomes a row with ``error``
     set instead of stopping the benchmark. With ``n_gpus`` > 1 every replay but ``ideal`` runs ``n_gpus``
     data-parallel GPUs on one host link (``sim/multigpu.py``; ``shared_link=False``: a link each). ``host``:
     the host clock of ``replay`` (one GPU only; the ``ideal`` reference runs without it); ``discards=False``: no
-    dead data is dropped (``replay``; one GPU only). Each row
+    dead data is dropped (``replay``; one GPU only); ``evict``: the eviction paths (``replay``). Each row
     says whether its policy is ``offline`` (sees the whole trace in advance) and its ``planning_s``.
     """
     from .multigpu import replay_multi
@@ -123,10 +124,11 @@ def run_bench(traces: list[tuple[str, Trace]], policies: list[str], oversubs: li
                         try:
                             if n_gpus > 1:
                                 r = replay_multi(t, p, gpu, n_gpus, oversub=ov, layout=lay, durations=dur,
-                                                 shared_link=shared_link)
+                                                 shared_link=shared_link, evict=evict)
                             else:
                                 r = replay(t, p, gpu, oversub=ov, layout=lay, durations=dur,
-                                           writeback_clean=writeback_clean, host=host, discards=discards)
+                                           writeback_clean=writeback_clean, host=host, discards=discards,
+                                           evict=evict)
                         except ConfigError as e:
                             r = {"policy": p, "gpu": gpu.name, "oversub": ov, "error": str(e),
                                  "ideal_s": ideal["ideal_s"]}
@@ -277,7 +279,7 @@ def load_traces(paths: list[str]) -> list[tuple[str, Trace]]:
     return [(Path(p).stem, load(p)) for p in paths]
 
 
-def bench_meta(gpu: GpuProfile, block_size: int, wall: float, host=None, discards: bool = True) -> dict:
+def bench_meta(gpu: GpuProfile, block_size: int, wall: float, host=None, discards: bool = True, evict=None) -> dict:
     import os
     import platform
     import subprocess
@@ -291,4 +293,5 @@ def bench_meta(gpu: GpuProfile, block_size: int, wall: float, host=None, discard
     return {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "gpu": gpu.name, "block_size": block_size,
             "uvmprefetch": __version__, "commit": commit, "python": platform.python_version(),
             "machine": platform.machine(), "cpus": os.cpu_count(), "wall_s": wall,
-            "host": dataclasses.asdict(host) if host is not None else None, "discards": bool(discards)}
+            "host": dataclasses.asdict(host) if host is not None else None, "discards": bool(discards),
+            "evict": dataclasses.asdict(parse_evict(evict))}

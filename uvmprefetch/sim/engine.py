@@ -34,6 +34,8 @@ launch, and the live runtime's ``dryrun`` backend feeds it live observations thr
 - A policy with ``ideal = True`` gets infinite memory: every launch starts when the previous one ends.
 - Optional SSD tier (``sim/ssd.py``, when ``gpu.ssd_bw > 0``): bounded host memory with an SSD behind it. See
   ``docs/tiers.md``.
+- Optional copy path (``sim/copypath.py``, ``evict`` other than ``uvm`` on a profile with ``copy_dtoh_bw > 0``):
+  copy-out into a pinned mirror + discard, and back by repopulate + copy-in, beside UVM's eviction.
 """
 
 from __future__ import annotations
@@ -44,10 +46,12 @@ import numpy as np
 
 from ..errors import ConfigError, SimError  # SimError lives in the error hierarchy; re-exported here
 from ..gpus import GpuProfile
-from ..policy.base import EMPTY, Advice, Decision, LaunchInfo, Policy, PolicyContext
+from ..policy.base import Advice, Decision, LaunchInfo, Policy, PolicyContext
+from .copypath import CopyPath, EvictModel
 from .faults import _PREFER_HOST, DENSITY, REGION, FaultPath
 from .host import HOST_PRESETS, HostModel, host_launch, parse_host  # noqa: F401 - (re-exported: their old home)
 from .link import Link, Queue, fifo_finish
+from .room import Room
 from .ssd import SsdTier
 
 _READ_MOSTLY = int(Advice.READ_MOSTLY)  # (a plain int: enum attribute lookups are slow in the per-launch path)
@@ -55,7 +59,7 @@ _READ_MOSTLY = int(Advice.READ_MOSTLY)  # (a plain int: enum attribute lookups a
 _PER_ITERATION = ("bytes_htod", "bytes_dtoh", "stall_s", "faults")
 
 
-class GpuModel(FaultPath, SsdTier):
+class GpuModel(FaultPath, Room, SsdTier, CopyPath):
     """One simulated GPU driven launch by launch. See the module docstring for the model.
 
     Parameters
@@ -84,6 +88,9 @@ class GpuModel(FaultPath, SsdTier):
         Verify invariants after every launch (capacity, counters): for tests; O(max_blocks) per launch.
     link
         The host link's copy engines (``Link``); a new one unless GPUs share one (``sim/multigpu.py``).
+    evict, copy_blocks
+        The eviction paths (``EvictModel``; None = UVM's only, as the live runtime today) and which blocks are
+        copy-eligible (bool per block; None = all: ``sim/copypath.py``).
 
     Raises
     ------
@@ -94,7 +101,7 @@ class GpuModel(FaultPath, SsdTier):
     def __init__(self, gpu: GpuProfile, capacity_bytes: int, block_size: int, max_blocks: int, policy: Policy,
                  *, timeline: bool = False, trace=None, layout=None, writeback_clean: bool = False,
                  discards: bool = True, check: bool = False, link: Link | None = None,
-                 host: HostModel | None = None) -> None:
+                 host: HostModel | None = None, evict: EvictModel | None = None, copy_blocks=None) -> None:
         if block_size <= 0:
             raise ConfigError(f"block size must be positive, got {block_size}")
         self.gpu = gpu
@@ -163,13 +170,14 @@ class GpuModel(FaultPath, SsdTier):
         if host is not None:
             self.m.update(host_stall_s=0.0, host_decision_s=0.0, host_blocked_s=0.0)
         self._tier_setup(gpu, n)  # (the SSD tier, when the profile has one: docs/tiers.md)
+        self._copy_setup(evict or EvictModel(), copy_blocks, n)  # (the copy path: sim/copypath.py)
         self.iter_ends: list[tuple[int, float]] = []
         self._iter_counts: list[tuple] = []  # the counters of ``_PER_ITERATION`` at each ``end_iteration``
         self.events: dict[str, list] = {"compute": [], "h2d": [], "d2h": [], "fault": [], "resident": [], "block": []}
         self._since = np.full(n, np.nan) if timeline else None  # when each block landed on the GPU
         ctx = PolicyContext(block_size=bs, capacity_blocks=self.capacity_blocks, max_blocks=n, gpu=gpu,
                             live=False, discards=self.discards, trace=trace if policy.offline else None,
-                            layout=layout if policy.offline else None)
+                            layout=layout if policy.offline else None, copy_path=self.copy_on)
         policy.on_start(ctx)
 
     # The copy engines' clocks live on the (possibly shared) link.
@@ -212,6 +220,8 @@ class GpuModel(FaultPath, SsdTier):
             self.dead[blocks] = self.touched[blocks]
             if self.tier:
                 self._release(blocks[self.dead[blocks]])
+            if self.copy_on:
+                self._unmirror(blocks[self.dead[blocks]])
 
     def launch(self, info: LaunchInfo) -> dict:
         """Run launch ``info`` on the compute stream: ``on_launch`` -> apply the Decision -> faults -> run.
@@ -263,7 +273,7 @@ class GpuModel(FaultPath, SsdTier):
             n_fault = int(missing.size)
             if n_fault:
                 self.policy.on_fault(info, missing)
-                fault_done = self._service_faults(missing, now)
+                fault_done = (self._service_missing if self.copy_on else self._service_faults)(missing, now)
             inf = need[self.in_flight[need]]
             n_late = int(inf.size)
             wait = float(self.arrive[inf].max()) if n_late else now
@@ -279,9 +289,13 @@ class GpuModel(FaultPath, SsdTier):
             extra = 0.0
             if far.any():
                 nbytes = int(far.sum()) * self.block_size
-                extra += nbytes / self.remote_bw
+                t = nbytes / self.remote_bw
+                if self.gpu.remote_write_bw:  # written blocks at the write bandwidth (reads overlap: duplex link)
+                    kw = int(np.isin(blocks[far], writes).sum()) * self.block_size
+                    t += kw / self.gpu.remote_write_bw - kw / self.remote_bw
+                extra += t
                 m["remote_bytes"] += nbytes
-                m["remote_s"] += nbytes / self.remote_bw
+                m["remote_s"] += t
             if writes.size:
                 wr = writes[self.advice[writes] != _PREFER_HOST]
                 if (self.advice[wr] == _READ_MOSTLY).any():
@@ -290,6 +304,8 @@ class GpuModel(FaultPath, SsdTier):
                 self.dirty[wr] = True
                 if self.tier and wr.size:
                     self._release(wr)  # written on the GPU: the host/SSD copies are stale
+                if self.copy_on:
+                    self._unmirror(wr)
             self.dead[blocks] = False
             self._protect[blocks] = False
         self.touched[blocks] = True
@@ -390,8 +406,9 @@ class GpuModel(FaultPath, SsdTier):
         self.mig_seq[blocks] = np.arange(self._seq + 1, self._seq + n + 1)
         self._seq += n
 
-    def _evict(self, victims: np.ndarray, now: float, to_ssd: bool = False) -> np.ndarray:
-        """Take resident ``victims`` off the GPU; returns when each one's room is free (write-back end)."""
+    def _evict(self, victims: np.ndarray, now: float, to_ssd: bool = False, copy=None) -> np.ndarray:
+        """Take resident ``victims`` off the GPU; returns when each one's room is free (write-back end). ``copy``
+        (bool, or per victim): it may leave by the copy path; None: by UVM into the managed range (PREFER_HOST)."""
         if self.check:
             assert self.resident[victims].all(), "evicting a block that is not resident"
         n = victims.shape[0]
@@ -401,6 +418,9 @@ class GpuModel(FaultPath, SsdTier):
             wb = live & ((self.advice[victims] != _READ_MOSTLY) | self.dirty[victims])
         else:
             wb = live & self.dirty[victims]
+        cp = self._copy_choice(victims, live, copy) if self.copy_on and copy is not None else None
+        if cp is not None:
+            wb &= ~cp
         rel = np.full(n, now)
         k_ssd = 0
         if self.tier:
@@ -414,7 +434,7 @@ class GpuModel(FaultPath, SsdTier):
             ends = start + self.t_blk_d2h * np.arange(1, k + 1)
             rel[wb] = ends
             self.wb_done[victims[wb]] = ends
-            self.t_d2h = float(ends[-1])
+            self.t_d2h = self._uvm_d2h_end = float(ends[-1])
             self.link.busy_dtoh += k * self.t_blk_d2h
             m["bytes_dtoh"] += k * self.block_size
             m["writebacks"] += k
@@ -424,7 +444,11 @@ class GpuModel(FaultPath, SsdTier):
             self._to_ssd(victims, sw, rel, now)
         if self.tier and k:
             self._host_store(victims[wb])
-        m["drops"] += n - k - k_ssd
+        k_cp = 0
+        if cp is not None:
+            k_cp = int(cp.sum())
+            rel[cp] = self._copy_out(victims[cp], now)
+        m["drops"] += n - k - k_ssd - k_cp
         m["evictions"] += n
         wasted = self.pf_pending[victims]
         if wasted.any():
@@ -437,58 +461,6 @@ class GpuModel(FaultPath, SsdTier):
         self.dirty[victims] = False
         self.n_resident -= n
         return rel
-
-    def _lrm_victims(self, k: int) -> np.ndarray:
-        """Up to ``k`` least-recently-migrated resident blocks that are not protected (driver's choice)."""
-        q = self._lrm
-        out = []
-        got = 0
-        pos = q.head
-        while got < k and pos < q.tail:
-            stop = min(q.tail, pos + max(4 * (k - got), 256))
-            blk = q.blk[pos:stop]
-            valid = self.resident[blk] & (self.mig_seq[blk] == q.val[pos:stop])
-            if pos == q.head:  # drop stale entries at the front for good
-                lead = int(np.argmax(valid)) if valid.any() else blk.shape[0]
-                q.head += lead
-            cand = blk[valid & ~self._protect[blk]]
-            if cand.size:
-                cand = cand[: k - got]
-                out.append(cand)
-                got += cand.shape[0]
-            pos = stop
-        return np.concatenate(out) if out else EMPTY
-
-    def _make_room(self, n: int, now: float, can_wait: bool, pending: int = 0) -> np.ndarray:
-        """Reserve room for ``n`` incoming blocks; returns the sorted times each slot is free (may be fewer
-        than ``n`` when ``can_wait`` is False and nothing more can be evicted). ``pending`` blocks already have
-        room reserved but are not counted in ``used_blocks`` yet."""
-        free = self.capacity_blocks - self.used_blocks - pending
-        rooms = [np.full(min(max(free, 0), n), now)]
-        r = n - rooms[0].shape[0]
-        if r > 0 and len(self._wb):  # slots of pre-evicted blocks still being written back
-            _, rel = self._wb.view()
-            k = min(r, rel.shape[0])
-            rooms.append(rel[:k].copy())
-            self._wb.head += k
-            r -= k
-        if r > 0:
-            victims = self._lrm_victims(r)
-            if victims.size:
-                rooms.append(self._evict(victims, now))
-                self.policy.on_evict(victims)
-                r -= victims.shape[0]
-        while r > 0 and can_wait and len(self._inflight):
-            # Only in-flight or protected blocks hold the room: wait for the next arrival, then evict it.
-            blk, arr = self._inflight.view()
-            t = float(arr[0])
-            self._advance(t)
-            victims = self._lrm_victims(r)
-            if victims.size:
-                rooms.append(np.maximum(self._evict(victims, t), t))
-                self.policy.on_evict(victims)
-                r -= victims.shape[0]
-        return np.sort(np.concatenate(rooms))
 
     def _apply(self, dec: Decision, now: float) -> None:
         m = self.m
@@ -505,7 +477,7 @@ class GpuModel(FaultPath, SsdTier):
                 b = b[~live]
                 lb = lb[self.resident[lb]]
                 if lb.size:
-                    self._evict_to_host(lb, now)
+                    self._evict_to_host(lb, now, copy=self._copy_default)
             m["discards"] += b.size
             res = b[self.resident[b]]
             if res.size:
@@ -514,11 +486,13 @@ class GpuModel(FaultPath, SsdTier):
             self.dead[b] = self.touched[b]
             if self.tier:
                 self._release(b[self.dead[b]])
+            if self.copy_on:
+                self._unmirror(b[self.dead[b]])
         if dec.evict.size:
-            b = np.unique(self._ids(dec.evict, "Decision.evict"))
-            b = b[self.resident[b] & ~self._protect[b]]
-            if b.size:
-                self._evict_to_host(b, now)
+            b, cp = self._evict_choice(dec)  # (unique blocks; whether each may leave by the copy path)
+            keep = self.resident[b] & ~self._protect[b]
+            if keep.any():
+                self._evict_to_host(b[keep], now, copy=cp[keep])
         if dec.evict_ssd.size:
             if not self.tier:
                 raise SimError("Decision.evict_ssd needs the SSD tier: give the GPU profile ssd_bw > 0 "
@@ -534,21 +508,27 @@ class GpuModel(FaultPath, SsdTier):
             b = np.unique(self._ids(blocks, "Decision.advise"))
             self.advice[b] = int(Advice(adv))
             if int(adv) == _PREFER_HOST:
+                if self.copy_on:
+                    self._restore_mirrors(b)
                 res = b[self.resident[b] & ~self._protect[b]]
                 if res.size:
                     self._evict_to_host(res, now)
         if dec.prefetch.size:
             self._prefetch(self._ids(dec.prefetch, "Decision.prefetch"), now)
 
-    def _evict_to_host(self, b: np.ndarray, now: float, to_ssd: bool = False) -> None:
-        rel = self._evict(b, now, to_ssd) if self.tier else self._evict(b, now)
+    def _evict_to_host(self, b: np.ndarray, now: float, to_ssd: bool = False, copy=None) -> None:
+        rel = self._evict(b, now, to_ssd) if self.tier else self._evict(b, now, copy=copy)
         self.m["policy_evictions"] += b.shape[0]
         pending = rel > now
         if pending.any():
+            pb, pr = b[pending], rel[pending]
             if self.tier:
-                self._wb.push_sorted(b[pending], rel[pending])
+                self._wb.push_sorted(pb, pr)
             else:
-                self._wb.push(b[pending], rel[pending])
+                if self.copy_on:  # (write-backs and copy-outs end out of the victims' order)
+                    o = np.argsort(pr, kind="stable")
+                    pb, pr = pb[o], pr[o]
+                self._wb.push(pb, pr)
 
     def _prefetch(self, b: np.ndarray, now: float) -> None:
         _, first = np.unique(b, return_index=True)
@@ -563,16 +543,19 @@ class GpuModel(FaultPath, SsdTier):
             if not b.size:
                 return
         times = self._transfer_times(b)
+        moved = int((times > 0).sum()) * self.block_size
         start = max(self.t_h2d, now)
         ready = np.maximum(rooms, self.wb_done[b])
         if self.tier:
             ready = np.maximum(ready, self._ssd_read(b, now))
+        runs = self._copy_in_runs(b, times, ready) if self.copy_on else None  # (mirrored blocks: copy-ins)
         arr = fifo_finish(start, ready, times)
+        if runs is not None:
+            arr[runs[0]] = arr[runs[1]]
         self._issue(b, arr)
         self.t_h2d = float(arr[-1])
         self.link.busy_htod += float(times.sum())
         nbytes = b.shape[0] * self.block_size
-        moved = int((times > 0).sum()) * self.block_size
         self.m["prefetch_issued_bytes"] += nbytes
         self.m["bytes_htod"] += moved
         self.pf_pending[b] = True
@@ -597,3 +580,5 @@ class GpuModel(FaultPath, SsdTier):
         assert len(self._inflight) == self.n_inflight
         if self.tier:
             self._check_tier()
+        if self.copy_on:
+            self._check_copy()

@@ -80,26 +80,7 @@ class FaultPath:
             ready = np.maximum(ready, self._ssd_read(blocks, now))
         ends = fifo_finish(max(now + batches * gpu.fault_batch_latency_s, self.link.fault_end),
                             ready, times)
-        done = float(ends[-1])
-        self.link.fault_end = done
-        # Faults preempt the H2D queue: everything queued after now slips by the link time they took (on a
-        # shared link, every GPU's queued prefetches do).
-        if link > 0:
-            for e in self.link.members:
-                if len(e._inflight):
-                    blk, arr = e._inflight.view()
-                    late = arr > now
-                    arr[late] += link
-                    e.arrive[blk[late]] = arr[late]
-        self.t_h2d = max(self.t_h2d + link if self.t_h2d > now else now, done)
-        self.link.busy_htod += link
-        if self._timeline:
-            self._since[blocks] = ends
-        self.resident[blocks] = True
-        self.n_resident += total
-        self._migrated(blocks)
-        self._lrm.push(blocks, self.mig_seq[blocks])
-        self._note_used()
+        done = self._land(blocks, ends, link, now)
         nz = int((~live).sum())
         m["zero_fill_blocks"] += nz
         m["faults"] += n
@@ -114,6 +95,31 @@ class FaultPath:
             self.events["h2d"].append((now, done, total, "fault"))
         return done
 
+    def _land(self, blocks: np.ndarray, ends: np.ndarray, link: float, now: float) -> float:
+        """``blocks`` migrate now ahead of the queued prefetches (faults, gated copy-ins) and end at ``ends``; they
+        count as resident (the launch waits for ``ends``). Returns the last end."""
+        done = float(ends[-1])
+        self.link.fault_end = done
+        # They preempt the H2D queue: everything queued after now slips by the link time they took (on a shared
+        # link, every GPU's queued prefetches do).
+        if link > 0:
+            for e in self.link.members:
+                if len(e._inflight):
+                    blk, arr = e._inflight.view()
+                    late = arr > now
+                    arr[late] += link
+                    e.arrive[blk[late]] = arr[late]
+        self.t_h2d = max(self.t_h2d + link if self.t_h2d > now else now, done)
+        self.link.busy_htod += link
+        if self._timeline:
+            self._since[blocks] = ends
+        self.resident[blocks] = True
+        self.n_resident += blocks.shape[0]
+        self._migrated(blocks)
+        self._lrm.push(blocks, self.mig_seq[blocks])
+        self._note_used()
+        return done
+
     def _density_prefetch(self, missing: np.ndarray) -> np.ndarray:
         """The driver's tree prefetcher, at its coarsest level: when more than 51 % of a 2 MiB region would
         be on the GPU after these faults, the rest of the region comes along (host-preferred blocks excepted)."""
@@ -126,5 +132,7 @@ class FaultPath:
         reg_of = idx // rb
         frac = np.bincount(np.searchsorted(regions, reg_of), weights=present, minlength=regions.size) / rb
         dense = frac[np.searchsorted(regions, reg_of)] > DENSITY
-        extra = idx[dense & ~present & (self.advice[idx] != _PREFER_HOST)]
-        return extra
+        take = dense & ~present & (self.advice[idx] != _PREFER_HOST)
+        if self.copy_on:  # a mirrored block's pages were discarded: only its copy-in brings its data back
+            take &= ~self.mirrored[idx]
+        return idx[take]

@@ -22,6 +22,12 @@ class HostModel:
     finished the write-backs its decision queued (the live cuda backend's synchronous eviction calls);
     ``sync_iterations``: at each iteration's end the host waits for the GPU to finish (a training loop that reads
     its loss, ``loss.item()``), so no lead the host built up in one iteration carries into the next.
+
+    The copy path (``--evict copy|auto``; ``blocking_evict`` does not apply to it): ``copy_call_s`` per copy or
+    repopulate call it issues for a decision (asynchronous: the issue cost only), ``copy_discard_call_s`` per discard
+    call and ``copy_discard_block_s`` per block such a discard drops, and with ``discard_waits_for_copy`` the host
+    waits until the copy-outs it queued have ended (a discard queued behind its copy-out that returns only when the
+    copy is done).
     """
 
     launch_s: float = 0.0
@@ -31,9 +37,14 @@ class HostModel:
     discard_block_s: float = 0.0
     blocking_evict: bool = False
     sync_iterations: bool = False
+    copy_call_s: float = 0.0
+    copy_discard_call_s: float = 0.0
+    copy_discard_block_s: float = 0.0
+    discard_waits_for_copy: bool = False
 
     def __post_init__(self) -> None:
-        for f in ("launch_s", "decision_s", "decision_scale", "discard_block_s"):
+        for f in ("launch_s", "decision_s", "decision_scale", "discard_block_s", "copy_call_s",
+                  "copy_discard_call_s", "copy_discard_block_s"):
             v = getattr(self, f)
             if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0):
                 raise ConfigError(f"host model: {f} must be a number >= 0, got {v!r}")
@@ -45,9 +56,12 @@ HOST_PRESETS = {
     # What the live cuda backend did on an H100 (the GPU runs of bench/gpu/, docs/gpu-validation.md): decisions on
     # the training thread, synchronous evictions, ~10 us of PyTorch dispatch + observation per launch (assumed, not
     # measured), discards that held the thread 159 us per block (9.82 s for 61 739 blocks, GPT-2 large at 1.5x), and
-    # the loss read at each iteration's end (bench/gpu/train_worker.py: ``loss.item()``).
+    # the loss read at each iteration's end (bench/gpu/train_worker.py: ``loss.item()``). The copy path's calls (the
+    # live runtime has none yet): 5 us each on the training thread, assumed until bench/gpu/evict_microbench.py has
+    # measured ``evict/copy_out`` managed_to_pinned host_us at 2 MiB and ``evict/discard`` ranges host_per_call_us /
+    # host_per_block_us and behind_copy.waits_for_copy.
     "live-sync": HostModel(launch_s=10e-6, measure_decision=True, blocking_evict=True, discard_block_s=159e-6,
-                           sync_iterations=True),
+                           sync_iterations=True, copy_call_s=5e-6, copy_discard_call_s=5e-6),
 }
 
 
@@ -89,15 +103,18 @@ def host_launch(gm, info: LaunchInfo, now: float, host: HostModel) -> tuple[floa
         now = h
         gm._advance(now)
     if dec is not None and not dec.is_empty():
-        d2h_before = gm.t_d2h
+        d2h_before = gm.uvm_d2h_end
+        mark = gm._copy_mark() if gm.copy_on else None
         gm._apply(dec, now)
-        if host.blocking_evict and gm.t_d2h > d2h_before and gm.t_d2h > now:
+        if host.blocking_evict and gm.uvm_d2h_end > d2h_before and gm.uvm_d2h_end > now:
             # the eviction calls return when their write-backs are done (one FIFO stream: the earlier
             # ones first): the host waits for the D2H queue it just added to, then issues the launch
-            wait = gm.t_d2h - now
+            wait = gm.uvm_d2h_end - now
             m["host_blocked_s"] += wait
             m["host_stall_s"] += wait
-            now = h = gm.t_d2h
+            now = h = gm.uvm_d2h_end
             gm._advance(now)
+        if mark is not None:
+            now, h = gm._copy_host(host, mark, now, h)
     gm.host_t = h
     return now, dec

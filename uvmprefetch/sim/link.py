@@ -68,6 +68,16 @@ class Link:
         self.fault_end = 0.0
 
 
+def clear_flags(flags: np.ndarray, b: np.ndarray) -> int:
+    """Clear ``flags`` at blocks ``b`` (repeats allowed); returns how many were set (a per-state count's decrement)."""
+    h = b[flags[b]]
+    if not h.size:
+        return 0
+    h = np.unique(h)
+    flags[h] = False
+    return int(h.shape[0])
+
+
 def fifo_finish(start: float, rooms: np.ndarray, times: np.ndarray) -> np.ndarray:
     """Finish times of transfers served in order by one engine free at ``start``; transfer ``k`` takes
     ``times[k]`` and cannot start before ``rooms[k]`` (when its room on the GPU is free).

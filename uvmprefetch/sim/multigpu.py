@@ -27,6 +27,7 @@ and ``per_gpu`` (each GPU's own time, stall, faults and bytes).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -36,6 +37,7 @@ from ..gpus import GpuProfile, get_profile
 from ..policy import make_policy
 from ..policy.base import LaunchInfo
 from ..trace.format import Trace
+from .copypath import copy_eligible, parse_evict
 from .engine import GpuModel, SimError
 from .link import Link
 from .layout import Layout, build_layout
@@ -48,7 +50,7 @@ _SUMMED = ("faults", "fault_batches", "bytes_htod", "bytes_dtoh", "prefetch_issu
 def replay_multi(trace: Trace, policy: str, gpu: GpuProfile | str = "h100-pcie", n_gpus: int = 4, *,
                  oversub: float | None = None, capacity_bytes: int | None = None, shared_link: bool = True,
                  block_size: int = DEFAULT_BLOCK, layout: Layout | None = None, durations: np.ndarray | None = None,
-                 check: bool = False, allocator: str = "auto") -> dict:
+                 check: bool = False, allocator: str = "auto", evict=None) -> dict:
     """Replay ``trace`` on ``n_gpus`` data-parallel GPUs that share one host link.
 
     Parameters
@@ -67,6 +69,8 @@ def replay_multi(trace: Trace, policy: str, gpu: GpuProfile | str = "h100-pcie",
         False: every GPU has a link of its own (the no-contention reference).
     check
         Verify the engines' invariants after every launch (tests).
+    evict
+        The eviction paths, as in ``replay`` (the copy engines of the copy path are the shared link's).
 
     Raises
     ------
@@ -93,8 +97,11 @@ def replay_multi(trace: Trace, policy: str, gpu: GpuProfile | str = "h100-pcie",
         raise ConfigError(f"capacity {cap} bytes is below the largest launch's {widest} blocks of {bs} bytes")
     dur = launch_durations(trace, gpu) if durations is None else durations
     shared = Link() if shared_link else None
+    evict = parse_evict(evict)
+    copy_blocks = copy_eligible(trace, layout, evict.ineligible) if evict.mode != "uvm" and gpu.copy_path else None
     engines = [GpuModel(gpu, cap, bs, layout.max_blocks, p, trace=trace, layout=layout, check=check,
-                        link=shared if shared_link else Link()) for p in policies]
+                        link=shared if shared_link else Link(), evict=evict, copy_blocks=copy_blocks)
+               for p in policies]
     L = trace.n_launches
     its = trace.launch_iter.tolist()
     exec_ids, names, phases = trace.launch_exec_id.tolist(), trace.launch_name.tolist(), trace.launch_phase.tolist()
@@ -162,4 +169,6 @@ def replay_multi(trace: Trace, policy: str, gpu: GpuProfile | str = "h100-pcie",
                        "bytes_htod": x["bytes_htod"], "bytes_dtoh": x["bytes_dtoh"]}
                       for r, (e, x) in enumerate(zip(engines, res))]
     out["policy_report"] = policies[0].report()
+    out["evict"] = dataclasses.asdict(evict)
+    out["copy_path"] = engines[0].copy_on
     return out

@@ -20,6 +20,7 @@ from ..gpus import GpuProfile, get_profile
 from ..policy import make_policy
 from ..policy.base import LaunchInfo, Policy
 from ..trace.format import Trace
+from .copypath import copy_eligible, parse_evict
 from .engine import GpuModel, SimError
 from .host import parse_host
 from .layout import Layout, build_layout
@@ -67,7 +68,7 @@ def capacity_for(layout: Layout, capacity_bytes: int | None, oversub: float | No
 def replay(trace: Trace, policy: Policy | str, gpu: GpuProfile | str = "h100-pcie", capacity_bytes: int | None = None,
            oversub: float | None = None, block_size: int = DEFAULT_BLOCK, timeline: bool = False, *,
            layout: Layout | None = None, durations: np.ndarray | None = None, writeback_clean: bool = False,
-           check: bool = False, allocator: str = "auto", host=None, discards: bool = True) -> dict:
+           check: bool = False, allocator: str = "auto", host=None, discards: bool = True, evict=None) -> dict:
     """Replay ``trace`` under ``policy`` on a simulated ``gpu`` with the given capacity or oversubscription.
 
     Parameters
@@ -101,6 +102,9 @@ def replay(trace: Trace, policy: Policy | str, gpu: GpuProfile | str = "h100-pci
     host
         The host clock: a ``HostModel``, a preset name (``"live-sync"``), ``"k=v,..."``, or None (default: the
         host never limits; ``docs/simulator.md`` "Host clock").
+    evict
+        The eviction paths: an ``EvictModel``, ``"uvm"`` (None, the default: UVM's eviction only, as the live runtime
+        today), ``"copy"``, ``"auto"`` or ``"mode:k=v,..."`` (``docs/simulator.md`` "Eviction paths").
 
     Returns
     -------
@@ -134,8 +138,11 @@ def replay(trace: Trace, policy: Policy | str, gpu: GpuProfile | str = "h100-pci
                           f"{widest} blocks ({need} bytes); use a capacity of at least {need} bytes "
                           f"(oversub at most {layout.footprint_blocks / max(widest, 1):.2f})")
     dur = launch_durations(trace, gpu) if durations is None else durations
+    evict = parse_evict(evict)
+    copy_blocks = copy_eligible(trace, layout, evict.ineligible) if evict.mode != "uvm" and gpu.copy_path else None
     eng = GpuModel(gpu, cap, bs, layout.max_blocks, policy, timeline=timeline, trace=trace, layout=layout,
-                   writeback_clean=writeback_clean, discards=discards, check=check, host=parse_host(host))
+                   writeback_clean=writeback_clean, discards=discards, check=check, host=parse_host(host),
+                   evict=evict, copy_blocks=copy_blocks)
     L = trace.n_launches
     its = trace.launch_iter.tolist()
     exec_ids = trace.launch_exec_id.tolist()
@@ -196,6 +203,8 @@ def replay(trace: Trace, policy: Policy | str, gpu: GpuProfile | str = "h100-pci
     out["steady_slowdown"] = its_t[-1] / ideal_iters[-1] if its_t and ideal_iters and ideal_iters[-1] > 0 else None
     out["policy_report"] = policy.report()
     out["host"] = dataclasses.asdict(eng.host) if eng.host is not None else None
+    out["evict"] = dataclasses.asdict(evict)
+    out["copy_path"] = eng.copy_on
     if timeline:
         out["timeline"] = eng.timeline()
     return out

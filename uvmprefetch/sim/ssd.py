@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .link import fifo_finish
+from .link import clear_flags, fifo_finish
 
 
 class SsdTier:
@@ -48,11 +48,7 @@ class SsdTier:
 
     def _release(self, b: np.ndarray) -> None:
         """``b``'s host/SSD copies are no longer current (written on the GPU, or dead): free their room."""
-        h = b[self.hosted[b]]
-        if h.size:
-            h = np.unique(h)
-            self.hosted[h] = False
-            self.n_host -= h.shape[0]
+        self.n_host -= clear_flags(self.hosted, b)
         self.on_ssd[b] = False
         self.unbacked[b] = False
 

@@ -9,13 +9,18 @@ from __future__ import annotations
 
 from .format import READ, WRITE, exec_id_of
 
-# Ops that launch no kernel on a GPU: allocation-only factories, scalar reads, storage plumbing.
+# Ops that launch no kernel on a GPU: allocation-only factories, scalar reads, storage plumbing; and
+# ``detach_``, which autograd handles above the dispatch mode (a mode never sees it; the C++ observer would).
 NO_KERNEL = frozenset({
+    "aten::detach_",
     "aten::empty.memory_format", "aten::empty_strided", "aten::empty_like", "aten::new_empty",
     "aten::new_empty_strided", "aten::lift_fresh", "aten::_local_scalar_dense", "aten::set_.source_Storage",
     "aten::set_.source_Storage_storage_offset", "aten::resize_", "aten::is_same_size", "aten::is_nonzero",
     "aten::_has_compatible_shallow_copy_type", "aten::record_stream",
 })
+
+# Namespaces of marker ops that launch nothing (profiler ranges, TorchScript primitives).
+SKIP_NAMESPACES = ("profiler", "prim")
 
 _DTYPE_NAMES = {"torch.float32": "fp32", "torch.float64": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}
 
@@ -26,7 +31,7 @@ def launches_kernel(func) -> bool:
     r = _LAUNCHES.get(func)
     if r is None:
         r = _LAUNCHES[func] = not (func.is_view or func.name() in NO_KERNEL
-                                   or getattr(func, "namespace", "aten") in ("profiler", "prim"))
+                                   or getattr(func, "namespace", "aten") in SKIP_NAMESPACES)
     return r
 
 

@@ -28,8 +28,8 @@ from ..gpus import DEFAULT_GPU, get_profile
 from .cuda_kernels import _emulated_table, route_cuda_kernels
 from .format import KIND, PHASE, READ, WRITE, Trace, TraceBuilder, exec_id_of
 # (re-exported: the live runtime and the tools import the op scanning from here)
-from .ops import (_DTYPE_NAMES, _shape_key, accesses_of, cached_exec_id, cached_flops, flops_of,  # noqa: F401
-                  launches_kernel, scan_op, tensor_extent)
+from .ops import (NO_KERNEL, SKIP_NAMESPACES, _DTYPE_NAMES, _shape_key, accesses_of, cached_exec_id,  # noqa: F401
+                  cached_flops, flops_of, launches_kernel, scan_op, tensor_extent)
 from .roofline import estimate
 
 RECORDER_VERSION = 1
