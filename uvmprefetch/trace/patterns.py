@@ -88,13 +88,18 @@ class _Loop:
             g = gx
         b.free(g)
         b.free(acts[0])
+        self.adamw([(i, e) for i in range(L) for e in experts_used[i]])
+
+    def adamw(self, used: list[tuple[int, int]]) -> None:
+        """The optimizer step over the weights ``used`` (layer, expert): AdamW's two moments, allocated at the first
+        step for every weight (as PyTorch's lazy state), read and written with the weight and its gradient."""
+        b, pb = self.b, self.pb
         if self.adam is None:
             self.adam = [[(b.alloc(pb, "optimizer"), b.alloc(pb, "optimizer")) for _ in row] for row in self.w]
-        for i in range(L):
-            for e in experts_used[i]:
-                m, v = self.adam[i][e]
-                self._launch("adamw", [(self.w[i][e], 0, pb, READ | WRITE), (self.g[i][e], 0, pb, READ | WRITE),
-                                       (m, 0, pb, READ | WRITE), (v, 0, pb, READ | WRITE)], 0, 0, "optimizer")
+        for i, e in used:
+            m, v = self.adam[i][e]
+            self._launch("adamw", [(self.w[i][e], 0, pb, READ | WRITE), (self.g[i][e], 0, pb, READ | WRITE),
+                                   (m, 0, pb, READ | WRITE), (v, 0, pb, READ | WRITE)], 0, 0, "optimizer")
 
     def build(self) -> Trace:
         return self.b.build()
@@ -301,12 +306,7 @@ def _encdec_step(lp: _Loop, it: int, depth: tuple[int, int], src: int, tgt: int,
         g_out = gx
     b.free(g_out)
     b.free(enc[0])
-    if lp.adam is None:
-        lp.adam = [[(b.alloc(pb, "optimizer"), b.alloc(pb, "optimizer"))] for _ in w]
-    for i in range(len(w)):
-        m, v = lp.adam[i][0]
-        lp._launch("adamw", [(w[i], 0, pb, READ | WRITE), (g[i], 0, pb, READ | WRITE), (m, 0, pb, READ | WRITE),
-                             (v, 0, pb, READ | WRITE)], 0, 0, "optimizer")
+    lp.adamw([(i, 0) for i in range(len(w))])
 
 
 def pattern_traces() -> dict[str, Trace]:
