@@ -764,3 +764,33 @@ def test_a_gap_in_the_observers_records_forgets_every_death():
     assert be.dead[[1, 2]].all()
     be.gap()
     assert not be.dead.any()
+
+
+def test_books_never_hold_a_prefetch_that_was_not_moved():
+    """The cuda backend numbers blocks densely on first sight, while a policy predicts ids from what it learned
+    (the `uvmprefetch` policy's layer stride extrapolates ids an iteration has not reached yet). A prefetch of an
+    id not numbered yet has no address: the mover moves nothing, so the books must not call it resident (they
+    did: 39 such decisions on gpt2-small in the GPU replay, and those ids later went to real blocks that the
+    books believed on the GPU). Neither may a numbered block outside every live managed allocation."""
+    # GIVEN blocks 0..3 numbered (one allocation of 4 blocks) and a second allocation whose blocks 4, 5 are
+    # numbered, then freed (the shim no longer lists it)
+    seg = [(BASE, 4 * BS)]
+    pol = Scripted([None, Decision(prefetch=np.array([2, 9, 3, 5]))])
+    be = backend(pol, 16, seg + [(BASE + 8 * BS, 2 * BS)])
+    be.launch(info(0, be, BASE, BS))
+    be.block_ids(BASE + BS, 3 * BS)
+    be.block_ids(BASE + 8 * BS, 2 * BS)
+    be.shim.segs = seg
+    assert be.res.n_ids == 6
+    # WHEN the policy prefetches 2, an id not numbered yet (9), 3 and the freed block 5
+    be.launch(info(1, be, BASE + BS, BS))
+    # THEN only 2 and 3 are moved and held resident; 9 and 5 are dropped and counted
+    moved = [r for k, r, *_ in be.mover.log if k == "to_gpu"]
+    assert moved == [[(BASE + 2 * BS, 2 * BS)]]
+    assert be.res.resident[[2, 3]].all() and not be.res.resident[[5, 9]].any()
+    r = be.res.result()
+    assert r["unnumbered_prefetches"] == 1 and r["unmapped_prefetches"] == 1
+    # AND when id 9 is later given to a real block, the books do not think it is on the GPU
+    for k in range(6, 10):
+        be.block_ids(BASE + 64 * BS + k * BS, BS)
+    assert be.res.n_ids == 10 and not be.res.resident[9]

@@ -297,6 +297,16 @@ class CudaBackend:
                 j += 1
         return [(p, s) for p, s in out]
 
+    def _mapped(self, blocks: np.ndarray) -> np.ndarray:
+        """A bool per block id: part of it lies in a live managed allocation (a move of it moves something)."""
+        self._refresh_segments()
+        starts, segs, bs = self._seg_starts, self._segments, self.block_size
+        out = np.zeros(blocks.shape[0], dtype=bool)
+        for k, a in enumerate(self._addr[blocks].tolist()):
+            j = bisect.bisect_right(starts, a + bs - 1) - 1  # the last allocation starting inside or before
+            out[k] = j >= 0 and segs[j][0] + segs[j][1] > a  # (allocations do not overlap)
+        return out
+
     # ------------------------------------------------------------------------------------ hooks
     def free(self, blocks: np.ndarray) -> None:
         """Blocks no live tensor touches any more, numbered ``address // block_size`` as the session's
@@ -353,7 +363,7 @@ class CudaBackend:
             if mask is None:
                 mask = self.progress.protected_mask(info.blocks, poll=False)
             return mask
-        discard, evict, pf = res.plan(dec, protected)
+        discard, evict, pf = res.plan(dec, protected, self._mapped)
         if discard.size:
             discard, evict = self._safe_discards(discard, evict, info.index)
         res.apply(discard, evict, EMPTY)  # books first: what the Decision frees counts for the budget
