@@ -178,6 +178,11 @@ class Residency:
         """Blocks no live tensor uses: their residency is kept (the driver only drops them when discarded)."""
         self.pf_pending[blocks] = False
 
+    def release(self, blocks: np.ndarray) -> None:
+        """Blocks whose memory went back to the driver (``empty_cache``): nothing of them is resident any more."""
+        self._set(blocks, False)
+        self.pf_pending[blocks] = False
+
     def result(self) -> dict:
         m = dict(self.m)
         issued, useful = m["prefetch_issued_bytes"], m["prefetch_useful_bytes"]
