@@ -10,20 +10,16 @@ moves blocks with cuda-python (``cuda.bindings.runtime``, CUDA 13 ``cudaMemLocat
   with the C++ observer (this backend's hooks then run on the planner thread) or with
   ``UVMPREFETCH_MOVER=thread``, else from the thread that runs the hooks;
 - discards (dead data, no write-back) are off by default: a Decision's discards are issued as evictions,
-  which free the same room and keep the data. With ``UVMPREFETCH_DISCARD=1`` they use
-  ``cudaMemDiscardBatchAsync`` on a second stream, only for blocks the runtime saw freed and no launch touched
-  since, ordered (``Mover.discard``): after every queued kernel (one may still read the dead tensor) and
-  before every later one (it may reuse the memory), since the hook runs after its launch is queued and cannot
-  put a wait before the next; and, per block, after the moves of the same blocks already issued and before
-  any later move of them (CUDA: a prefetch that runs during a discard of the same range is undefined
-  behaviour). Moves of other blocks are not ordered with it: a discard no longer makes the compute stream
-  wait for every queued prefetch, which had kept a GPT-2 large run at 1.5x from finishing 4 iterations in
-  120 s (bench/results/gpu-20261124/, section 5). And, per block, only where no live allocation of the
-  caching allocator lies (``DiscardGuard``, discard_guard.py): on an H200 (bench/results/gpu-20261127/) a run
-  with that stream order still ended with a NaN loss, and a strict check found a 32 MiB allocation no
-  observed op had touched (a library workspace) in blocks the runtime counted dead. Off by default because of
-  those NaN losses (the H100's too: bench/results/gpu-20261123c/); the guard is not yet run on a GPU. The
-  discards also held the training thread longer than the write-backs they saved;
+  which free the same room and keep the data. With ``UVMPREFETCH_DISCARD=1`` (and the batch API) deaths come
+  from the CUDA caching allocator itself (``alloc_feed.py``: its trace tracker's events into ``Liveness``): a
+  block is a candidate only while every allocation that overlapped it is FREE_COMPLETED and nothing reused it
+  (its ticket). An allocation no observed op touches (a cuBLAS workspace, which lay in blocks the dispatcher's
+  ops alone made look dead and whose discard lost data on an H100 and an H200) keeps its blocks live. The
+  mover issues each batch in order (``Mover.discard``): after the queued kernels, with the compute stream
+  gated, the tickets checked again against every allocator event so far, then ``cudaMemDiscardBatchAsync``
+  on a second stream after the moves of the same blocks, then the gate opened; later moves of those blocks
+  wait for it (CUDA: a prefetch during a discard of the same range is undefined behaviour). Off by default
+  until a GPU run shows the losses bit-equal (``bench/gpu/discards.py``);
 - the budget (``Residency``) evicts the least recently migrated blocks, never those of the running launch
   or of launches still queued on the GPU (``GpuProgress``).
 
