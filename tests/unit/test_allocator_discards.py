@@ -228,3 +228,73 @@ def test_no_live_byte_is_ever_discarded(steps):
             fa.release(spare)
         live = [a for a in live if a in fa.allocs]  # (an ALLOC in before_check is not ours to free)
     assert not truth.bad, f"blocks discarded while an allocation held a byte of them: {truth.bad}"
+
+
+class RingLib:
+    """The observer library's op ring and counters at its C boundary: hands the planner the op records it is
+    given (``kernels/uvmobs.h`` layout), nothing else."""
+
+    def __init__(self, ops):
+        from uvmprefetch.runtime import native_observer as no
+        self.no, self.ops = no, ops
+
+    def drain_ops(self):
+        ops, self.ops = self.ops, self.ops[:0]
+        return ops
+
+    def drain_allocs(self):
+        return np.zeros(0, dtype=self.no.ALLOC_DTYPE)
+
+    def state(self):
+        return self.no.STATE_ACTIVE
+
+    def counters(self):
+        return {"dropped": 0}
+
+    def alloc_stats(self):
+        return {"dropped": 0}
+
+    def op_name(self, op_id):
+        return f"aten::op{op_id}"
+
+
+def op_records(seq, op_id, ranges):
+    """One op's run of records: HEAD, HEAD2, a RANGE per (address, length) read."""
+    from uvmprefetch.runtime import native_observer as no
+    recs = np.zeros(2 + len(ranges), dtype=no.OP_DTYPE)
+    recs[0] = (seq, 1000 + op_id, op_id | no.HEAD << 56, len(ranges))
+    recs[1] = (0, 0, no.HEAD2 << 56, 0)
+    for k, (addr, n) in enumerate(ranges):
+        recs[2 + k] = (addr, 0, n | 1 << 48 | no.RANGE << 56, n)
+    return recs
+
+
+def test_the_planner_hands_each_death_to_the_policy_before_the_next_op_and_not_before_its_own():
+    """The planner merges the allocator's events with the ops by sequence number: a death reaches the policy
+    (``on_free``) after the launches numbered before it and before the first launch numbered after it."""
+    from uvmprefetch.config import RuntimeConfig
+    from uvmprefetch.runtime.planner import Planner
+    from uvmprefetch.runtime.session import Session
+    be, fa = setup()
+    a, b = fa.alloc(BS), fa.alloc(BS)  # events 1..3
+    fa.seq = 10
+    fa.free(a)  # 11, 12: A dies after op 1 (seq 10), before op 2 (seq 20)
+    fa.seq = 20
+    fa.free(b)  # 21, 22: B dies after op 2, before no op yet
+    ops = np.concatenate([op_records(10, 1, [(a, BS), (b, BS)]), op_records(20, 2, [(b, BS)])])
+    s = Session(RuntimeConfig(enabled=True, backend="dryrun"), backend=be)
+    s.active = True
+    p = Planner(s, RingLib(ops), 0)
+    assert p._batch()
+    ia, ib = be._ids[a // BS], be._ids[b // BS]
+    events = [e for e in be.policy.events if e[0] in ("launch", "free")]
+    assert events == [("launch", 0), ("free", [ia]), ("launch", 1)]
+    assert be.ticket[ia] and not be.ticket[ib]  # B's death waits for the next op
+    # WHEN the next op arrives (a new tensor in block 0: the allocator's ALLOC before it), B's death goes first
+    c = fa.alloc(BS)
+    assert c == a
+    p.lib.ops = op_records(fa.seq + 5, 3, [(c, BS)])
+    p._batch()
+    events = [e for e in be.policy.events if e[0] in ("launch", "free")]
+    assert events[3:] == [("free", [ib]), ("launch", 2)]
+    assert not be.ticket[ia] and be.ticket[ib]  # block 0 handed out again: its ticket is gone
