@@ -135,3 +135,17 @@ def test_the_observer_library_carries_the_tracker_where_a_cuda_torch_is_installe
     assert a < b < c, got  # one counter for the allocator's events and the observer's records
     assert got["quiesce"] == 0 and got["built_for"] == info["version"]
     assert got["attach"] == -1 and "not initialised" in got["error"], got
+
+
+def test_doctor_says_whether_the_tracker_is_in_the_observer_library(monkeypatch, tmp_path):
+    """``uvmprefetch doctor`` runs to the end (no observer built yet included) and says whether discards can
+    have the allocator's events here: with a CPU-only torch they cannot, and it names why."""
+    from uvmprefetch.cli import doctor
+    monkeypatch.setenv("UVMPREFETCH_CACHE_DIR", str(tmp_path / "cache"))  # (nothing built there)
+    got = {c["name"]: c for c in doctor.checks()}
+    t = got["allocator tracker"]
+    assert not t["required"]
+    import torch
+    if torch.version.cuda is None:
+        assert not t["ok"] and "libc10_cuda.so" in t["detail"] and "discards nothing" in t["detail"]
+    assert "not built yet" in got["observer"]["detail"] or got["observer"]["ok"] is False
