@@ -298,3 +298,20 @@ def test_the_planner_hands_each_death_to_the_policy_before_the_next_op_and_not_b
     events = [e for e in be.policy.events if e[0] in ("launch", "free")]
     assert events[3:] == [("free", [ib]), ("launch", 2)]
     assert not be.ticket[ia] and be.ticket[ib]  # block 0 handed out again: its ticket is gone
+
+
+def test_deaths_do_not_pile_up_while_the_planner_is_dormant():
+    """While the model fits, the planner is dormant and no op is recorded: deaths have no op to wait for and are
+    handed out as they come (else a run that never wakes would hold every death of the run)."""
+    from uvmprefetch.config import RuntimeConfig
+    from uvmprefetch.runtime.planner import Planner
+    from uvmprefetch.runtime.session import Session
+    be, fa = setup()
+    s = Session(RuntimeConfig(enabled=True, backend="dryrun"), backend=be)
+    s.active = True
+    p = Planner(s, RingLib(op_records(1, 1, [])[:0]), 1 << 40)
+    assert p.dormant
+    for _ in range(50):
+        fa.free(fa.alloc(BS))
+        p._batch()
+    assert not be.feed._dead_blk and be.feed.stats()["deaths"] == 50

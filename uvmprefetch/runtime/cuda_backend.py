@@ -581,6 +581,8 @@ class CudaBackend:
         return r
 
     def close(self) -> None:
+        if self.feed is not None:
+            self.feed.lib.lib.uvm_alloc_tracker_enable(0)  # (torch has no detach: the callback stays, and returns)
         self.mover.synchronize()
         if self.mover.thread is not None:
             self.mover.thread.close()
