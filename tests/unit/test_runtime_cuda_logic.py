@@ -807,3 +807,35 @@ def test_books_never_hold_a_prefetch_that_was_not_moved():
     for k in range(6, 10):
         be.block_ids(BASE + 64 * BS + k * BS, BS)
     assert be.res.n_ids == 10 and not be.res.resident[9]
+
+
+def test_stream_gate_calls_match_the_cuda13_signatures():
+    """The discards' gate at the driver boundary: a mapped pinned word, cuStreamWaitValue32 (GEQ) to close,
+    cuStreamWriteValue32 to open on another stream, a host write as the last resort."""
+    import ctypes
+    import types
+
+    from uvmprefetch.runtime.mover import StreamGate
+    word = ctypes.c_uint32(99)
+    calls = []
+    rt = types.SimpleNamespace(cudaHostAllocMapped=2, cudaError_t=FakeCudart.cudaError_t,
+                               cudaHostAlloc=lambda size, flags: calls.append(("alloc", size, flags))
+                               or (0, ctypes.addressof(word)),
+                               cudaHostGetDevicePointer=lambda host, flags: (0, host + 0x1000))
+    drv = types.SimpleNamespace(
+        CUresult=types.SimpleNamespace(CUDA_SUCCESS=0), CUstream=lambda h: ("stream", h),
+        CUdeviceptr=lambda p: ("dptr", p),
+        CUstreamWaitValue_flags=types.SimpleNamespace(CU_STREAM_WAIT_VALUE_GEQ=0),
+        cuStreamWaitValue32=lambda s, a, v, f: calls.append(("wait", s, a, v, f)) or (0,),
+        cuStreamWriteValue32=lambda s, a, v, f: calls.append(("write", s, a, v, f)) or (0,))
+    g = StreamGate(rt, drv)
+    assert word.value == 0 and calls == [("alloc", 4, 2)]
+    dev = ("dptr", ctypes.addressof(word) + 0x1000)
+    assert g.close(7) == 1 and g.close(7) == 2
+    g.open_after(12, 1)
+    assert calls[1:] == [("wait", ("stream", 7), dev, 1, 0), ("wait", ("stream", 7), dev, 2, 0),
+                         ("write", ("stream", 12), dev, 1, 0)]
+    g.open_now(2)
+    assert word.value == 2
+    g.open_now(1)  # never backwards
+    assert word.value == 2

@@ -157,6 +157,12 @@ class CudaBackend:
             from . import alloc_feed
             say = (lambda m: print(f"uvmprefetch: {m}", file=sys.stderr)) if cfg.log != "quiet" else None
             self.feed, self.liveness_why = alloc_feed.attach(cfg, self.device, self.block_size, say)
+            if self.feed is not None:
+                try:  # the word the discards gate the compute stream with (Mover.discard), made now: fail early
+                    self.mover.stream_gate()
+                except (CudaCallError, AttributeError) as e:
+                    self.feed.lib.lib.uvm_alloc_tracker_enable(0)
+                    self.feed, self.liveness_why = None, f"the discard gate cannot be made: {e}"
             if self.feed is None and cfg.log != "quiet":
                 print(f"uvmprefetch: discards stay off: {self.liveness_why}", file=sys.stderr)
         self.discard_on = self.feed is not None
