@@ -91,9 +91,10 @@ class AllocatorFeed:
         """``(blocks, seqs, released)``: the deaths numbered before ``seq`` (block numbers, address // block size,
         with the number of the event that killed each: the ticket a discard is checked against), and the blocks
         given back to the driver since the last call; handed out once."""
+        ds = self._dead_seq  # (read without the lock, once per op: a death held meanwhile goes out at the next op,
+        if not self._released and (not ds or int(ds[0][0]) >= seq):  # never early; the lists are only appended to
+            return _NONE, _NONE, _NONE
         with self._lock:
-            if not self._dead_blk and not self._released:
-                return _NONE, _NONE, _NONE
             blk = np.concatenate(self._dead_blk) if self._dead_blk else _NONE
             sq = np.concatenate(self._dead_seq) if self._dead_seq else _NONE
             cut = int(np.searchsorted(sq, seq))  # (deaths are found in sequence order)
