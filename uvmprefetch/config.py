@@ -38,12 +38,12 @@ VARIABLES: dict[str, str] = {
                             "dispatch mode), native (stop when the C++ observer cannot be used) or python",
     "UVMPREFETCH_DISCARD": "0/false/off (default: a policy's discards of dead blocks are issued as evictions, "
                            "which keep the data; dryrun models the same) or 1/true/on (cuda: "
-                           "cudaMemDiscardBatchAsync where the caching allocator holds nothing; experimental: GPT-2 "
-                           "large runs on an H100 and an H200 ended with a NaN loss with it on, before that check; "
-                           "dryrun: dead blocks are dropped for free)",
-    "UVMPREFETCH_DISCARD_AUDIT": "0/false/off (default: with UVMPREFETCH_DISCARD=1 the caching allocator is "
-                                 "snapshotted when its counts disagree with the runtime's) or 1/true/on (a "
-                                 "snapshot before every discarding launch: strict, ~3 ms each on GPT-2 large)",
+                           "cudaMemDiscardBatchAsync of blocks the caching allocator itself reports free, with the "
+                           "C++ observer; experimental: not yet shown safe on a GPU; dryrun: dead blocks are "
+                           "dropped for free)",
+    "UVMPREFETCH_DISCARD_AUDIT": "0/false/off (default) or 1/true/on (with UVMPREFETCH_DISCARD=1: every discard "
+                                 "is also checked against a torch.cuda.memory_snapshot(), ~3 ms each on GPT-2 "
+                                 "large; a disagreement is refused, counted and printed: a debugging check)",
 }
 MOVERS = ("thread", "sync")
 OBSERVERS = ("auto", "native", "python")
@@ -122,7 +122,7 @@ class RuntimeConfig:
     gpu: str = "h100-pcie"
     mover: str = "sync"
     discard: bool = False  # issue discards (else dead blocks are evicted: slower, never loses data); dryrun alike
-    discard_audit: bool = False  # cuda: a snapshot before every discarding launch (runtime/discard_guard.py)
+    discard_audit: bool = False  # cuda: each discard also checked against a torch.cuda.memory_snapshot() rebuild
     observer: str = "auto"  # which observer sees the ops: runtime/native_observer.py or runtime/observe.py
     managed_limit: ManagedLimit = ManagedLimit()  # read by the shim itself; here validated and reported
 

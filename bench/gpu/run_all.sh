@@ -236,6 +236,9 @@ runtime)
 tracker)
     setup
     step tests-gpu-tracker 240 "$PY" -m pytest -q -p no:cacheprovider tests/gpu/test_alloc_tracker_gpu.py -rs
+    # the session's allocator feed and the gated discard call (tests/gpu/_probe.py "liveness", "move")
+    step tests-gpu-feed 180 "$PY" -m pytest -q -p no:cacheprovider tests/gpu/test_runtime_gpu.py -rs \
+        -k "unobserved_allocation or prefetch_and_discard"
     save
     ;;
 discards)

@@ -10,20 +10,16 @@ moves blocks with cuda-python (``cuda.bindings.runtime``, CUDA 13 ``cudaMemLocat
   with the C++ observer (this backend's hooks then run on the planner thread) or with
   ``UVMPREFETCH_MOVER=thread``, else from the thread that runs the hooks;
 - discards (dead data, no write-back) are off by default: a Decision's discards are issued as evictions,
-  which free the same room and keep the data. With ``UVMPREFETCH_DISCARD=1`` they use
-  ``cudaMemDiscardBatchAsync`` on a second stream, only for blocks the runtime saw freed and no launch touched
-  since, ordered (``Mover.discard``): after every queued kernel (one may still read the dead tensor) and
-  before every later one (it may reuse the memory), since the hook runs after its launch is queued and cannot
-  put a wait before the next; and, per block, after the moves of the same blocks already issued and before
-  any later move of them (CUDA: a prefetch that runs during a discard of the same range is undefined
-  behaviour). Moves of other blocks are not ordered with it: a discard no longer makes the compute stream
-  wait for every queued prefetch, which had kept a GPT-2 large run at 1.5x from finishing 4 iterations in
-  120 s (bench/results/gpu-20261124/, section 5). And, per block, only where no live allocation of the
-  caching allocator lies (``DiscardGuard``, discard_guard.py): on an H200 (bench/results/gpu-20261127/) a run
-  with that stream order still ended with a NaN loss, and a strict check found a 32 MiB allocation no
-  observed op had touched (a library workspace) in blocks the runtime counted dead. Off by default because of
-  those NaN losses (the H100's too: bench/results/gpu-20261123c/); the guard is not yet run on a GPU. The
-  discards also held the training thread longer than the write-backs they saved;
+  which free the same room and keep the data. With ``UVMPREFETCH_DISCARD=1`` (and the batch API) deaths come
+  from the CUDA caching allocator itself (``alloc_feed.py``: its trace tracker's events into ``Liveness``): a
+  block is a candidate only while every allocation that overlapped it is FREE_COMPLETED and nothing reused it
+  (its ticket). An allocation no observed op touches (a cuBLAS workspace, which lay in blocks the dispatcher's
+  ops alone made look dead and whose discard lost data on an H100 and an H200) keeps its blocks live. The
+  mover issues each batch in order (``Mover.discard``): after the queued kernels, with the compute stream
+  gated, the tickets checked again against every allocator event so far, then ``cudaMemDiscardBatchAsync``
+  on a second stream after the moves of the same blocks, then the gate opened; later moves of those blocks
+  wait for it (CUDA: a prefetch during a discard of the same range is undefined behaviour). Off by default
+  until a GPU run shows the losses bit-equal (``bench/gpu/discards.py``);
 - the budget (``Residency``) evicts the least recently migrated blocks, never those of the running launch
   or of launches still queued on the GPU (``GpuProgress``).
 
@@ -47,7 +43,6 @@ import numpy as np
 from ..errors import DeviceError
 from ..gpus import PROFILES
 from ..policy.base import EMPTY, Advice, LaunchInfo, Policy, PolicyContext
-from .discard_guard import DiscardGuard
 from .mover import CudaCallError, MoverError, MoveThread, Mover, StreamMarks  # noqa: F401 - re-exported
 from .memory import plan_memory
 from .residency import Residency
@@ -149,18 +144,30 @@ class CudaBackend:
             self.mover.start_thread(max(self.capacity_bytes // 16, 64 * BLOCK_SIZE))
         self.driver = drv
         self.policy = policy
-        # Discards only with UVMPREFETCH_DISCARD=1 and the batch API; otherwise a Decision's discards are issued
-        # as evictions (same room freed, the data kept). Either way only blocks the runtime itself saw freed and
-        # no launch touched since (``dead``) may be discarded: a policy's stale dead flag never loses data.
-        self.discard_on = bool(cfg.discard and self.mover.can_discard)
-        # every discard checked against the caching allocator (discard_guard.py): a library's workspace that no
-        # observed op touched lay in blocks the runtime counted dead (H200, 2026-11-27); strict with
-        # UVMPREFETCH_DISCARD_AUDIT=1
-        self.guard = DiscardGuard(strict=cfg.discard_audit) if self.discard_on else None
-        self.dead = np.zeros(self.max_blocks, dtype=bool)
-        self._marks_for(self.max_blocks)
-        self.discards_as_evictions = 0
-        self.refused_discards = 0
+        # Discards only with UVMPREFETCH_DISCARD=1, the batch API and the caching allocator's own events
+        # (alloc_feed.py); otherwise a Decision's discards are issued as evictions (same room freed, the data
+        # kept). Only a block the allocator itself reported dead (every allocation in it FREE_COMPLETED: a library
+        # workspace no op touches lay in blocks the ops alone made look dead, and discards of them lost data on an
+        # H100 and an H200) may be discarded, and only while nothing reused it (its ticket, checked again right
+        # before the call): a policy's stale dead flag never loses data.
+        self.feed, self.liveness_why = None, "UVMPREFETCH_DISCARD=0: discards are issued as evictions"
+        if cfg.discard and not self.mover.can_discard:
+            self.liveness_why = "no discards: the driver has no cudaMemDiscardBatchAsync (CUDA 13)"
+        elif cfg.discard:
+            from . import alloc_feed
+            say = (lambda m: print(f"uvmprefetch: {m}", file=sys.stderr)) if cfg.log != "quiet" else None
+            self.feed, self.liveness_why = alloc_feed.attach(cfg, self.device, self.block_size, say)
+            if self.feed is not None:
+                try:  # the word the discards gate the compute stream with (Mover.discard), made now: fail early
+                    self.mover.stream_gate()
+                except (CudaCallError, AttributeError) as e:
+                    self.feed.lib.lib.uvm_alloc_tracker_enable(0)
+                    self.feed, self.liveness_why = None, f"the discard gate cannot be made: {e}"
+            if self.feed is None and cfg.log != "quiet":
+                print(f"uvmprefetch: discards stay off: {self.liveness_why}", file=sys.stderr)
+        self.discard_on = self.feed is not None
+        self.audit = bool(cfg.discard_audit) and self.discard_on
+        self._init_discards()
         self._ids: dict[int, int] = {}
         self._addr = np.zeros(self.max_blocks, dtype=np.int64)  # dense id -> block address
         self._segments: list[tuple[int, int]] = []
@@ -211,9 +218,9 @@ class CudaBackend:
         self._native_lib = lib
 
     def gap(self) -> None:
-        """The observer dropped records (a full ring): launches may have reused blocks counted dead, so none of
-        them may be discarded any more (each becomes dead again only by a death seen after the gap)."""
-        self.dead[:] = False
+        """The observer dropped records (a full ring): the policy's view has a hole; no block reported dead before it
+        is discarded after it (each needs a death seen after the gap; the allocator's own ring has its own)."""
+        self.ticket[:] = 0
 
     def thread_init(self) -> None:
         """On the planner thread, before its first launch: this backend's device is its current device (events and
@@ -297,18 +304,57 @@ class CudaBackend:
                 j += 1
         return [(p, s) for p, s in out]
 
+    def _mapped(self, blocks: np.ndarray) -> np.ndarray:
+        """A bool per block id: part of it lies in a live managed allocation (a move of it moves something)."""
+        self._refresh_segments()
+        starts, segs, bs = self._seg_starts, self._segments, self.block_size
+        out = np.zeros(blocks.shape[0], dtype=bool)
+        for k, a in enumerate(self._addr[blocks].tolist()):
+            j = bisect.bisect_right(starts, a + bs - 1) - 1  # the last allocation starting inside or before
+            out[k] = j >= 0 and segs[j][0] + segs[j][1] > a  # (allocations do not overlap)
+        return out
+
     # ------------------------------------------------------------------------------------ hooks
-    def free(self, blocks: np.ndarray) -> None:
-        """Blocks no live tensor touches any more, numbered ``address // block_size`` as the session's
-        tracker numbers them; mapped here to the dense ids of ``block_ids`` (a block no launch touched has
-        none, and nothing to free)."""
+    def _dense(self, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(dense ids, positions in ``blocks``) of the block numbers (``address // block_size``) that have an id (a
+        block no launch touched has none: nothing to tell)."""
         get = self._ids.get
-        ids = [i for i in map(get, blocks.tolist()) if i is not None]
-        if ids:
-            dense = np.asarray(ids, dtype=np.int64)
-            self.dead[dense] = True
+        pairs = [(i, k) for k, i in enumerate(map(get, blocks.tolist())) if i is not None]
+        if not pairs:
+            return EMPTY, EMPTY
+        a = np.asarray(pairs, dtype=np.int64)
+        return a[:, 0], a[:, 1]
+
+    def free(self, blocks: np.ndarray) -> None:
+        """Blocks no live tensor the observer saw touches any more (the session's storage tracker: the Python
+        observer's finalizers), numbered ``address // block_size``. The policy is told; they never become discard
+        candidates (an allocation no op touched may lie there). With the allocator feed its deaths replace these."""
+        if self.feed is not None:
+            return
+        dense, _ = self._dense(blocks)
+        if dense.size:
             self.res.free(dense)
             self.policy.on_free(dense)
+
+    def deaths_before(self, seq: int) -> None:
+        """The planner reached the op numbered ``seq``: the allocator's deaths numbered before it reach the books,
+        the tickets (the death's number, for the check before a discard) and ``policy.on_free``; blocks given back
+        to the driver leave the books."""
+        if self.feed is None:
+            return
+        blocks, seqs, released = self.feed.deaths_before(seq)
+        if blocks.size:
+            dense, pos = self._dense(blocks)
+            if dense.size:
+                self.ticket[dense] = seqs[pos]
+                self.res.free(dense)
+                self.policy.on_free(dense)
+        if released.size:
+            dense, _ = self._dense(released)
+            if dense.size:
+                self.ticket[dense] = 0
+                self.res.release(dense)
+                self.policy.on_free(dense)
 
     def _check_swap(self) -> None:
         """Once: are PyTorch's allocations really managed? (the shim may sit behind libcudart)"""
@@ -342,7 +388,7 @@ class CudaBackend:
             res.in_flight[gate[0]] = False
         t1 = clock()
         if info.blocks.size:
-            self.dead[info.blocks] = False  # in use again (the allocator handed the memory out)
+            self.ticket[info.blocks] = 0  # in use again (the allocator handed the memory out)
         # Launches still queued on the GPU keep their blocks. The mask is a pass over every block: built only
         # when something is to leave (most launches when the model fits: none), the queue polled every launch.
         self.progress.poll()
@@ -353,7 +399,7 @@ class CudaBackend:
             if mask is None:
                 mask = self.progress.protected_mask(info.blocks, poll=False)
             return mask
-        discard, evict, pf = res.plan(dec, protected)
+        discard, evict, pf = res.plan(dec, protected, self._mapped)
         if discard.size:
             discard, evict = self._safe_discards(discard, evict, info.index)
         res.apply(discard, evict, EMPTY)  # books first: what the Decision frees counts for the budget
@@ -366,7 +412,7 @@ class CudaBackend:
         out = np.union1d(evict, victims)
         on = self.discard_on  # each block's last move and discard (see Mover); no discard is left when off
         if discard.size:
-            self._disc_mark[discard] = mv.discard(self.ranges(discard), after=int(self._move_mark[discard].max()))
+            self._issue_discards(discard)
         t3 = clock()
         mv.prefetch(self.ranges(out), to_device=False, after=self._after_discards(out) if on else 0)
         t4 = clock()
@@ -401,28 +447,100 @@ class CudaBackend:
         """The last discard of any of ``blocks`` (a move of them must wait for it), 0 for none."""
         return int(self._disc_mark[blocks].max()) if blocks.size else 0
 
+    def _init_discards(self) -> None:
+        """Per block id: the death ticket (the allocator event that killed it; 0: not dead as far as the books know)
+        and the marks that order discards with moves; the refusal counts by reason."""
+        self.ticket = np.zeros(self.max_blocks, dtype=np.int64)
+        self._marks_for(self.max_blocks)
+        self.discards_as_evictions = 0
+        self.discarded_blocks = 0
+        self.refused = {"not_dead": 0, "reused_before_issue": 0, "unknown": 0, "audit": 0}
+        self.audit_cases: list[dict] = []
+
     def _safe_discards(self, discard: np.ndarray, evict: np.ndarray, launch: int = -1) -> tuple[np.ndarray, np.ndarray]:
-        """The discards to issue, and the evictions with the rest: with discards off every one becomes an
-        eviction; with them on, those the runtime does not know dead (freed, untouched since) do, and those the
-        guard finds a live allocation of the caching allocator in (no longer counted dead)."""
-        ok = self.dead[discard] if self.discard_on else np.zeros(discard.shape[0], dtype=bool)
-        if self.guard is not None and ok.any():
-            cand = np.flatnonzero(ok)
-            fine = self.guard.check(discard[cand], self._addr[discard[cand]], self.block_size, launch)
-            if not fine.all():
-                ok[cand[~fine]] = False
-                self.dead[discard[cand[~fine]]] = False
+        """The discard candidates, and the evictions with the rest: with discards off every one becomes an
+        eviction; with them on, those the allocator did not report dead (no ticket) do."""
+        ok = self.ticket[discard] != 0 if self.discard_on else np.zeros(discard.shape[0], dtype=bool)
         rest = discard[~ok]
         if rest.size:
             if self.discard_on:
-                self.refused_discards += int(rest.size)
+                self.refused["not_dead"] += int(rest.size)
             else:
                 self.discards_as_evictions += int(rest.size)
             evict = np.union1d(evict, rest[self.res.resident[rest]])
         return discard[ok], evict
 
+    def _issue_discards(self, discard: np.ndarray) -> None:
+        """Hand the candidates to the mover (``Mover.discard``: the compute stream gated, then ``_check`` on the
+        mover thread, then the discard of those still dead and the gate opened); each ticket is used up."""
+        bs = self.block_size
+        items = [self.ranges(discard[k:k + 1]) for k in range(discard.size)]
+        blocks, seqs = self._addr[discard] // bs, self.ticket[discard].copy()
+        self.ticket[discard] = 0
+        self._disc_mark[discard] = self.mover.discard(items, after=int(self._move_mark[discard].max()),
+                                                      check=lambda: self._check(blocks, seqs))
+
+    def _check(self, blocks: np.ndarray, seqs: np.ndarray) -> np.ndarray:
+        """On the mover thread, the compute stream gated: which candidates are still dead from their death (every
+        allocator event numbered before now fed first); refused ones are evicted instead and counted by reason.
+        With ``UVMPREFETCH_DISCARD_AUDIT=1`` a fresh rebuild from ``torch.cuda.memory_snapshot()`` must call each
+        dead too (a disagreement is refused, counted and the allocation kept in ``audit_cases``)."""
+        ok, why = self.feed.check(blocks, seqs)
+        if why is not None:
+            self.refused["unknown"] += int(blocks.size)
+            return ok
+        self.refused["reused_before_issue"] += int((~ok).sum())
+        if self.audit and ok.any():
+            ok = self._audit(blocks, ok)
+        self.discarded_blocks += int(ok.sum())
+        return ok
+
+    def _audit(self, blocks: np.ndarray, ok: np.ndarray) -> np.ndarray:
+        import torch
+
+        from .liveness import Liveness
+        snap = torch.cuda.memory_snapshot()
+        fresh = Liveness(self.block_size, self.device)
+        fresh.quiescent(lambda: snap)
+        agree = fresh.dead_mask(blocks)
+        bad = ok & ~agree
+        if bad.any():
+            self.refused["audit"] += int(bad.sum())
+            bs = self.block_size
+            for b in blocks[bad].tolist()[:max(0, 20 - len(self.audit_cases))]:
+                held = [{"address": int(x["address"]), "size": int(x.get("requested_size", x.get("size", 0))),
+                         "state": x.get("state")} for g in snap for x in g.get("blocks", ())
+                        if x.get("state") != "inactive" and int(x["address"]) < (b + 1) * bs
+                        and int(x["address"]) + int(x.get("requested_size", x.get("size", 0))) > b * bs]
+                self.audit_cases.append({"block": int(b), "held_by": held[:4]})
+                if len(self.audit_cases) <= 3:
+                    print(f"uvmprefetch: discard audit: block {b * bs:#x} is dead to the allocator feed but the "
+                          f"snapshot holds {held[:2]}; not discarded", file=sys.stderr)
+        return ok & agree
+
+    def liveness_result(self) -> dict:
+        """``backend_result.liveness``: where deaths come from, what the allocator feed saw, the discards issued
+        and refused by reason (``bench/gpu/discards.py`` reads these)."""
+        out = {"source": "allocator" if self.feed is not None else self.liveness_why,
+               "built_for": self.feed.lib.tracker_built_for() if self.feed is not None else None,
+               "discards_issued": self.discarded_blocks,
+               "discards_refused": dict(self.refused, off=self.discards_as_evictions),
+               # kernels launched outside every observed op (Triton, raw extensions) may touch any live allocation:
+               # harmless here (the allocator still holds it, so it is never dead), and not counted yet (the shim
+               # sees launches but cannot tell which ran outside an op; CUPTI correlation could)
+               "unknown_kernels_seen": None,
+               "audit": {"on": self.audit, "cases": self.audit_cases} if self.audit else None}
+        if self.feed is not None:
+            st = self.feed.stats()
+            out.update(allocations_seen=st["allocations_seen"], events=st["events"], deaths=st["deaths"],
+                       released_blocks=st["released_blocks"], overflows=st["overflows"], resyncs=st["resyncs"],
+                       unknown=st["unknown"], us_per_event=st["us_per_event"], stats=st)
+        return out
+
     def end_iteration(self, k: int) -> None:
         import torch
+        if self.feed is not None:  # incomplete books (an overflow, a late attach) are rebuilt here
+            self.feed.quiescent(lambda: torch.cuda.memory_snapshot())
         ev = torch.cuda.Event(enable_timing=True)
         ev.record()
         self.iter_events.append(ev)
@@ -461,8 +579,7 @@ class CudaBackend:
                  mover_wait_s=self.mover.thread.waited_s if self.mover.thread is not None else 0.0,
                  batch_prefetch=self.mover.batch, discard_api=self.mover.can_discard, cuda_calls=self.mover.calls,
                  discards_issued=self.discard_on, discards_as_evictions=self.discards_as_evictions,
-                 refused_discards=self.refused_discards,
-                 discard_guard=self.guard.result() if self.guard is not None else None,
+                 refused_discards=sum(self.refused.values()), liveness=self.liveness_result(),
                  captured_launches_skipped=self.captured_launches, host_time=self.host.result(),
                  driver_version=self.driver.version, gpu_iter_s_between_steps=times,
                  note="faults: CUPTI GPU page-fault groups (null without cupti-python); expected_faults counts "
@@ -470,6 +587,8 @@ class CudaBackend:
         return r
 
     def close(self) -> None:
+        if self.feed is not None:
+            self.feed.lib.lib.uvm_alloc_tracker_enable(0)  # (torch has no detach: the callback stays, and returns)
         self.mover.synchronize()
         if self.mover.thread is not None:
             self.mover.thread.close()
