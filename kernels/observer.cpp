@@ -730,6 +730,10 @@ UVM_EXPORT void uvmobs_set_rules(const char* no_kernel, const char* skip_namespa
 
 UVM_EXPORT int uvmobs_set_active(int on);
 
+// Is this thread inside an op the observer records (between its start and end callbacks)? The shim asks at each
+// kernel launch while the copy path holds mirrors: a launch outside such an op is one nobody observed.
+UVM_EXPORT int uvmobs_thread_in_op() { return t_p.owner != nullptr && t_p.record; }
+
 // Register the callbacks (once) for `device_type` (0 CPU, 1 CUDA); `active`: full observation, else dormant.
 UVM_EXPORT int uvmobs_start(int device_type, int active) {
     try {

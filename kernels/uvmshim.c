@@ -662,9 +662,35 @@ cudaError_t cudaFree(void *devPtr) {
     return err;
 }
 
+/* The copy path (runtime/copyout.py): while a managed range is mirrored on the host and discarded on the GPU, a
+ * kernel no observed op launched could read it. `in_op` (the C++ observer's uvmobs_thread_in_op: is this thread
+ * inside an op it records?) tells the launches apart; the first launch outside one calls `on_unattributed` (Python:
+ * copy every mirror back, switch the path off) before the kernel is queued. Checked only while mirrors exist. */
+static int (*_Atomic g_in_op)(void);
+static void (*_Atomic g_on_unattributed)(void);
+static atomic_int g_mirrors;
+static atomic_ullong g_unattributed;
+
+void uvmshim_set_attribution(int (*in_op)(void), void (*on_unattributed)(void)) {
+    atomic_store(&g_in_op, in_op);
+    atomic_store(&g_on_unattributed, on_unattributed);
+}
+void uvmshim_set_mirrors(int on) { atomic_store(&g_mirrors, on); }
+uint64_t uvmshim_unattributed(void) { return atomic_load(&g_unattributed); }
+
+static void check_attribution(void) {
+    if (!atomic_load_explicit(&g_mirrors, memory_order_relaxed)) return;
+    int (*in_op)(void) = atomic_load(&g_in_op);
+    if (in_op == NULL || in_op()) return;
+    atomic_fetch_add(&g_unattributed, 1);
+    void (*cb)(void) = atomic_load(&g_on_unattributed);
+    if (cb != NULL) cb();
+}
+
 cudaError_t cudaLaunchKernel(const void *func, dim3 gridDim, dim3 blockDim, void **args, size_t sharedMem,
                              cudaStream_t stream) {
     ensure();
+    check_attribution();
     if (!real_cudaLaunchKernel) {
         log_once(0, "libcudart not found (set UVMPREFETCH_CUDART): cudaLaunchKernel fails");
         return cudaErrorUnknown;
@@ -676,6 +702,7 @@ cudaError_t cudaLaunchKernel(const void *func, dim3 gridDim, dim3 blockDim, void
 
 cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t *config, const void *func, void **args) {
     ensure();
+    check_attribution();
     if (!real_cudaLaunchKernelExC) {
         log_once(0, "libcudart not found (set UVMPREFETCH_CUDART): cudaLaunchKernelExC fails");
         return cudaErrorUnknown;

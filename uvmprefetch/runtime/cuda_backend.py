@@ -149,6 +149,9 @@ class CudaBackend:
             self.mover.start_thread(max(self.capacity_bytes // 16, 64 * BLOCK_SIZE))
         self.driver = drv
         self.policy = policy
+        self._cfg = cfg
+        self.copy = None  # the copy path (copyout.py), started with the C++ observer under UVMPREFETCH_EVICT=auto
+        self.copy_status = "off (UVMPREFETCH_EVICT=uvm)" if cfg.evict == "uvm" else "off: needs the C++ observer"
         # Discards only with UVMPREFETCH_DISCARD=1 and the batch API; otherwise a Decision's discards are issued
         # as evictions (same room freed, the data kept). Either way only blocks the runtime itself saw freed and
         # no launch touched since (``dead``) may be discarded: a policy's stale dead flag never loses data.
@@ -209,6 +212,25 @@ class CudaBackend:
         self.mover.thread.idle = self.mover.gate.settle
         self._capturing = lambda: False
         self._native_lib = lib
+        if self._cfg.evict == "auto":
+            from . import copyout
+            self.copy, self.copy_status = copyout.start(self, lib, self._cfg)
+            if self.copy is not None:
+                self.mover.thread.service = self.copy.serve
+            if self._cfg.log in ("info", "debug") or self.copy is None:
+                print(f"uvmprefetch: copy path {self.copy_status}", file=sys.stderr)
+
+    def allocator_complete(self, ok: bool, why: str = "") -> None:
+        """Whether the allocator's events cover every live allocation (its tracker attached before the first one, or
+        a snapshot fed as events): until then no block is eligible for the copy path."""
+        if self.copy is not None:
+            self.copy.book.set_complete(ok, why)
+
+    def allocator_events(self, events: np.ndarray) -> None:
+        """The caching allocator's events (``liveness.EVENT_DTYPE``), in sequence order: the copy path's book of
+        which allocations are fully observed."""
+        if self.copy is not None:
+            self.copy.book.feed(events)
 
     def gap(self) -> None:
         """The observer dropped records (a full ring): launches may have reused blocks counted dead, so none of
@@ -364,6 +386,8 @@ class CudaBackend:
         t2 = clock()
         mv = self.mover
         out = np.union1d(evict, victims)
+        if self.copy is not None and out.size:  # the copy path takes what it can; the rest leaves by UVM
+            out = self._copy_out(out, dec)
         on = self.discard_on  # each block's last move and discard (see Mover); no discard is left when off
         if discard.size:
             self._disc_mark[discard] = mv.discard(self.ranges(discard), after=int(self._move_mark[discard].max()))
@@ -372,8 +396,16 @@ class CudaBackend:
         t4 = clock()
         if dec is not None:
             for blocks, advice in dec.advise:
-                mv.advise(self.ranges(np.asarray(blocks, dtype=np.int64)), Advice(advice))
+                blocks = np.asarray(blocks, dtype=np.int64)
+                if self.copy is not None and advice == Advice.PREFER_HOST:
+                    self.copy.advise_host(blocks)  # read on the host from now on: mirrors back first, never copied
+                mv.advise(self.ranges(blocks), Advice(advice))
         t5 = clock()
+        if self.copy is not None and pf.size and self.copy.mirrors:
+            back = self.copy.mirrored(pf)
+            if back.any():
+                self.copy.bring_in(pf[back])  # copy-ins, in the policy's order, on the same stream
+                pf = pf[~back]
         # the policy's order: soonest-needed first
         mv.prefetch(self.ranges(pf, keep_order=True), to_device=True, after=self._after_discards(pf) if on else 0)
         if on and (out.size or pf.size):
@@ -390,6 +422,19 @@ class CudaBackend:
             self.policy.on_evict(victims)  # budget evictions are "the driver's" from the policy's point of view
         self.progress.record(info.index, info.blocks)
         self.host.add(t0, t1, t2, t3, t4, t5, t6, clock())
+
+    def _copy_out(self, out: np.ndarray, dec) -> np.ndarray:
+        """The evictions ``out`` the copy path does not take (copyout.py): the policy's choice per block, as the
+        simulator applies it under ``--evict auto``."""
+        from .copyout import copy_wanted
+        from ..policy.base import EvictPath
+        default = getattr(self.policy, "evict_path", EvictPath.COPY) == EvictPath.COPY
+        if dec is not None and dec.evict_path.size:
+            want = copy_wanted(out, np.asarray(dec.evict, dtype=np.int64), dec.evict_path, default)
+        else:
+            want = np.full(out.shape[0], default)
+        self.copy.book.upto = self.progress.seq
+        return self.copy.evict(out, self._addr[out], want)
 
     def _marks_for(self, n: int) -> None:
         """Per block id: the number of the last ``Mover.mark_moves`` after a move of it, and of the last discard
@@ -464,12 +509,16 @@ class CudaBackend:
                  refused_discards=self.refused_discards,
                  discard_guard=self.guard.result() if self.guard is not None else None,
                  captured_launches_skipped=self.captured_launches, host_time=self.host.result(),
+                 copy_path=self.copy.result() if self.copy is not None else {"on": False, "status": self.copy_status},
                  driver_version=self.driver.version, gpu_iter_s_between_steps=times,
                  note="faults: CUPTI GPU page-fault groups (null without cupti-python); expected_faults counts "
                       "blocks launches used that the books did not hold resident")
         return r
 
     def close(self) -> None:
+        if self.copy is not None:
+            self.mover.synchronize()
+            self.copy.close()  # the mirrors back into their ranges: the program may go on using them
         self.mover.synchronize()
         if self.mover.thread is not None:
             self.mover.thread.close()

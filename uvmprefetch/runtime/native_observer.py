@@ -89,6 +89,9 @@ class ObserverLib:
             "uvmgate_completed_seq": (ctypes.c_uint64, []),
             "uvmgate_set_progress_every": (None, [ctypes.c_int]),
             "uvmgate_note": (None, [ctypes.c_uint64, ctypes.c_void_p]),
+            "uvmgate_take_demands": (ctypes.c_size_t, [_u64p, ctypes.c_size_t]),
+            "uvmgate_use_gil": (ctypes.c_int, []),
+            "uvmgate_demand_counters": (None, [_u64p]),
         }
         for name, (res, args) in sig.items():
             fn = getattr(lib, name)

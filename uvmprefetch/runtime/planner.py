@@ -83,6 +83,7 @@ class Planner:
         self._fail_after = _fail_after("planner")
         self._note_seq = getattr(session.backend, "note_seq", None)
         self._note_gate = getattr(session.backend, "note_gate", None)
+        self._feed_allocs = getattr(session.backend, "allocator_events", None)  # the copy path's book (cuda)
         self._thread = threading.Thread(target=self._run, name="uvmprefetch-planner", daemon=True)
 
     # ------------------------------------------------------------------------------------------ lifecycle
@@ -201,6 +202,8 @@ class Planner:
             self._carry, events = events[cut:].copy(), events[:cut]
         else:
             self._carry = events[:0]
+        if self._feed_allocs is not None and len(events):
+            self._feed_allocs(events)
         ev_seq, ev_addr, ev_act = events["seq"].tolist(), events["addr"].tolist(), events["action"].tolist()
         j = 0
         tracker = self.s.tracker

@@ -146,6 +146,8 @@ class Session:
         if guard is not None:
             tr = self.tracker
             guard.explained, guard.is_known, guard.known = tr.counts, tr.holds, tr.describe
+        if hasattr(self.backend, "copy_status"):  # the copy path (cuda): an allocation is observed once an op touched it
+            self.backend.observed = self.tracker.live.__contains__
         self.device_type = self.backend.device_type
         self.gpu = getattr(self.backend, "gpu", None)
         self.active = False

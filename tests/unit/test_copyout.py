@@ -1,0 +1,409 @@
+"""The copy path of the cuda backend (``runtime/copyout.py``) on the CPU, with fakes only at the CUDA boundary.
+
+GIVEN a managed arena and pinned slots that are real host memory, and a fake ``cuda.bindings.runtime`` whose
+``cudaMemcpyAsync`` / ``cudaMemcpy`` move those real bytes, whose discard overwrites its ranges with garbage and
+whose prefetch does nothing (the bytes stay where they are, as on a GPU);
+WHEN blocks are evicted by copy, brought back, demanded by ops through the real pre-op gate, or a call fails or a
+kernel nobody observed is launched;
+THEN every byte a tensor held is there again, byte for byte; an op on a mirrored block does not pass the gate
+before its copy-in is queued and then waits on that copy's event; the mirror pool stays under its cap and says so;
+a failure or an unattributed launch copies every mirror back and switches the path off for the run.
+"""
+
+import ctypes
+import shutil
+import subprocess
+import threading
+import types
+
+import numpy as np
+import pytest
+
+from uvmprefetch.config import DEFAULT_HOST_LIMIT, HostLimit, from_env, parse_host_limit
+from uvmprefetch.errors import ConfigError
+from uvmprefetch.policy.base import EvictPath
+from uvmprefetch.runtime.copyout import CopyOut, MirrorPool, ObservedAllocations, copy_wanted
+from uvmprefetch.runtime.liveness import EVENT_DTYPE, FREE_COMPLETED, ALLOC
+
+BS = 2 << 20
+SH = 21
+
+
+# ------------------------------------------------------------------------------------------------ configuration
+def test_evict_and_host_limit_variables():
+    cfg = from_env({}, check_policy=False)
+    assert cfg.evict == "uvm" and cfg.host_limit == DEFAULT_HOST_LIMIT == HostLimit(fraction=0.25)
+    cfg = from_env({"UVMPREFETCH_EVICT": "AUTO", "UVMPREFETCH_HOST_LIMIT": "8GiB"}, check_policy=False)
+    assert cfg.evict == "auto" and cfg.host_limit.resolve(1 << 40) == 8 << 30
+    assert from_env(cfg.to_env(), check_policy=False).host_limit == cfg.host_limit  # `uvmprefetch run` round trip
+    assert parse_host_limit("30%").resolve(100 << 30) == 30 << 30
+    assert parse_host_limit("0").resolve(100 << 30) == 0
+    assert parse_host_limit("1073741824").resolve(1) == 1 << 30
+    for bad in ("copy", "1"):
+        with pytest.raises(ConfigError, match="UVMPREFETCH_EVICT='.*' is invalid; accepted: uvm"):
+            from_env({"UVMPREFETCH_EVICT": bad}, check_policy=False)
+    for bad in ("lots", "150%", "0%", "-3GiB", "0.5"):
+        with pytest.raises(ConfigError, match="UVMPREFETCH_HOST_LIMIT=.* is invalid; accepted: pinned host memory"):
+            from_env({"UVMPREFETCH_HOST_LIMIT": bad}, check_policy=False)
+
+
+def test_copy_wanted_follows_the_simulators_rule():
+    dec = np.array([5, 6, 7, 8])
+    path = np.array([EvictPath.COPY, EvictPath.UVM, EvictPath.DEFAULT, EvictPath.DEFAULT])
+    out = np.array([5, 6, 7, 9])  # 8 was dropped (protected), 9 is a budget victim
+    assert copy_wanted(out, dec, path, default_copy=True).tolist() == [True, False, True, True]
+    assert copy_wanted(out, dec, path, default_copy=False).tolist() == [True, False, False, False]
+    assert copy_wanted(out, dec, np.zeros(0, dtype=np.int8), default_copy=True).all()
+
+
+# ------------------------------------------------------------------------------------------------ the book, the pool
+def _events(*rows):
+    ev = np.zeros(len(rows), dtype=EVENT_DTYPE)
+    for k, (seq, action, addr, size) in enumerate(rows):
+        ev[k] = (seq, addr, size, 0, action, 0)
+    return ev
+
+
+def test_eligibility_needs_a_complete_stream_and_every_allocation_observed():
+    seen = set()
+    book = ObservedAllocations(observed=seen.__contains__)
+    base = 0x7F0000000000
+    book.feed(_events((1, ALLOC, base, 1 << 20), (2, ALLOC, base + (1 << 20), 4096), (3, ALLOC, base + BS, BS)))
+    seen.update({base, base + BS})
+    assert book.ranges_in(base, base + BS) is None  # incomplete: nothing is eligible
+    book.set_complete(True)
+    assert book.ranges_in(base, base + BS) is None  # the 4 KiB allocation (a workspace) no op touched
+    assert book.ranges_in(base + BS, base + 2 * BS) == [(base + BS, BS)]
+    seen.add(base + (1 << 20))
+    assert book.ranges_in(base, base + BS) == [(base, 1 << 20), (base + (1 << 20), 4096)]
+    # events are applied up to the op being planned: a reuse of the address after it does not count yet
+    book.feed(_events((10, FREE_COMPLETED, base + (1 << 20), 4096), (12, ALLOC, base + (1 << 20), 8192)))
+    book.upto = 11
+    assert book.ranges_in(base, base + BS) == [(base, 1 << 20)]
+    book.upto = 13
+    assert book.ranges_in(base, base + BS) == [(base, 1 << 20), (base + (1 << 20), 8192)]
+    assert book.ranges_in(base + 3 * BS, base + 4 * BS) == []  # no live allocation: nothing to copy
+
+
+def test_mirror_pool_is_bounded_reports_and_falls_back():
+    allocs, frees = [], []
+
+    def alloc(n):
+        allocs.append(n)
+        return 0x1000_0000 * len(allocs)
+    pool = MirrorPool(5 * BS, BS, alloc, frees.append, slab_blocks=2)
+    slots = [pool.take() for _ in range(7)]
+    assert slots[5] is None and slots[6] is None and len(set(slots[:5])) == 5
+    assert allocs == [2 * BS, 2 * BS, BS]  # slabs, the last one cut at the cap
+    r = pool.result()
+    assert r["cap_bytes"] == r["pinned_bytes"] == r["peak_bytes"] == r["current_bytes"] == 5 * BS
+    assert r["fallbacks"] == 2
+    pool.give(slots[0])
+    assert pool.take() == slots[0] and pool.result()["peak_bytes"] == 5 * BS
+    pool.close()
+    assert len(frees) == 3
+
+    def broke(n):
+        raise RuntimeError("cudaErrorMemoryAllocation")
+    p2 = MirrorPool(4 * BS, BS, broke, frees.append)
+    assert p2.take() is None and "pinned allocation" in p2.result()["alloc_error"]
+
+
+# ------------------------------------------------------------------------------------------------ fakes at the boundary
+class Arena:
+    """Real host memory standing in for managed memory (2 MiB aligned blocks) and for pinned memory."""
+
+    def __init__(self, nblocks):
+        self.raw = ctypes.create_string_buffer((nblocks + 1) * BS)
+        self.base = (ctypes.addressof(self.raw) + BS - 1) // BS * BS
+        self.pinned = []
+
+    def view(self, addr, n):
+        return (ctypes.c_ubyte * n).from_address(addr)
+
+    def host(self, n):
+        buf = ctypes.create_string_buffer(n)
+        self.pinned.append(buf)
+        return ctypes.addressof(buf)
+
+
+class FakeRuntime:
+    """``cuda.bindings.runtime`` at the boundary: copies move real bytes at once; a discard fills its ranges with
+    0xA5 (a discarded page's contents are undefined); ``fail`` names a call that fails from its ``fail_at``-th use."""
+
+    class cudaError_t:
+        cudaSuccess = 0
+        cudaErrorInvalidValue = 1
+
+    class cudaMemcpyKind:
+        cudaMemcpyDefault = 4
+
+    def __init__(self, arena, fail=None, fail_at=1):
+        self.arena, self.fail, self.fail_at = arena, fail, fail_at
+        self.calls = []
+
+    def _ret(self, name, *result):
+        self.calls.append(name)
+        if name == self.fail and self.calls.count(name) >= self.fail_at:
+            return (1,)
+        return (0, *result)
+
+    def cudaMemcpyAsync(self, dst, src, n, kind, stream):
+        res = self._ret("cudaMemcpyAsync", )
+        if res[0] == 0:
+            ctypes.memmove(dst, src, n)
+        return res
+
+    def cudaMemcpy(self, dst, src, n, kind):
+        res = self._ret("cudaMemcpy")
+        if res[0] == 0:
+            ctypes.memmove(dst, src, n)
+        return res
+
+    def cudaMemDiscardBatchAsync(self, ptrs, sizes, count, flags, stream):
+        assert len(ptrs) == len(sizes) == count
+        res = self._ret("cudaMemDiscardBatchAsync")
+        if res[0] == 0:
+            for p, n in zip(ptrs, sizes):
+                ctypes.memset(p, 0xA5, n)
+        return res
+
+    def cudaMemPrefetchAsync(self, p, n, loc, flags, stream):
+        return self._ret("cudaMemPrefetchAsync")
+
+    def cudaStreamSynchronize(self, stream):
+        return self._ret("cudaStreamSynchronize")
+
+    def cudaMallocHost(self, n):
+        return self._ret("cudaMallocHost", self.arena.host(n))
+
+    def cudaFreeHost(self, p):
+        return self._ret("cudaFreeHost")
+
+    def cudaGetErrorName(self, err):
+        return (0, b"cudaErrorInvalidValue")
+
+
+class Stream:
+    cuda_stream = 11
+
+    def __init__(self, log):
+        self.log = log
+
+    def wait_stream(self, other):
+        self.log.append(("wait_stream", other))
+
+
+class Event:
+    n = 0
+
+    def __init__(self):
+        Event.n += 1
+        self.cuda_event = 0x1000 * Event.n  # what the gate is handed (8-byte aligned)
+        self.recorded = False
+
+    def record(self, stream):
+        self.recorded = True
+
+    def query(self):
+        return False  # still in flight: the gate keeps the block "to the GPU" with this event
+
+
+def fake_mover(arena, fail=None, fail_at=1, gate=None):
+    from uvmprefetch.runtime.mover import Mover
+    m = object.__new__(Mover)
+    m.rt, m.device, m.calls, m.thread, m.gate = FakeRuntime(arena, fail, fail_at), 0, 0, None, gate
+    m.log = []
+    m.stream = Stream(m.log)
+    m.dev_loc = types.SimpleNamespace(type=1, id=0)
+    m.torch = types.SimpleNamespace(cuda=types.SimpleNamespace(current_stream=lambda dev: "compute", Event=Event))
+    return m
+
+
+def setup(nblocks=6, fail=None, fail_at=1, gate=None, cap_blocks=8, unobserved=()):
+    """Blocks 0..nblocks-1 of the arena, each holding two allocations (1.5 MiB + 0.5 MiB) with distinct bytes."""
+    arena = Arena(nblocks)
+    rng = np.random.default_rng(7)
+    data = rng.integers(0, 256, nblocks * BS, dtype=np.uint8)
+    ctypes.memmove(arena.base, data.ctypes.data, data.size)
+    allocs = [(arena.base + b * BS + off, n) for b in range(nblocks) for off, n in ((0, 3 << 19), (3 << 19, 1 << 19))]
+    seen = {a for a, _ in allocs} - set(unobserved)
+    book = ObservedAllocations(observed=seen.__contains__)
+    book.feed(_events(*[(k + 1, ALLOC, a, n) for k, (a, n) in enumerate(allocs)]))
+    book.set_complete(True)
+    mv = fake_mover(arena, fail, fail_at, gate)
+    pool = MirrorPool(cap_blocks * BS, BS, lambda n: mv._check(mv.rt.cudaMallocHost(n), "h")[1], lambda p: None)
+    cp = CopyOut(mv, book, pool, BS)
+    return arena, data, cp
+
+
+def now(arena, nblocks):
+    return np.frombuffer(arena.view(arena.base, nblocks * BS), dtype=np.uint8).copy()
+
+
+def evict(cp, arena, ids, want=True):
+    ids = np.asarray(ids, dtype=np.int64)
+    return cp.evict(ids, arena.base + ids * BS, np.full(ids.size, want)).tolist()
+
+
+def test_copy_out_and_back_keeps_every_byte_and_accounts_the_mirrors(capsys):
+    arena, data, cp = setup()
+    assert evict(cp, arena, [1, 2, 4]) == []  # all taken by the copy path
+    cur = now(arena, 6)
+    for b in (1, 2, 4):
+        assert (cur[b * BS:(b + 1) * BS] == 0xA5).all()  # discarded on the "GPU"
+    assert np.array_equal(cur[:BS], data[:BS])  # untouched blocks keep their data
+    assert cp.mirrored(np.array([0, 1, 2, 4])).tolist() == [False, True, True, True]
+    r = cp.result()
+    assert r["copy_evictions"] == 3 and r["copy_out_bytes"] == 3 * BS and r["mirror"]["current_bytes"] == 3 * BS
+    # the calls, in order: copies of both allocations of each block, then one discard of them all
+    assert cp.mv.rt.calls == ["cudaMallocHost"] + ["cudaMemcpyAsync"] * 6 + ["cudaMemDiscardBatchAsync"]
+    assert cp.mv.log == [("wait_stream", "compute")]  # after the kernels already queued on the compute stream
+    cp.bring_in(np.array([4, 2]))
+    cp.bring_in(np.array([1]))
+    assert np.array_equal(now(arena, 6), data)  # byte for byte
+    r = cp.result()
+    assert r["copy_ins"] == 3 and r["copy_in_bytes"] == 3 * BS and r["mirror"]["current_bytes"] == 0
+    assert r["mirror"]["peak_bytes"] == 3 * BS and r["on"] is True and capsys.readouterr().err == ""
+    # prefetches to the GPU (repopulate without a copy) come before the copies in
+    tail = cp.mv.rt.calls[8:]
+    assert tail[:4] == ["cudaMemPrefetchAsync"] * 4 and tail[4:8] == ["cudaMemcpyAsync"] * 4
+
+
+def test_ineligible_blocks_and_a_full_pool_leave_by_uvm():
+    arena, data, cp = setup(cap_blocks=2, unobserved=[])
+    w = arena.base + 3 * BS + (3 << 19)  # block 3's second allocation: no observed op touched it (a workspace)
+    cp.book.observed = lambda a: a != w
+    assert evict(cp, arena, [0, 3, 5, 1], want=True) == [3, 1]  # 3 ineligible; 1 over the pool's cap
+    assert evict(cp, arena, [2], want=False) == [2]  # the policy chose UVM for it
+    r = cp.result()
+    assert r["ineligible_evictions"] == 1 and r["mirror_full_evictions"] == 1 and r["copy_evictions"] == 2
+    assert r["mirror"]["fallbacks"] == 1 and r["mirror"]["cap_bytes"] == 2 * BS
+    assert np.array_equal(now(arena, 6)[3 * BS:4 * BS], data[3 * BS:4 * BS])  # never discarded
+
+
+@pytest.mark.parametrize("fail,fail_at", [("cudaMemcpyAsync", 2), ("cudaMemDiscardBatchAsync", 1),
+                                          ("cudaMemPrefetchAsync", 1), ("cudaMemcpyAsync", 8)])
+def test_a_failed_call_restores_every_range_and_switches_the_path_off(fail, fail_at, capsys):
+    arena, data, cp = setup(fail=fail, fail_at=fail_at)
+    evict(cp, arena, [1, 2, 4])  # copies 1-6 and the discard
+    cp.bring_in(np.array([2]))  # the 7th and 8th copies are block 2's copy-in
+    assert np.array_equal(now(arena, 6), data)  # whatever failed, every byte is back
+    r = cp.result()
+    assert r["on"] is False and fail in r["off_reason"] and r["mirrors"] == 0 and r["mirror"]["current_bytes"] == 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the copy path is off for the rest of this run" in err
+    assert evict(cp, arena, [0, 3]) == [0, 3]  # from now on every eviction is UVM's
+
+
+def test_an_unattributed_launch_restores_every_mirror_before_anything_else(capsys):
+    arena, data, cp = setup()
+    evict(cp, arena, [0, 1, 2, 3])
+    cp.bring_in(np.array([1]))
+    assert (now(arena, 6)[0:BS] == 0xA5).all()
+    cp.unattributed()  # what the shim calls, on the launching thread, before it queues the kernel
+    assert np.array_equal(now(arena, 6), data)
+    assert cp.result()["on"] is False and cp.result()["restored_blocks"] == 3
+    assert "launched outside every op" in capsys.readouterr().err
+    assert evict(cp, arena, [5]) == [5]
+
+
+def test_close_puts_the_mirrors_back():
+    arena, data, cp = setup()
+    evict(cp, arena, [2, 5])
+    cp.close()
+    assert np.array_equal(now(arena, 6), data)
+
+
+# ------------------------------------------------------------------------------------------------ the gate
+FAKE_CUDART = r"""
+#include <stdint.h>
+int n_waits; void *wait_event[64];
+uintptr_t next_event = 0x1000;
+int cudaStreamWaitEvent(void *s, void *e, unsigned f) { (void)s; (void)f; wait_event[n_waits++] = e; return 0; }
+int cudaEventCreateWithFlags(void **e, unsigned f) { (void)f; *e = (void *)next_event; next_event += 0x10; return 0; }
+int cudaEventRecord(void *e, void *s) { (void)e; (void)s; return 0; }
+int cudaEventQuery(void *e) { (void)e; return 600; }
+int cudaStreamIsCapturing(void *s, int *st) { (void)s; *st = 0; return 0; }
+"""
+
+
+@pytest.fixture(scope="module")
+def gate(tmp_path_factory):
+    from uvmprefetch.runtime import native, native_observer
+    if shutil.which("cc") is None:
+        pytest.skip("needs a C compiler")
+    try:
+        lib = native_observer.load()
+    except native.NativeBuildError as e:
+        pytest.skip(f"the C++ observer cannot be built here: {e}")
+    d = tmp_path_factory.mktemp("fakecudart")
+    (d / "fake.c").write_text(FAKE_CUDART)
+    so = d / "libfakecudart.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(so), str(d / "fake.c")], check=True)
+    fake = ctypes.CDLL(str(so))
+    assert lib.lib.uvmgate_init(str(so).encode()) == 0 and lib.lib.uvmgate_use_gil() == 1
+    lib.lib.uvmgate_set_block_shift(SH)
+    return lib, fake
+
+
+def test_an_op_on_a_mirrored_block_waits_for_its_copy_in_and_then_on_its_event(gate):
+    """The op's thread holds the GIL (a PyDLL call, as a Python training loop calling an op): the gate must let
+    it go while it waits, or the mover thread that serves the demand could never run."""
+    from uvmprefetch.runtime.mover import GateBook
+    lib, fake = gate
+    book = GateBook(lib, BS)
+    arena, data, cp = setup(gate=book)
+    evict(cp, arena, [3])
+    blk = (arena.base >> SH) + 3
+    out = np.zeros(1, dtype=np.uint64)
+    held = ctypes.PyDLL(lib.lib._name)
+    held.uvmgate_check.argtypes = lib.lib.uvmgate_check.argtypes
+    starts = np.array([arena.base + 3 * BS + 4096], dtype=np.uint64)
+    lens = np.array([8192], dtype=np.uint64)
+    res = (ctypes.c_uint32 * 3)()
+    n0 = ctypes.c_int.in_dll(fake, "n_waits").value
+    done = threading.Event()
+
+    def op():
+        held.uvmgate_check(starts.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)),
+                           lens.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)), 1, ctypes.c_void_p(0x77), res)
+        done.set()
+    t = threading.Thread(target=op)
+    t.start()
+    assert not done.wait(0.3)  # the op does not pass the gate: its block is mirrored, no copy-in queued
+    assert (now(arena, 6)[3 * BS:4 * BS] == 0xA5).all()
+    for _ in range(200):  # the mover's service loop (every ~2 ms), here by hand
+        cp.serve()
+        if done.wait(0.01):
+            break
+    t.join(5)
+    assert done.is_set()
+    assert np.array_equal(now(arena, 6), data)  # the copy-in ran before the op went on
+    assert tuple(res)[0] == 1 and tuple(res)[2] == 1  # then it waited on the copy's event, as a late prefetch
+    ev = ctypes.c_void_p.from_address(ctypes.addressof((ctypes.c_void_p * 64).in_dll(fake, "wait_event")) + 8 * n0)
+    assert ev.value == Event.n * 0x1000
+    assert cp.result()["demand_copy_ins"] == 1 and cp.result()["gate_demanded_blocks"] >= 1
+    lib.lib.uvmgate_get(np.array([blk], dtype=np.uint64).ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)), 1,
+                        out.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)))
+    assert int(out[0]) & 7 == 2  # in flight to the GPU with the copy's event
+
+
+def test_switching_off_releases_ops_waiting_at_the_gate(gate):
+    from uvmprefetch.runtime.mover import GateBook
+    lib, _ = gate
+    arena, data, cp = setup(gate=GateBook(lib, BS))
+    evict(cp, arena, [1])
+    starts = np.array([arena.base + BS], dtype=np.uint64)
+    lens = np.array([BS], dtype=np.uint64)
+    res = (ctypes.c_uint32 * 3)()
+    t = threading.Thread(target=lambda: lib.lib.uvmgate_check(starts.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)),
+                                                              lens.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)),
+                                                              1, ctypes.c_void_p(0x77), res))
+    t.start()
+    t.join(0.2)
+    assert t.is_alive()
+    cp.unattributed()
+    t.join(5)
+    assert not t.is_alive() and np.array_equal(now(arena, 6), data)
+    lib.lib.uvmgate_take_demands(np.zeros(64, dtype=np.uint64).ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)), 64)
