@@ -407,3 +407,90 @@ def test_switching_off_releases_ops_waiting_at_the_gate(gate):
     t.join(5)
     assert not t.is_alive() and np.array_equal(now(arena, 6), data)
     lib.lib.uvmgate_take_demands(np.zeros(64, dtype=np.uint64).ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)), 64)
+
+
+# ------------------------------------------------------------------------------------------------ the shim
+LAUNCH_CUDART = r"""
+typedef struct { unsigned x, y, z; } dim3;
+int fake_n_launch;
+int cudaLaunchKernel(const void *f, dim3 g, dim3 b, void **a, unsigned long s, void *st) {
+    (void)f; (void)g; (void)b; (void)a; (void)s; (void)st; return fake_n_launch++, 0;
+}
+"""
+
+SHIM_SCRIPT = r"""
+import ctypes, sys
+from uvmprefetch.runtime.shim import Shim
+fake = ctypes.CDLL(sys.argv[2], mode=ctypes.RTLD_GLOBAL)
+shim = Shim(sys.argv[1]).lib
+class dim3(ctypes.Structure):
+    _fields_ = [("x", ctypes.c_uint), ("y", ctypes.c_uint), ("z", ctypes.c_uint)]
+launch = shim.cudaLaunchKernel
+launch.argtypes = [ctypes.c_void_p, dim3, dim3, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+inside = [1]
+seen = []
+in_op = ctypes.CFUNCTYPE(ctypes.c_int)(lambda: inside[0])
+cb = ctypes.CFUNCTYPE(None)(lambda: seen.append(ctypes.c_int.in_dll(fake, "fake_n_launch").value))
+shim.uvmshim_set_attribution.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+shim.uvmshim_set_attribution(ctypes.cast(in_op, ctypes.c_void_p), ctypes.cast(cb, ctypes.c_void_p))
+shim.uvmshim_unattributed.restype = ctypes.c_uint64
+one = dim3(1, 1, 1)
+go = lambda: launch(None, one, one, None, 0, None)
+inside[0] = 0; go()                       # no mirrors: launches are not checked
+shim.uvmshim_set_mirrors(1)
+inside[0] = 1; go()                       # inside an observed op
+inside[0] = 0; go()                       # outside every op: the callback first, then the launch
+print(seen, shim.uvmshim_unattributed(), ctypes.c_int.in_dll(fake, "fake_n_launch").value)
+"""
+
+
+def test_shim_calls_back_before_queuing_a_kernel_no_observed_op_launched(tmp_path):
+    import os
+    import sys
+
+    from uvmprefetch.runtime.shim import shim_path
+    if shutil.which("cc") is None or shutil.which("make") is None:
+        pytest.skip("needs a C compiler and make")
+    (tmp_path / "fake.c").write_text(LAUNCH_CUDART)
+    fake = tmp_path / "libcudart.so.13"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(fake), str(tmp_path / "fake.c")], check=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UVMPREFETCH")}
+    env.update(UVMPREFETCH_CUDART=str(fake), UVMPREFETCH_LOG="quiet")
+    r = subprocess.run([sys.executable, "-c", SHIM_SCRIPT, str(shim_path()), str(fake)], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    # the callback ran once, when 2 launches had gone through (not 3: it ran before the third was queued)
+    assert r.stdout.split() == ["[2]", "1", "3"]
+
+
+# ------------------------------------------------------------------------------------------------ dryrun, end to end
+def test_dryrun_training_under_evict_auto_keeps_the_losses_and_uses_the_copy_path(tmp_path):
+    """A real CPU training run (the shipped GPT-2 example) under ``UVMPREFETCH_EVICT=auto``: the simulated GPU
+    (a calibrated profile: it has the copy path) evicts by copy-out, within the mirror cap, and the losses are
+    those of the run without the runtime, bit for bit."""
+    import json
+    import os
+    import sys
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "train_gpt2.py"
+
+    def run(name, **extra):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("UVMPREFETCH")}
+        env.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", **extra)
+        out = tmp_path / f"{name}.json"
+        r = subprocess.run([sys.executable, str(example), "--iters", "3", "--out", str(out)], env=env,
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return json.loads(out.read_text())
+    plain = run("plain")
+    report = tmp_path / "report.json"
+    live = run("auto", UVMPREFETCH="1", UVMPREFETCH_BACKEND="dryrun", UVMPREFETCH_BUDGET=str(24 << 20),
+               UVMPREFETCH_GPU="h100-pcie-cal", UVMPREFETCH_EVICT="auto", UVMPREFETCH_HOST_LIMIT="16MiB",
+               UVMPREFETCH_REPORT=str(report))
+    assert live["losses_hex"] == plain["losses_hex"]
+    rep = json.loads(report.read_text())
+    be = rep["backend_result"]
+    assert not rep["degraded"] and rep["errors"] == [] and be["evict"] == "auto"
+    assert be["copy_evictions"] > 0 and be["copy_out_bytes"] > 0 and be["copy_in_bytes"] > 0
+    assert 0 < be["mirror_peak_bytes"] <= 16 << 20 and be["mirror_full_evictions"] > 0  # the cap held
