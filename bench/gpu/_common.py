@@ -43,7 +43,7 @@ EXIT_CHECK_FAILED = 1
 RUNTIME_VARS = ("UVMPREFETCH", "UVMPREFETCH_BUDGET", "UVMPREFETCH_POLICY", "UVMPREFETCH_WINDOW",
                 "UVMPREFETCH_REPORT", "UVMPREFETCH_TRACE", "UVMPREFETCH_BACKEND", "UVMPREFETCH_LOG", "UVMPREFETCH_GPU",
                 "UVMPREFETCH_MOVER", "UVMPREFETCH_DISCARD", "UVMPREFETCH_DISCARD_AUDIT", "UVMPREFETCH_MANAGED_LIMIT",
-                "UVMPREFETCH_OBSERVER", "UVMPREFETCH_TEST_FAIL")
+                "UVMPREFETCH_OBSERVER", "UVMPREFETCH_TEST_FAIL", "UVMPREFETCH_EVICT", "UVMPREFETCH_HOST_LIMIT")
 
 # The shared-GPU rule (DESIGN.md section 5): the GPUs these scripts run on are shared, and asking one for more
 # managed memory than it has free can hang it. So every child process gets the shim's old cap, the GPU's free
