@@ -22,7 +22,7 @@ import pytest
 from uvmprefetch.config import DEFAULT_HOST_LIMIT, HostLimit, from_env, parse_host_limit
 from uvmprefetch.errors import ConfigError
 from uvmprefetch.policy.base import EvictPath
-from uvmprefetch.runtime.copyout import CopyOut, MirrorPool, ObservedAllocations, copy_wanted
+from uvmprefetch.runtime.copyout import CopyOut, MirrorPool, ObservedAllocations, copy_wanted, discard_ranges
 from uvmprefetch.runtime.liveness import EVENT_DTYPE, FREE_COMPLETED, ALLOC
 
 BS = 2 << 20
@@ -54,6 +54,14 @@ def test_copy_wanted_follows_the_simulators_rule():
     assert copy_wanted(out, dec, path, default_copy=True).tolist() == [True, False, True, True]
     assert copy_wanted(out, dec, path, default_copy=False).tolist() == [True, False, False, False]
     assert copy_wanted(out, dec, np.zeros(0, dtype=np.int8), default_copy=True).all()
+
+
+def test_discards_cover_only_whole_pages_of_mirrored_bytes():
+    K = 64 << 10
+    # two touching allocations merge; the ends are cut inward to 64 KiB; a range inside one page is not discarded
+    assert discard_ranges([(K + 512, 3 * K), (4 * K + 512, K)], K) == [(2 * K, 3 * K)]
+    assert discard_ranges([(10 * K + 512, 1024)], K) == []
+    assert discard_ranges([(0, 2 << 20)], K) == [(0, 2 << 20)]
 
 
 # ------------------------------------------------------------------------------------------------ the book, the pool

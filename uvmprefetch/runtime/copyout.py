@@ -71,6 +71,24 @@ def copy_wanted(evict: np.ndarray, dec_blocks: np.ndarray, dec_path: np.ndarray,
     return np.fromiter((chosen.get(b, default_copy) for b in evict.tolist()), dtype=bool, count=evict.shape[0])
 
 
+DISCARD_ALIGN = 64 << 10  # the driver's big page: discards are cut inward to it (never beyond the mirrored bytes)
+
+
+def discard_ranges(ranges: list[tuple[int, int]], align: int = DISCARD_ALIGN) -> list[tuple[int, int]]:
+    """The mirrored ``ranges`` merged where they touch, each cut inward to ``align`` boundaries: the caching
+    allocator's allocations are 512-byte aligned, a discard works on whole pages, and a page that holds bytes of
+    something not mirrored must keep them. The uncut edges stay resident and are simply overwritten by the
+    copy-in."""
+    out: list[list[int]] = []
+    for p, n in sorted(ranges):
+        if out and out[-1][1] >= p:
+            out[-1][1] = max(out[-1][1], p + n)
+        else:
+            out.append([p, p + n])
+    cut = [((lo + align - 1) // align * align, hi // align * align) for lo, hi in out]
+    return [(lo, hi - lo) for lo, hi in cut if hi > lo]
+
+
 class MirrorPool:
     """Pinned host memory for mirrors: block-sized slots carved from slabs of ``slab_blocks`` blocks, allocated on
     demand up to ``cap_bytes`` and kept until ``close`` (pinning is slow: a ``cudaMallocHost`` per eviction would
@@ -319,7 +337,7 @@ class CopyOut:
                     t.out_issued = True
                     for p, n, h in t.ranges:
                         mv._check(rt.cudaMemcpyAsync(h, p, n, kind, stream.cuda_stream), "cudaMemcpyAsync (copy-out)")
-                ranges = [(p, n) for t in take for p, n, _ in t.ranges]
+                ranges = discard_ranges([(p, n) for t in take for p, n, _ in t.ranges])
                 for t in take:
                     t.discarded = True  # from here the mirror is the data (also if the discard call fails)
                 if ranges:
@@ -329,7 +347,7 @@ class CopyOut:
                 self._off(f"copy-out failed ({e})", on_mover=True)
                 return
             self.m["copy_evictions"] += len(take)
-            self.m["copy_out_bytes"] += sum(n for _, n in ranges)
+            self.m["copy_out_bytes"] += sum(n for t in take for _, n, _ in t.ranges)
 
     def _in_now(self, ids: list[int], demanded: bool) -> None:
         """Mover thread: repopulate on the GPU, copy the mirrors in, hand the gate the copy's event."""
