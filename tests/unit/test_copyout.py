@@ -502,3 +502,33 @@ def test_dryrun_training_under_evict_auto_keeps_the_losses_and_uses_the_copy_pat
     assert not rep["degraded"] and rep["errors"] == [] and be["evict"] == "auto"
     assert be["copy_evictions"] > 0 and be["copy_out_bytes"] > 0 and be["copy_in_bytes"] > 0
     assert 0 < be["mirror_peak_bytes"] <= 16 << 20 and be["mirror_full_evictions"] > 0  # the cap held
+
+
+# ------------------------------------------------------------------------------------------------ the backend's hooks
+def test_the_backend_sends_copy_evictions_and_their_prefetches_through_the_copy_path():
+    """The real ``CudaBackend.launch`` (CUDA replaced at the Mover, as in test_runtime_cuda_logic): the evictions the
+    policy marks COPY and the copy path can take leave by copy, the rest by UVM; a later prefetch of a mirrored
+    block is its copy-in, never a UVM prefetch."""
+    import test_runtime_cuda_logic as logic
+    from test_runtime_cuda_logic import Scripted, backend, info
+
+    from uvmprefetch.policy.base import Decision
+    arena, data, cp = setup(nblocks=6)
+    base = arena.base
+    pol = Scripted([None,
+                    Decision(evict=np.array([0, 1, 2]),
+                             evict_path=np.array([EvictPath.COPY, EvictPath.UVM, EvictPath.DEFAULT])),
+                    Decision(prefetch=np.array([0, 1, 2]))])
+    pol.evict_path = EvictPath.UVM  # DEFAULT means UVM for this policy
+    be = backend(pol, 8, [(base, 6 * BS)], discard=False)
+    be.copy = cp
+    be.progress.seq = 0
+    be.launch(info(0, be, base, 6 * BS))  # touches blocks 0-5 (dense ids follow first sight: id k = block k)
+    logic.Event.done = 10**6  # the GPU has passed launch 0: its blocks may leave
+    be.launch(info(1, be, base + 5 * BS, BS))
+    assert cp.mirrored(np.arange(6)).tolist() == [True, False, False, False, False, False]
+    assert be.mover.log[0] == ("to_host", [(base + BS, 2 * BS)], 0)  # 1 (UVM) and 2 (DEFAULT = UVM)
+    be.launch(info(2, be, base + 5 * BS, BS))
+    assert ("to_gpu", [(base + BS, 2 * BS)], 0) in be.mover.log  # 1 and 2 come back by UVM prefetch
+    assert not any(e[0] == "to_gpu" and base in [p for p, _ in e[1]] for e in be.mover.log)
+    assert cp.result()["copy_ins"] == 1 and np.array_equal(now(arena, 6), data)  # 0 by its copy-in
