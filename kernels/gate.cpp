@@ -113,6 +113,38 @@ Slot* find(uint64_t block, bool insert) {
     return nullptr;
 }
 
+// Ops between their gate check and their end callback, per thread (`in` counts checks started, `out` ops ended or
+// blocked on a demand): a copy-out marks its blocks kMirrored, then waits (uvmgate_quiesce) until every op that
+// was past the gate then has queued its kernels, and only then orders itself after the compute stream. An op
+// whose check comes after the mark sees it and demands; one blocked on a demand counts as out, and checks all its
+// blocks again when it resumes (a block it passed before may have been marked meanwhile).
+constexpr size_t kThreads = 256;
+struct OpCount {
+    std::atomic<uint64_t> in{0}, out{0};
+};
+OpCount g_ops[kThreads];
+std::atomic<size_t> g_nthreads{0};
+thread_local OpCount* t_ops_count = nullptr;
+thread_local bool t_ops_init = false;
+
+OpCount* my_count() {
+    if (!t_ops_init) {
+        t_ops_init = true;
+        const size_t i = g_nthreads.fetch_add(1);
+        t_ops_count = i < kThreads ? &g_ops[i] : nullptr;
+    }
+    return t_ops_count;
+}
+
+void op_in() {
+    if (OpCount* c = my_count()) c->in.fetch_add(1, std::memory_order_seq_cst);
+    std::atomic_thread_fence(std::memory_order_seq_cst);  // the count is visible before the table is read
+}
+
+void op_out() {
+    if (OpCount* c = my_count()) c->out.fetch_add(1, std::memory_order_release);
+}
+
 void demand(uint64_t block) {
     uint64_t slot = g_demand_head.load(std::memory_order_relaxed);
     while (slot - g_demand_tail.load(std::memory_order_acquire) >= kDemands) sched_yield();  // reader behind
@@ -146,6 +178,8 @@ namespace uvm {
 
 bool gate_armed() { return g_used.load(std::memory_order_relaxed) != 0; }
 
+void gate_op_end() { op_out(); }
+
 void gate_check(const uint64_t* starts, const uint64_t* lengths, size_t n, void* stream, GateResult& out) {
     const int shift = g_shift.load(std::memory_order_relaxed);
     WaitFn wait = g_wait.load(std::memory_order_relaxed);
@@ -160,13 +194,20 @@ void gate_check(const uint64_t* starts, const uint64_t* lengths, size_t n, void*
     blocks.erase(std::unique(blocks.begin(), blocks.end()), blocks.end());
     void* waited[8];
     size_t nw = 0;
+    op_in();
+restart:
     for (uint64_t b : blocks) {
         Slot* s = find(b, false);
         if (s == nullptr) continue;
         uint64_t v = s->val.load(std::memory_order_acquire);
         if ((v & 7) == kMirrored) {  // copied out: never run on it before its copy-in is queued
+            op_out();  // blocked: a copy-out waiting for ops past the gate must not wait for this one
             demand(b);
-            v = wait_unmirrored(s);
+            wait_unmirrored(s);
+            op_in();
+            out = GateResult{};  // every block again: one passed before may have been marked meanwhile
+            nw = 0;
+            goto restart;
         }
         const uint64_t state = v & 7;
         void* ev = reinterpret_cast<void*>(v & ~uint64_t(7));
@@ -326,11 +367,41 @@ UVM_EXPORT int uvmgate_use_gil() {
     return 1;
 }
 
+// The mover, after marking blocks kMirrored: wait until every op that was past its gate check has reached its end
+// callback (its kernels are queued). Returns 0; -1 after `timeout_ms`, or when more threads ran ops than are
+// counted (then the caller must not rely on it).
+UVM_EXPORT int uvmgate_quiesce(int timeout_ms) {
+    std::atomic_thread_fence(std::memory_order_seq_cst);  // the marks are visible before the counts are read
+    const size_t n = g_nthreads.load(std::memory_order_seq_cst);
+    if (n > kThreads) return -1;
+    uint64_t snap[kThreads];
+    for (size_t i = 0; i < n; ++i) snap[i] = g_ops[i].in.load(std::memory_order_seq_cst);
+    const auto t_end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    const timespec pause{0, 20000};
+    for (size_t i = 0; i < n; ++i) {
+        while (g_ops[i].out.load(std::memory_order_acquire) < snap[i]) {
+            if (std::chrono::steady_clock::now() > t_end) return -1;
+            nanosleep(&pause, nullptr);
+        }
+    }
+    return 0;
+}
+
 // [blocks demanded by ops, ns ops spent waiting for copy-ins to be queued]
 UVM_EXPORT void uvmgate_demand_counters(uint64_t* out) {
     out[0] = g_demanded.load();
     out[1] = g_demand_wait_ns.load();
 }
+
+// An op's start and end callbacks apart (tests): the gate check, then later its end.
+UVM_EXPORT void uvmgate_begin(const uint64_t* starts, const uint64_t* lengths, size_t n, void* stream, uint32_t* out) {
+    uvm::GateResult r;
+    uvm::gate_check(starts, lengths, n, stream, r);
+    out[0] = r.late;
+    out[1] = r.fault;
+    out[2] = r.waits;
+}
+UVM_EXPORT void uvmgate_end() { uvm::gate_op_end(); }
 
 // counters: [blocks known, table-full refusals, cudaStreamWaitEvent errors, wait function found,
 //            progress marks skipped]
@@ -347,6 +418,7 @@ UVM_EXPORT void uvmgate_check(const uint64_t* starts, const uint64_t* lengths, s
                               uint32_t* out) {
     uvm::GateResult r;
     uvm::gate_check(starts, lengths, n, stream, r);
+    uvm::gate_op_end();
     out[0] = r.late;
     out[1] = r.fault;
     out[2] = r.waits;

@@ -532,3 +532,87 @@ def test_the_backend_sends_copy_evictions_and_their_prefetches_through_the_copy_
     assert ("to_gpu", [(base + BS, 2 * BS)], 0) in be.mover.log  # 1 and 2 come back by UVM prefetch
     assert not any(e[0] == "to_gpu" and base in [p for p, _ in e[1]] for e in be.mover.log)
     assert cp.result()["copy_ins"] == 1 and np.array_equal(now(arena, 6), data)  # 0 by its copy-in
+
+
+def _ranges(*pairs):
+    s = np.array([p for p, _ in pairs], dtype=np.uint64)
+    n = np.array([k for _, k in pairs], dtype=np.uint64)
+    return s, n, s.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)), n.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64))
+
+
+class OpThread:
+    """A thread that runs an op's start callback (the gate check) and later its end callback, on command: the
+    gate counts ops per thread, as the observer calls them."""
+
+    def __init__(self, L, ranges):
+        import queue
+        self.L, self.ranges, self.q, self.res = L, ranges, queue.Queue(), (ctypes.c_uint32 * 3)()
+        self.begun, self.ended = threading.Event(), threading.Event()
+        self.t = threading.Thread(target=self._run, daemon=True)
+        self.t.start()
+
+    def _run(self):
+        r = self.ranges
+        self.L.uvmgate_begin(r[2], r[3], len(r[0]), ctypes.c_void_p(0x77), self.res)
+        self.begun.set()
+        self.q.get()
+        self.L.uvmgate_end()
+        self.ended.set()
+
+    def end(self):
+        self.q.put(1)
+        assert self.ended.wait(5)
+
+
+def test_a_copy_out_waits_for_ops_past_the_gate_and_not_for_ops_blocked_in_it(gate):
+    """An op that passed its gate check before its block was marked mirrored may still be queuing kernels that use
+    it: the copy-out waits for its end. An op blocked on a demand is not waited for (that would deadlock), and when
+    it resumes it checks every block again (one it passed may have been marked meanwhile)."""
+    lib, _ = gate
+    L = lib.lib
+    base = 0x7E0000000000
+    a, b = base >> SH, (base >> SH) + 1
+
+    def state(blocks, st):
+        arr = np.asarray(blocks, dtype=np.uint64)
+        L.uvmgate_set(arr.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)), arr.size, 0, st)
+    state([a, b], 1)
+    past = OpThread(L, _ranges((base, 4096)))
+    assert past.begun.wait(5)  # past the gate on block a (resident); its kernels not queued yet
+    state([a], 6)
+    assert L.uvmgate_quiesce(100) == -1  # the copy-out of a must wait for it
+    past.end()
+    assert L.uvmgate_quiesce(100) == 0
+    state([a], 1)
+    state([b], 6)
+    blocked = OpThread(L, _ranges((base, 4096), (base + BS, 4096)))  # a resident, b mirrored: blocks on b
+    assert not blocked.begun.wait(0.2)
+    assert L.uvmgate_quiesce(100) == 0  # not waited for: it is blocked, not queuing kernels
+    state([a], 6)  # a marked meanwhile
+    state([b], 1)  # b's copy-in queued
+    assert not blocked.begun.wait(0.2)  # resumed, checked every block again, now waits for a
+    state([a], 1)
+    assert blocked.begun.wait(5)
+    assert L.uvmgate_quiesce(100) == -1
+    blocked.end()
+    assert L.uvmgate_quiesce(100) == 0
+    L.uvmgate_take_demands(np.zeros(64, dtype=np.uint64).ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)), 64)
+
+
+def test_a_copy_out_that_cannot_wait_for_an_op_leaves_by_uvm(gate, monkeypatch):
+    from uvmprefetch.runtime import copyout
+    from uvmprefetch.runtime.mover import GateBook
+    lib, _ = gate
+    monkeypatch.setattr(copyout, "QUIESCE_MS", 50)
+    arena, data, cp = setup(gate=GateBook(lib, BS))
+    mv = cp.mv
+    mv.batch, mv.host_loc, mv.on_main = False, types.SimpleNamespace(type=2, id=0), None
+    op = OpThread(lib.lib, _ranges((arena.base + 2 * BS, 4096)))  # past the gate on block 2, not ended
+    assert op.begun.wait(5)
+    evict(cp, arena, [2, 3])
+    r = cp.result()
+    assert r["quiesce_timeouts"] == 1 and r["copy_evictions"] == 0 and r["mirrors"] == 0
+    assert r["mirror"]["current_bytes"] == 0 and r["on"] is True
+    assert mv.rt.calls.count("cudaMemPrefetchAsync") == 4  # both blocks' allocations evicted by UVM instead
+    assert np.array_equal(now(arena, 6), data)  # nothing was discarded
+    op.end()

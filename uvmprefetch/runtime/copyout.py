@@ -4,8 +4,9 @@ UVM's eviction (``cudaMemPrefetchAsync`` to the host) runs at 7-11 GB/s and hold
 run at ~55 GB/s (DESIGN.md section 6). For a block whose every live allocation the runtime fully observes:
 
 - **copy-out** (mover thread, move stream): the gate (``kernels/gate.cpp``) marks the block ``kMirrored`` first, so
-  an op issued from then on demands a copy-in and waits for it; the stream waits for the compute stream (kernels
-  already queued that use the block); ``cudaMemcpyAsync`` of each live allocation's part of the block into a
+  an op issued from then on demands a copy-in and waits for it; then it waits until every op already past its gate
+  check has queued its kernels (``uvmgate_quiesce``; after ``QUIESCE_MS`` the blocks leave by UVM instead); then the
+  stream waits for the compute stream (those kernels); ``cudaMemcpyAsync`` of each live allocation's part of the block into a
   block-sized slot of pinned host memory (``MirrorPool``); ``cudaMemDiscardBatchAsync`` of those ranges (no UVM
   write-back, the pages are free for the budget);
 - **copy-in** (a prefetch of the block, or an op's demand): ``cudaMemPrefetchAsync`` of the ranges to the GPU
@@ -52,6 +53,7 @@ from ..policy.base import EvictPath
 from .mover import CudaCallError
 
 MIRRORED = 6  # gate.cpp BlockState kMirrored
+QUIESCE_MS = 1000  # how long a copy-out waits for ops already past the gate to queue their kernels
 _UNKNOWN = 0  # gate.cpp kUnknown: the driver's business again
 
 # liveness.py's actions (the allocator event stream, ``uvm::AllocAction``): the ones the book follows
@@ -246,7 +248,8 @@ class CopyOut:
         self._lock = threading.RLock()
         self.prefer_host: set[int] = set()
         self.m = dict(copy_evictions=0, copy_out_bytes=0, copy_ins=0, copy_in_bytes=0, demand_copy_ins=0,
-                      ineligible_evictions=0, mirror_full_evictions=0, restored_blocks=0, restore_errors=0)
+                      ineligible_evictions=0, mirror_full_evictions=0, restored_blocks=0, restore_errors=0,
+                      quiesce_timeouts=0)
         self._demand_buf = np.zeros(256, dtype=np.uint64)
         self._shim_mirrors(False)
 
@@ -329,6 +332,9 @@ class CopyOut:
             if not take or not self.on:
                 return
             self._gate_set([t.block for t in take], MIRRORED)  # ops issued from now on demand a copy-in
+            if mv.gate is not None and mv.gate.lib.uvmgate_quiesce(QUIESCE_MS) != 0:
+                self._give_up(take)  # ops past the gate would not be ordered with the discard: UVM's way instead
+                return
             stream = mv.stream
             try:
                 stream.wait_stream(mv.torch.cuda.current_stream(mv.device))  # after kernels queued that use them
@@ -348,6 +354,20 @@ class CopyOut:
                 return
             self.m["copy_evictions"] += len(take)
             self.m["copy_out_bytes"] += sum(n for t in take for _, n, _ in t.ranges)
+
+    def _give_up(self, take: list[_Mirror]) -> None:
+        """Mover thread, nothing copied or discarded yet: these blocks leave by UVM's eviction after all."""
+        self.m["quiesce_timeouts"] += 1
+        for t in take:
+            del self.mirrors[self._by_block.pop(t.block)]
+            if t.slot is not None:
+                self.pool.give(t.slot)
+        self._gate_set([t.block for t in take], _UNKNOWN)
+        ranges = [(p, n) for t in take for p, n, _ in t.ranges]
+        if ranges:
+            self.mv._prefetch_now(ranges, False)
+        if not self.mirrors:
+            self._shim_mirrors(False)
 
     def _in_now(self, ids: list[int], demanded: bool) -> None:
         """Mover thread: repopulate on the GPU, copy the mirrors in, hand the gate the copy's event."""

@@ -92,6 +92,9 @@ class ObserverLib:
             "uvmgate_take_demands": (ctypes.c_size_t, [_u64p, ctypes.c_size_t]),
             "uvmgate_use_gil": (ctypes.c_int, []),
             "uvmgate_demand_counters": (None, [_u64p]),
+            "uvmgate_quiesce": (ctypes.c_int, [ctypes.c_int]),
+            "uvmgate_begin": (None, [_u64p, _u64p, ctypes.c_size_t, ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint32)]),
+            "uvmgate_end": (None, []),
         }
         for name, (res, args) in sig.items():
             fn = getattr(lib, name)
