@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 import sys
-import time
 
 import _common as C
 import baseline as B
@@ -62,40 +61,9 @@ def main(argv=None) -> int:
     p.add_argument("--working-set", type=int, default=None,
                    help="working set in bytes (e.g. oversub.json's working_set_bytes): skips the plain sizing run")
     args = p.parse_args(argv)
-    C.require_gpu(args, NAME)
-    ratios = C.parse_ratios(NAME, args.ratios)
-    if args.iters <= args.warmup or args.iters < 2:
-        C.fail(NAME, "--iters must be at least 2 and larger than --warmup")
-    if args.working_set is not None and args.working_set <= 0:
-        C.fail(NAME, f"--working-set {args.working_set}: must be a positive number of bytes")
-    if args.timeout <= 0 or args.deadline <= 0:
-        C.fail(NAME, "--timeout and --deadline must be positive")
-
-    start = time.monotonic()
-    if args.dry_run:
-        work = C.tiny_workload(iters=max(3, min(args.iters, 4)), foreach="off", deterministic=True)
-    else:
-        work = C.Workload(args.model, args.config, args.batch, args.seq, args.iters, args.warmup, args.dtype,
-                          deterministic=True, foreach="off")
-    wdir = C.out_dir(args) / "copypath-runs"
     gpu_env = {"UVMPREFETCH_GPU": DRY_GPU} if args.dry_run else {}
-
-    def left() -> float:
-        return args.deadline - (time.monotonic() - start)
-
-    def run(mode, case, **kw):
-        return C.run_training(mode, work, wdir, case, seed=args.seed, dry_run=args.dry_run,
-                              timeout=max(30.0, min(args.timeout, left())), **kw)
-
-    plain = None
-    ws = args.working_set
-    if ws is None:
-        plain = run("uvmprefetch", "unbudgeted", extra_env=gpu_env) if args.dry_run else run("plain", "plain")
-        ws = C.sized_working_set(NAME, plain, args.dry_run, " or pass --working-set")
-    else:
-        C.check_fits_free(NAME, ws, args.dry_run)
-    t_plain = (C.steady_median(C.iteration_times(plain, args.dry_run)[0], 1)
-               if plain is not None and not args.dry_run else None)
+    pr = C.paired_runs(NAME, args, dry_env=gpu_env)
+    ratios, work, run, left, ws, t_plain = pr.ratios, pr.work, pr.run, pr.left, pr.ws, pr.t_plain
 
     runs, skipped = [], []
     for ratio in ratios:

@@ -616,3 +616,31 @@ def test_a_copy_out_that_cannot_wait_for_an_op_leaves_by_uvm(gate, monkeypatch):
     assert mv.rt.calls.count("cudaMemPrefetchAsync") == 4  # both blocks' allocations evicted by UVM instead
     assert np.array_equal(now(arena, 6), data)  # nothing was discarded
     op.end()
+
+
+def test_the_mover_thread_runs_the_copies_in_order_under_backpressure():
+    """With the real ``MoveThread`` (a queue of at most one block's bytes: every submit waits for the mover), copy-outs
+    and copy-ins submitted from another thread run in order and leave every byte in place."""
+    from uvmprefetch.runtime.mover import MoveThread
+    arena, data, cp = setup(nblocks=6, cap_blocks=3)
+    cp.mv.thread = MoveThread(0, max_pending=BS)
+    cp.mv.thread.service = cp.serve
+
+    def planner():
+        for rnd in range(3):
+            for b in range(6):
+                evict(cp, arena, [b])
+                if b >= 2:
+                    cp.bring_in(np.array([b - 2]))
+            cp.bring_in(np.arange(6))
+    t = threading.Thread(target=planner)
+    t.start()
+    t.join(30)
+    assert not t.is_alive()
+    cp.mv.thread.drain()
+    cp.mv.thread.close()
+    assert np.array_equal(now(arena, 6), data)
+    r = cp.result()
+    # a slot comes back when its copy-in runs on the mover thread: until then a full pool sends evictions to UVM
+    assert r["copy_evictions"] == r["copy_ins"] and r["copy_evictions"] + r["mirror_full_evictions"] == 18
+    assert r["copy_evictions"] >= 3 and r["mirror"]["peak_bytes"] <= 3 * BS and r["on"] is True

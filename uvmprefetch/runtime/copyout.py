@@ -222,14 +222,13 @@ class ObservedAllocations:
 
 
 class _Mirror:
-    __slots__ = ("block", "slot", "ranges", "discarded", "out_issued")
+    __slots__ = ("block", "slot", "ranges", "discarded")
 
     def __init__(self, block: int, slot: int | None, ranges: list[tuple[int, int, int]]) -> None:
         self.block = block  # gate block number (address >> shift)
         self.slot = slot  # host address of the pinned slot (None: the block held no live allocation)
         self.ranges = ranges  # (device address, bytes, host address)
         self.discarded = False  # the discard was queued: the GPU copy is gone, the mirror is the data
-        self.out_issued = False
 
 
 class CopyOut:
@@ -283,8 +282,9 @@ class CopyOut:
                 take.append(mir)
             if take:
                 self._shim_mirrors(True)
-                self._submit(sum(n for t in take for _, n, _ in t.ranges), self._out_now, take)
-            return np.asarray(rest, dtype=np.int64)
+        if take:  # outside the lock: a full mover queue blocks the submitter until the mover (which takes it) ran
+            self._submit(sum(n for t in take for _, n, _ in t.ranges), self._out_now, take)
+        return np.asarray(rest, dtype=np.int64)
 
     def mirrored(self, ids: np.ndarray) -> np.ndarray:
         """Mask over ``ids``: which have a mirror (their way back is a copy-in, not a prefetch)."""
@@ -295,8 +295,9 @@ class CopyOut:
         """Queue the copy-in of the mirrored blocks among ``ids`` (a prefetch of them, in the policy's order)."""
         with self._lock:
             todo = [i for i in ids.tolist() if i in self.mirrors]
-            if todo:
-                self._submit(sum(n for i in todo for _, n, _ in self.mirrors[i].ranges), self._in_now, todo, False)
+            nbytes = sum(n for i in todo for _, n, _ in self.mirrors[i].ranges)
+        if todo:
+            self._submit(nbytes, self._in_now, todo, False)
 
     def advise_host(self, ids: np.ndarray) -> None:
         """``PREFER_HOST`` for ``ids``: kernels will read them on the host, so they never leave by copy; a mirrored one
@@ -340,7 +341,6 @@ class CopyOut:
                 stream.wait_stream(mv.torch.cuda.current_stream(mv.device))  # after kernels queued that use them
                 kind = rt.cudaMemcpyKind.cudaMemcpyDefault
                 for t in take:
-                    t.out_issued = True
                     for p, n, h in t.ranges:
                         mv._check(rt.cudaMemcpyAsync(h, p, n, kind, stream.cuda_stream), "cudaMemcpyAsync (copy-out)")
                 ranges = discard_ranges([(p, n) for t in take for p, n, _ in t.ranges])

@@ -109,6 +109,8 @@ class CudaBackend:
     device_type = "cuda"
     _native_lib = None  # the C++ observer, when it runs (attach_native)
     _gate = None  # (late, fault) dense ids the gate saw for the next launch (note_gate)
+    copy = None  # the copy path (copyout.py), started with the C++ observer under UVMPREFETCH_EVICT=auto
+    copy_status = "off (UVMPREFETCH_EVICT=uvm)"
 
     def __init__(self, cfg, policy: Policy, *, shim=None) -> None:
         from .device import require_cuda
@@ -150,8 +152,8 @@ class CudaBackend:
         self.driver = drv
         self.policy = policy
         self._cfg = cfg
-        self.copy = None  # the copy path (copyout.py), started with the C++ observer under UVMPREFETCH_EVICT=auto
-        self.copy_status = "off (UVMPREFETCH_EVICT=uvm)" if cfg.evict == "uvm" else "off: needs the C++ observer"
+        if cfg.evict != "uvm":
+            self.copy_status = "off: needs the C++ observer"
         # Discards only with UVMPREFETCH_DISCARD=1 and the batch API; otherwise a Decision's discards are issued
         # as evictions (same room freed, the data kept). Either way only blocks the runtime itself saw freed and
         # no launch touched since (``dead``) may be discarded: a policy's stale dead flag never loses data.
