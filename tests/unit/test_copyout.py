@@ -25,6 +25,9 @@ from uvmprefetch.policy.base import EvictPath
 from uvmprefetch.runtime.copyout import CopyOut, MirrorPool, ObservedAllocations, copy_wanted, discard_ranges
 from uvmprefetch.runtime.liveness import EVENT_DTYPE, FREE_COMPLETED, ALLOC
 
+# the observer library with its gate, resolved against test_gate.py's fake libcudart (it logs the waits)
+from test_gate import gate  # noqa: F401 - the fixture
+
 BS = 2 << 20
 SH = 21
 
@@ -324,42 +327,12 @@ def test_close_puts_the_mirrors_back():
 
 
 # ------------------------------------------------------------------------------------------------ the gate
-FAKE_CUDART = r"""
-#include <stdint.h>
-int n_waits; void *wait_event[64];
-uintptr_t next_event = 0x1000;
-int cudaStreamWaitEvent(void *s, void *e, unsigned f) { (void)s; (void)f; wait_event[n_waits++] = e; return 0; }
-int cudaEventCreateWithFlags(void **e, unsigned f) { (void)f; *e = (void *)next_event; next_event += 0x10; return 0; }
-int cudaEventRecord(void *e, void *s) { (void)e; (void)s; return 0; }
-int cudaEventQuery(void *e) { (void)e; return 600; }
-int cudaStreamIsCapturing(void *s, int *st) { (void)s; *st = 0; return 0; }
-"""
-
-
-@pytest.fixture(scope="module")
-def gate(tmp_path_factory):
-    from uvmprefetch.runtime import native, native_observer
-    if shutil.which("cc") is None:
-        pytest.skip("needs a C compiler")
-    try:
-        lib = native_observer.load()
-    except native.NativeBuildError as e:
-        pytest.skip(f"the C++ observer cannot be built here: {e}")
-    d = tmp_path_factory.mktemp("fakecudart")
-    (d / "fake.c").write_text(FAKE_CUDART)
-    so = d / "libfakecudart.so"
-    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(so), str(d / "fake.c")], check=True)
-    fake = ctypes.CDLL(str(so))
-    assert lib.lib.uvmgate_init(str(so).encode()) == 0 and lib.lib.uvmgate_use_gil() == 1
-    lib.lib.uvmgate_set_block_shift(SH)
-    return lib, fake
-
-
 def test_an_op_on_a_mirrored_block_waits_for_its_copy_in_and_then_on_its_event(gate):
     """The op's thread holds the GIL (a PyDLL call, as a Python training loop calling an op): the gate must let
     it go while it waits, or the mover thread that serves the demand could never run."""
     from uvmprefetch.runtime.mover import GateBook
     lib, fake = gate
+    assert lib.lib.uvmgate_use_gil() == 1
     book = GateBook(lib, BS)
     arena, data, cp = setup(gate=book)
     evict(cp, arena, [3])
@@ -477,20 +450,11 @@ def test_dryrun_training_under_evict_auto_keeps_the_losses_and_uses_the_copy_pat
     (a calibrated profile: it has the copy path) evicts by copy-out, within the mirror cap, and the losses are
     those of the run without the runtime, bit for bit."""
     import json
-    import os
-    import sys
-    from pathlib import Path
 
-    example = Path(__file__).resolve().parents[2] / "examples" / "train_gpt2.py"
+    from test_runtime_dryrun import _run
 
     def run(name, **extra):
-        env = {k: v for k, v in os.environ.items() if not k.startswith("UVMPREFETCH")}
-        env.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", **extra)
-        out = tmp_path / f"{name}.json"
-        r = subprocess.run([sys.executable, str(example), "--iters", "3", "--out", str(out)], env=env,
-                           capture_output=True, text=True, timeout=600)
-        assert r.returncode == 0, r.stderr[-2000:]
-        return json.loads(out.read_text())
+        return _run(tmp_path, name, extra)[0]
     plain = run("plain")
     report = tmp_path / "report.json"
     live = run("auto", UVMPREFETCH="1", UVMPREFETCH_BACKEND="dryrun", UVMPREFETCH_BUDGET=str(24 << 20),

@@ -479,6 +479,9 @@ class CopyOut:
             self.on = False
             if self.mirrors:
                 self._restore_all()
+        fn = getattr(getattr(self.shim, "lib", None), "uvmshim_set_attribution", None)
+        if fn is not None:
+            fn(None, None)  # the shim must not call back into Python any more
         self.pool.close()
 
     def result(self) -> dict:
