@@ -194,7 +194,7 @@ class CudaBackend:
             self.cupti_status = why
         policy.on_start(PolicyContext(block_size=self.block_size, capacity_blocks=cap_blocks,
                                       max_blocks=self.max_blocks, gpu=self.gpu, live=True,
-                                      discards=self.discard_on))
+                                      discards=self.discard_on, copy_path=cfg.evict == "auto"))
 
     def attach_native(self, lib) -> None:
         """Run under the C++ observer (``native_observer.py``): the hooks run on the planner thread, every move
