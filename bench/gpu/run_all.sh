@@ -41,7 +41,7 @@ PART=${1:-}
 RES=${RES:-$PWD/gpu-${PART:-none}-$(date -u +%Y%m%d-%H%M%S)}
 cd "$(dirname "$0")/../.." || exit 2
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-# The shared-GPU rule (DESIGN.md section 5): never more managed memory than the card has free; pressure comes from
+# The shared-GPU rule (docs/design.md §5): never more managed memory than the card has free; pressure comes from
 # UVMPREFETCH_BUDGET. The scripts set it for every child they start (_common.child_env); this covers the rest.
 export UVMPREFETCH_MANAGED_LIMIT=gpu-free
 PY=${PYTHON:-python3}
