@@ -1,7 +1,7 @@
 """act (live, real GPU): the copy path, UVM's eviction's faster sibling (``UVMPREFETCH_EVICT=auto``).
 
 UVM's eviction (``cudaMemPrefetchAsync`` to the host) runs at 7-11 GB/s and holds the calling thread; pinned copies
-run at ~55 GB/s (DESIGN.md section 6). For a block whose every live allocation the runtime fully observes:
+run at ~55 GB/s (docs/design.md section 3). For a block whose every live allocation the runtime fully observes:
 
 - **copy-out** (mover thread, move stream): the gate (``kernels/gate.cpp``) marks the block ``kMirrored`` first, so
   an op issued from then on demands a copy-in and waits for it; then it waits until every op already past its gate
