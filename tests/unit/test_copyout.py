@@ -75,25 +75,30 @@ def _events(*rows):
     return ev
 
 
+def parts(book, lo, hi):
+    r = book.ranges_in(lo, hi)
+    return None if r is None else [(p, n) for p, n, _, _ in r]
+
+
 def test_eligibility_needs_a_complete_stream_and_every_allocation_observed():
     seen = set()
     book = ObservedAllocations(observed=seen.__contains__)
     base = 0x7F0000000000
     book.feed(_events((1, ALLOC, base, 1 << 20), (2, ALLOC, base + (1 << 20), 4096), (3, ALLOC, base + BS, BS)))
     seen.update({base, base + BS})
-    assert book.ranges_in(base, base + BS) is None  # incomplete: nothing is eligible
+    assert parts(book, base, base + BS) is None  # incomplete: nothing is eligible
     book.set_complete(True)
-    assert book.ranges_in(base, base + BS) is None  # the 4 KiB allocation (a workspace) no op touched
-    assert book.ranges_in(base + BS, base + 2 * BS) == [(base + BS, BS)]
+    assert parts(book, base, base + BS) is None  # the 4 KiB allocation (a workspace) no op touched
+    assert parts(book, base + BS, base + 2 * BS) == [(base + BS, BS)]
     seen.add(base + (1 << 20))
-    assert book.ranges_in(base, base + BS) == [(base, 1 << 20), (base + (1 << 20), 4096)]
+    assert parts(book, base, base + BS) == [(base, 1 << 20), (base + (1 << 20), 4096)]
     # events are applied up to the op being planned: a reuse of the address after it does not count yet
     book.feed(_events((10, FREE_COMPLETED, base + (1 << 20), 4096), (12, ALLOC, base + (1 << 20), 8192)))
     book.upto = 11
-    assert book.ranges_in(base, base + BS) == [(base, 1 << 20)]
+    assert parts(book, base, base + BS) == [(base, 1 << 20)]
     book.upto = 13
-    assert book.ranges_in(base, base + BS) == [(base, 1 << 20), (base + (1 << 20), 8192)]
-    assert book.ranges_in(base + 3 * BS, base + 4 * BS) == []  # no live allocation: nothing to copy
+    assert parts(book, base, base + BS) == [(base, 1 << 20), (base + (1 << 20), 8192)]
+    assert parts(book, base + 3 * BS, base + 4 * BS) == []  # no live allocation: nothing to copy
 
 
 def test_mirror_pool_is_bounded_reports_and_falls_back():
@@ -608,3 +613,24 @@ def test_the_mover_thread_runs_the_copies_in_order_under_backpressure():
     # a slot comes back when its copy-in runs on the mover thread: until then a full pool sends evictions to UVM
     assert r["copy_evictions"] == r["copy_ins"] and r["copy_evictions"] + r["mirror_full_evictions"] == 18
     assert r["copy_evictions"] >= 3 and r["mirror"]["peak_bytes"] <= 3 * BS and r["on"] is True
+
+
+def test_a_dead_allocations_bytes_are_never_copied_back_over_its_successor():
+    """One allocation of a mirrored block dies and its memory goes to another (a workspace no op touched, written
+    by a kernel the copy path never sees): the copy-in brings back only the allocation still alive. A block whose
+    tensors all died is forgotten: no copy-in, the gate lets ops over it go."""
+    arena, data, cp = setup()
+    evict(cp, arena, [1, 4])
+    lo = arena.base + BS + (3 << 19)  # block 1's second allocation (0.5 MiB) dies; a new one takes its place
+    cp.book.feed(_events((100, FREE_COMPLETED, lo, 1 << 19), (101, ALLOC, lo, 1 << 19)))
+    cp.book.upto = None
+    cp.book.ranges_in(0, 1)  # (the planner applies the events at its next eviction)
+    ctypes.memset(lo, 0x3C, 1 << 19)  # the successor's data
+    cp.forget(np.array([4]))
+    cp.bring_in(np.array([1, 4]))
+    cur = now(arena, 6)
+    assert np.array_equal(cur[BS:BS + (3 << 19)], data[BS:BS + (3 << 19)])  # the live one is back
+    assert (cur[BS + (3 << 19):2 * BS] == 0x3C).all()  # the successor's bytes untouched
+    r = cp.result()
+    assert r["stale_ranges"] == 1 and r["forgotten"] == 1 and r["copy_ins"] == 1 and r["mirrors"] == 0
+    assert r["mirror"]["current_bytes"] == 0

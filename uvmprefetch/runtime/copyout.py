@@ -158,6 +158,8 @@ class ObservedAllocations:
         self.observed = observed
         self._starts: list[int] = []
         self._size: dict[int, int] = {}
+        self._gen: dict[int, int] = {}  # address -> which allocation there (a count of ALLOCs)
+        self._n = 0
         self._pending: list[np.ndarray] = []  # events not yet applied (newer than the op being planned)
         self.upto: int | None = None  # apply events older than this sequence number (the op planned); None: all
         self.complete = False
@@ -170,10 +172,17 @@ class ObservedAllocations:
         if addr not in self._size:
             bisect.insort(self._starts, addr)
         self._size[addr] = int(size)
+        self._n += 1
+        self._gen[addr] = self._n
 
     def free(self, addr: int) -> None:
         if self._size.pop(addr, None) is not None:
             del self._starts[bisect.bisect_left(self._starts, addr)]
+            del self._gen[addr]
+
+    def same(self, addr: int, gen: int) -> bool:
+        """Is allocation ``gen`` (from ``ranges_in``) still the live one at ``addr``?"""
+        return self._gen.get(addr) == gen
 
     def feed(self, events: np.ndarray) -> None:
         """Allocator events in sequence order (the planner's batch: up to its newest op). They are applied when asked,
@@ -201,9 +210,9 @@ class ObservedAllocations:
             elif a not in _KNOWN_ACTIONS:
                 self.set_complete(False, f"an allocator action this build does not know ({a})")
 
-    def ranges_in(self, lo: int, hi: int) -> list[tuple[int, int]] | None:
-        """The live allocations' parts in ``[lo, hi)``, by address, if every one is observed; None if one is not
-        (or the book is incomplete)."""
+    def ranges_in(self, lo: int, hi: int) -> list[tuple[int, int, int, int]] | None:
+        """The live allocations' parts in ``[lo, hi)`` as (start, bytes, allocation address, its generation), by
+        address, if every one is observed; None if one is not (or the book is incomplete)."""
         self._catch_up()
         if not self.complete:
             return None
@@ -216,18 +225,19 @@ class ObservedAllocations:
             a = starts[i]
             if not self.observed(a):
                 return None
-            out.append((max(a, lo), min(a + self._size[a], hi) - max(a, lo)))
+            out.append((max(a, lo), min(a + self._size[a], hi) - max(a, lo), a, self._gen[a]))
             i += 1
         return out
 
 
 class _Mirror:
-    __slots__ = ("block", "slot", "ranges", "discarded")
+    __slots__ = ("block", "slot", "ranges", "owners", "discarded")
 
-    def __init__(self, block: int, slot: int | None, ranges: list[tuple[int, int, int]]) -> None:
+    def __init__(self, block: int, slot: int | None, ranges: list[tuple[int, int, int]], owners: list) -> None:
         self.block = block  # gate block number (address >> shift)
         self.slot = slot  # host address of the pinned slot (None: the block held no live allocation)
         self.ranges = ranges  # (device address, bytes, host address)
+        self.owners = owners  # per range: (allocation address, generation) whose bytes it holds
         self.discarded = False  # the discard was queued: the GPU copy is gone, the mirror is the data
 
 
@@ -248,7 +258,7 @@ class CopyOut:
         self.prefer_host: set[int] = set()
         self.m = dict(copy_evictions=0, copy_out_bytes=0, copy_ins=0, copy_in_bytes=0, demand_copy_ins=0,
                       ineligible_evictions=0, mirror_full_evictions=0, restored_blocks=0, restore_errors=0,
-                      quiesce_timeouts=0)
+                      quiesce_timeouts=0, stale_ranges=0, forgotten=0)
         self._demand_buf = np.zeros(256, dtype=np.uint64)
         self._shim_mirrors(False)
 
@@ -276,7 +286,8 @@ class CopyOut:
                     self.m["mirror_full_evictions"] += 1
                     rest.append(i)
                     continue
-                mir = _Mirror(a >> self._shift(), slot, [(p, n, slot + (p - a)) for p, n in parts])
+                mir = _Mirror(a >> self._shift(), slot, [(p, n, slot + (p - a)) for p, n, _, _ in parts],
+                              [(o, g) for _, _, o, g in parts])
                 self.mirrors[i] = mir
                 self._by_block[mir.block] = i
                 take.append(mir)
@@ -298,6 +309,20 @@ class CopyOut:
             nbytes = sum(n for i in todo for _, n, _ in self.mirrors[i].ranges)
         if todo:
             self._submit(nbytes, self._in_now, todo, False)
+
+    def forget(self, ids: np.ndarray) -> None:
+        """``ids`` hold no live tensor any more (the session saw their storages die): their mirrors are dropped, the
+        gate lets ops over them go (the memory they get next is new; its contents do not matter)."""
+        with self._lock:
+            gone = [self.mirrors.pop(i) for i in ids.tolist() if i in self.mirrors]
+            for t in gone:  # (a copy-out still queued finds its mirror gone and does nothing)
+                del self._by_block[t.block]
+                if t.slot is not None:
+                    self.pool.give(t.slot)
+            self.m["forgotten"] += len(gone)
+            self._gate_set([t.block for t in gone], _UNKNOWN)
+            if gone and not self.mirrors:
+                self._shim_mirrors(False)
 
     def advise_host(self, ids: np.ndarray) -> None:
         """``PREFER_HOST`` for ``ids``: kernels will read them on the host, so they never leave by copy; a mirrored one
@@ -379,6 +404,11 @@ class CopyOut:
             todo = [t for _, t in pairs]
             if not todo:
                 return
+            for t in todo:  # a range whose allocation died since holds nothing to bring back: the memory may be another's
+                keep = [k for k, (o, g) in enumerate(t.owners) if self.book.same(o, g)]
+                if len(keep) < len(t.ranges):
+                    self.m["stale_ranges"] += len(t.ranges) - len(keep)
+                    t.ranges, t.owners = [t.ranges[k] for k in keep], [t.owners[k] for k in keep]
             stream = mv.stream
             try:
                 kind = rt.cudaMemcpyKind.cudaMemcpyDefault

@@ -330,6 +330,8 @@ class CudaBackend:
         ids = [i for i in map(get, blocks.tolist()) if i is not None]
         if ids:
             dense = np.asarray(ids, dtype=np.int64)
+            if self.copy is not None:
+                self.copy.forget(dense)  # no tensor left in them: nothing to bring back
             self.dead[dense] = True
             self.res.free(dense)
             self.policy.on_free(dense)
