@@ -217,6 +217,14 @@ def parse_bool(var: str, text: str) -> bool:
     raise _bad(var, text)
 
 
+def _percent(t: str) -> float:
+    """``"30%"`` -> 0.3; ValueError unless in (0 %, 100 %]."""
+    frac = float(t[:-1]) / 100.0
+    if not 0 < frac <= 1:
+        raise ValueError
+    return frac
+
+
 def parse_budget(text: str, var: str = "UVMPREFETCH_BUDGET") -> Budget:
     """``"20GiB"`` -> bytes; ``"0.5"`` or ``"50%"`` -> a fraction of device memory.
 
@@ -230,10 +238,7 @@ def parse_budget(text: str, var: str = "UVMPREFETCH_BUDGET") -> Budget:
     t = str(text).strip()
     try:
         if t.endswith("%"):
-            frac = float(t[:-1]) / 100.0
-            if not 0 < frac <= 1:
-                raise ValueError
-            return Budget(fraction=frac)
+            return Budget(fraction=_percent(t))
         try:
             num = float(t)
         except ValueError:
@@ -261,10 +266,7 @@ def parse_host_limit(text: str, var: str = "UVMPREFETCH_HOST_LIMIT") -> HostLimi
         return DEFAULT_HOST_LIMIT
     try:
         if t.endswith("%"):
-            frac = float(t[:-1]) / 100.0
-            if not 0 < frac <= 1:
-                raise ValueError
-            return HostLimit(fraction=frac)
+            return HostLimit(fraction=_percent(t))
         if t == "0":
             return HostLimit(nbytes=0)
         try:
