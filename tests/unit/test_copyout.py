@@ -402,6 +402,7 @@ int fake_n_launch;
 int cudaLaunchKernel(const void *f, dim3 g, dim3 b, void **a, unsigned long s, void *st) {
     (void)f; (void)g; (void)b; (void)a; (void)s; (void)st; return fake_n_launch++, 0;
 }
+int cudaGraphLaunch(void *g, void *st) { (void)g; (void)st; return fake_n_launch++, 0; }
 """
 
 SHIM_SCRIPT = r"""
@@ -426,6 +427,7 @@ inside[0] = 0; go()                       # no mirrors: launches are not checked
 shim.uvmshim_set_mirrors(1)
 inside[0] = 1; go()                       # inside an observed op
 inside[0] = 0; go()                       # outside every op: the callback first, then the launch
+inside[0] = 1; shim.cudaGraphLaunch(None, None)  # a graph's replay: never attributed, even inside an op
 print(seen, shim.uvmshim_unattributed(), ctypes.c_int.in_dll(fake, "fake_n_launch").value)
 """
 
@@ -445,8 +447,9 @@ def test_shim_calls_back_before_queuing_a_kernel_no_observed_op_launched(tmp_pat
     r = subprocess.run([sys.executable, "-c", SHIM_SCRIPT, str(shim_path()), str(fake)], env=env,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
-    # the callback ran once, when 2 launches had gone through (not 3: it ran before the third was queued)
-    assert r.stdout.split() == ["[2]", "1", "3"]
+    # the callback ran when 2 launches had gone through (not 3: it ran before the third was queued), and before the
+    # graph's replay (3, not 4)
+    assert r.stdout.split() == ["[2,", "3]", "2", "4"]
 
 
 # ------------------------------------------------------------------------------------------------ dryrun, end to end

@@ -18,8 +18,8 @@ run at ~55 GB/s (docs/design.md section 3). For a block whose every live allocat
 every live allocation overlapping it is one an observed op has accessed (a storage the session's tracker holds);
 a library workspace (cuBLAS's) never is, so its blocks always leave by UVM. While any mirror exists the shim asks,
 at every kernel launch, whether the launching thread is inside an op the C++ observer records; the first launch
-outside one (a raw extension's kernel, anything the observer cannot attribute) calls ``unattributed`` before the
-kernel is queued: every mirror is copied back synchronously and the path is off for the rest of the run, with one
+outside one (a raw extension's kernel, anything the observer cannot attribute), and any ``cudaGraphLaunch``, calls
+``unattributed`` before the kernel is queued: every mirror is copied back synchronously and the path is off for the rest of the run, with one
 line. A failed copy-out, discard or copy-in does the same. Beyond the mirror pool's cap
 (``UVMPREFETCH_HOST_LIMIT``), and for every ineligible block, eviction is UVM's.
 
