@@ -637,3 +637,42 @@ def test_a_dead_allocations_bytes_are_never_copied_back_over_its_successor():
     r = cp.result()
     assert r["stale_ranges"] == 1 and r["forgotten"] == 1 and r["copy_ins"] == 1 and r["mirrors"] == 0
     assert r["mirror"]["current_bytes"] == 0
+
+
+def test_torch_compile_switches_the_path_off_before_a_compiled_graph_runs(capsys):
+    """The real ``torch._dynamo`` start-of-compile callback, as ``copyout.start`` registers it: compiling a graph
+    copies every mirror back and switches the path off before the compiled code first runs."""
+    import torch
+    import torch._dynamo.callback as dynamo_callback
+
+    arena, data, cp = setup()
+    evict(cp, arena, [0, 5])
+    torch._dynamo.reset()  # (it also drops the compile callbacks)
+    dynamo_callback.on_compile_start(cp.compiling)
+    try:
+        f = torch.compile(lambda x: x * 2 + 1, backend="eager")
+        assert f(torch.ones(3)).tolist() == [3.0, 3.0, 3.0]
+    finally:
+        dynamo_callback.callback_handler.clear()
+        torch._dynamo.reset()
+    assert np.array_equal(now(arena, 6), data)
+    r = cp.result()
+    assert r["on"] is False and "torch.compile" in r["off_reason"] and r["restored_blocks"] == 2
+    assert "torch.compile is compiling" in capsys.readouterr().err
+
+
+def test_a_graph_compiled_without_the_callback_is_caught_at_the_next_eviction(capsys):
+    """``torch._dynamo.reset()`` drops the start-of-compile callbacks: the planner also compares dynamo's graph count
+    at each eviction and switches the path off when it grew."""
+    import torch
+
+    arena, data, cp = setup()
+    evict(cp, arena, [1])
+    torch._dynamo.reset()
+    try:
+        assert torch.compile(lambda x: x - 1, backend="eager")(torch.ones(2)).tolist() == [0.0, 0.0]
+    finally:
+        torch._dynamo.reset()
+    assert evict(cp, arena, [2]) == [2]  # UVM's, and every mirror is back
+    assert np.array_equal(now(arena, 6), data) and cp.result()["on"] is False
+    assert "torch.compile" in capsys.readouterr().err

@@ -28,8 +28,9 @@ Decision's ``evict_path`` per block, ``EvictPath.DEFAULT`` meaning the policy's 
 victims take the policy's default. A block ever given ``PREFER_HOST`` never leaves by copy (kernels read it on the
 host). Unlike the simulator, a mirror is given back at its copy-in (no discard-only second eviction).
 
-Not seen here: kernels launched through the driver API (``cuLaunchKernel``: Triton from ``torch.compile``) do not
-pass the shim; such programs must keep ``UVMPREFETCH_EVICT=uvm``.
+``torch.compile``'s Triton kernels launch through the driver API, which the shim does not see: the path does not
+start where graphs were compiled, and turns itself off (mirrors back) when a compile starts (``compiling``). Other
+driver-API launches are not seen; such programs must keep ``UVMPREFETCH_EVICT=uvm``.
 
 C signatures behind the calls (CUDA 13 ``cuda_runtime_api.h``)::
 
@@ -260,6 +261,7 @@ class CopyOut:
                       ineligible_evictions=0, mirror_full_evictions=0, restored_blocks=0, restore_errors=0,
                       quiesce_timeouts=0, stale_ranges=0, forgotten=0)
         self._demand_buf = np.zeros(256, dtype=np.uint64)
+        self._graphs = _graph_count()
         self._shim_mirrors(False)
 
     # ----------------------------------------------------------------------------------------- planner side
@@ -268,6 +270,8 @@ class CopyOut:
         as the pool allows; queue their copy-out on the mover thread. Returns the ids left to UVM's eviction."""
         if not ids.size:
             return ids
+        if self.on and _graph_count() != self._graphs:  # compiled while the start-of-compile callback was not there
+            self.compiling()
         with self._lock:
             if not self.on:
                 return ids
@@ -459,6 +463,13 @@ class CopyOut:
         self._off("a kernel was launched outside every op the observer records (a raw extension or library launch)",
                   on_mover=False)
 
+    def compiling(self, _args=None) -> None:
+        """``torch.compile`` starts compiling a graph (``torch._dynamo.callback.on_compile_start``, on the compiling
+        thread, before the graph first runs): its Triton kernels launch through the driver API, which the shim does
+        not see."""
+        self._off("torch.compile is compiling a graph (its Triton kernels are launched where the shim cannot see "
+                  "them)", on_mover=False)
+
     def _off(self, why: str, on_mover: bool) -> None:
         """Switch the path off for the run: every mirror whose discard was queued is copied back synchronously, every
         gated block is handed back to the driver, one line. Blocks never copied out keep their GPU data."""
@@ -554,6 +565,9 @@ def start(backend, lib, cfg) -> "tuple[CopyOut | None, str]":
         return None, "off: the shim cannot tell unobserved kernel launches apart (rebuild it)"
     if not hasattr(lib.lib, "uvmobs_thread_in_op") or lib.lib.uvmgate_use_gil() != 1:
         return None, "off: the observer library cannot attribute launches to ops (rebuild it)"
+    why = _compiled_graphs()
+    if why:
+        return None, f"off: {why}"
     rt = mv.rt
     cap = cfg.host_limit.resolve(_host_available())
 
@@ -570,4 +584,22 @@ def start(backend, lib, cfg) -> "tuple[CopyOut | None, str]":
     cp._callback = ctypes.CFUNCTYPE(None)(cp.unattributed)  # kept alive as long as the shim may call it
     shim_lib.uvmshim_set_attribution.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     shim_lib.uvmshim_set_attribution(in_op, ctypes.cast(cp._callback, ctypes.c_void_p))
+    try:  # a graph torch.compile compiles later switches the path off before it first runs
+        import torch._dynamo.callback as dynamo_callback
+        dynamo_callback.on_compile_start(cp.compiling)
+    except (ImportError, AttributeError):  # a torch without it cannot compile graphs this way either
+        pass
     return cp, f"on: mirrors up to {cap >> 20} MiB of pinned host memory ({cfg.host_limit})"
+
+
+def _graph_count() -> int:
+    """Graphs ``torch.compile`` has compiled in this process (0 where torch._dynamo was never imported)."""
+    dynamo = sys.modules.get("torch._dynamo.utils")
+    return int(dynamo.counters["stats"]["unique_graphs"]) if dynamo is not None else 0
+
+
+def _compiled_graphs() -> str:
+    """Why the copy path must not start because ``torch.compile`` already compiled graphs ('' if it has not)."""
+    n = _graph_count()
+    return f"torch.compile compiled {n} graph(s) before the runtime started (their Triton kernels are not observed)" \
+        if n else ""
