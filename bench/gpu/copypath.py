@@ -1,4 +1,4 @@
-"""The copy path against UVM's eviction under oversubscription (issue #33 step 3): ``UVMPREFETCH_EVICT=auto`` vs ``uvm``.
+"""The copy path against UVM's eviction under oversubscription (issue #33): ``UVMPREFETCH_EVICT=auto`` vs ``uvm``.
 
 GPT-2 large (bf16 autocast, deterministic kernels) trains ``--iters`` iterations plain (the working set and the
 unconstrained s/iter), then under ``uvmprefetch`` at a budget of working set / ratio for each ratio (default 1.5

@@ -6,9 +6,9 @@ run at ~55 GB/s (docs/design.md section 3). For a block whose every live allocat
 - **copy-out** (mover thread, move stream): the gate (``kernels/gate.cpp``) marks the block ``kMirrored`` first, so
   an op issued from then on demands a copy-in and waits for it; then it waits until every op already past its gate
   check has queued its kernels (``uvmgate_quiesce``; after ``QUIESCE_MS`` the blocks leave by UVM instead); then the
-  stream waits for the compute stream (those kernels); ``cudaMemcpyAsync`` of each live allocation's part of the block into a
-  block-sized slot of pinned host memory (``MirrorPool``); ``cudaMemDiscardBatchAsync`` of those ranges (no UVM
-  write-back, the pages are free for the budget);
+  stream waits for the compute stream (those kernels); ``cudaMemcpyAsync`` of each live allocation's part of the
+  block into a block-sized slot of pinned host memory (``MirrorPool``); ``cudaMemDiscardBatchAsync`` of those
+  ranges (no UVM write-back, the pages are free for the budget);
 - **copy-in** (a prefetch of the block, or an op's demand): ``cudaMemPrefetchAsync`` of the ranges to the GPU
   (repopulates the discarded pages without a copy), ``cudaMemcpyAsync`` from the slot, an event; the gate sets the
   block in flight to the GPU with that event, so the op's stream waits on it (the gate's usual rule). Everything
@@ -19,8 +19,8 @@ every live allocation overlapping it is one an observed op has accessed (a stora
 a library workspace (cuBLAS's) never is, so its blocks always leave by UVM. While any mirror exists the shim asks,
 at every kernel launch, whether the launching thread is inside an op the C++ observer records; the first launch
 outside one (a raw extension's kernel, anything the observer cannot attribute), and any ``cudaGraphLaunch``, calls
-``unattributed`` before the kernel is queued: every mirror is copied back synchronously and the path is off for the rest of the run, with one
-line. A failed copy-out, discard or copy-in does the same. Beyond the mirror pool's cap
+``unattributed`` before the kernel is queued: every mirror is copied back synchronously and the path is off for the
+rest of the run, with one line. A failed copy-out, discard or copy-in does the same. Beyond the mirror pool's cap
 (``UVMPREFETCH_HOST_LIMIT``), and for every ineligible block, eviction is UVM's.
 
 **Which evictions**: the policy's rule, as the simulator applies it (``sim/copypath.py`` ``_evict_choice``): a
@@ -68,7 +68,7 @@ def copy_wanted(evict: np.ndarray, dec_blocks: np.ndarray, dec_path: np.ndarray,
     if not dec_path.size or not evict.size:
         return np.full(evict.shape[0], default_copy)
     if dec_path.shape[0] != dec_blocks.shape[0]:
-        raise CudaCallError(f"Decision.evict_path has {dec_path.shape[0]} entries for {dec_blocks.shape[0]} evict blocks")
+        raise CudaCallError(f"Decision.evict_path has {dec_path.shape[0]} entries for {dec_blocks.shape[0]} evictions")
     want = (dec_path == EvictPath.COPY) | ((dec_path == EvictPath.DEFAULT) & default_copy)
     chosen = dict(zip(dec_blocks.tolist(), want.tolist()))
     return np.fromiter((chosen.get(b, default_copy) for b in evict.tolist()), dtype=bool, count=evict.shape[0])
@@ -408,7 +408,7 @@ class CopyOut:
             todo = [t for _, t in pairs]
             if not todo:
                 return
-            for t in todo:  # a range whose allocation died since holds nothing to bring back: the memory may be another's
+            for t in todo:  # a range whose allocation died since: nothing to bring back, the memory may be another's
                 keep = [k for k, (o, g) in enumerate(t.owners) if self.book.same(o, g)]
                 if len(keep) < len(t.ranges):
                     self.m["stale_ranges"] += len(t.ranges) - len(keep)
@@ -546,13 +546,10 @@ def _host_available() -> int:
     """``MemAvailable`` from /proc/meminfo (bytes), else physical memory."""
     try:
         with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    import os
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+            return next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("MemAvailable:"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        import os
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def start(backend, lib, cfg) -> "tuple[CopyOut | None, str]":
@@ -565,21 +562,17 @@ def start(backend, lib, cfg) -> "tuple[CopyOut | None, str]":
         return None, "off: the shim cannot tell unobserved kernel launches apart (rebuild it)"
     if not hasattr(lib.lib, "uvmobs_thread_in_op") or lib.lib.uvmgate_use_gil() != 1:
         return None, "off: the observer library cannot attribute launches to ops (rebuild it)"
-    why = _compiled_graphs()
-    if why:
-        return None, f"off: {why}"
+    if _graph_count():
+        return None, "off: torch.compile compiled graphs before the runtime started (their Triton kernels are not seen)"
     rt = mv.rt
     cap = cfg.host_limit.resolve(_host_available())
 
     def alloc(n: int) -> int:
         return int(mv._check(rt.cudaMallocHost(n), "cudaMallocHost (mirror pool)")[1])
-
-    def free(p: int) -> None:
-        rt.cudaFreeHost(p)
     # an allocation counts as observed once an op the observer recorded touched it (the session's tracker)
     book = ObservedAllocations(observed=getattr(backend, "observed", None) or (lambda addr: False))
-    cp = CopyOut(mv, book, MirrorPool(cap, backend.block_size, alloc, free), backend.block_size, shim=backend.shim,
-                 log=cfg.log)
+    pool = MirrorPool(cap, backend.block_size, alloc, rt.cudaFreeHost)
+    cp = CopyOut(mv, book, pool, backend.block_size, shim=backend.shim, log=cfg.log)
     in_op = ctypes.cast(lib.lib.uvmobs_thread_in_op, ctypes.c_void_p)
     cp._callback = ctypes.CFUNCTYPE(None)(cp.unattributed)  # kept alive as long as the shim may call it
     shim_lib.uvmshim_set_attribution.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
@@ -597,9 +590,3 @@ def _graph_count() -> int:
     dynamo = sys.modules.get("torch._dynamo.utils")
     return int(dynamo.counters["stats"]["unique_graphs"]) if dynamo is not None else 0
 
-
-def _compiled_graphs() -> str:
-    """Why the copy path must not start because ``torch.compile`` already compiled graphs ('' if it has not)."""
-    n = _graph_count()
-    return f"torch.compile compiled {n} graph(s) before the runtime started (their Triton kernels are not observed)" \
-        if n else ""
