@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import math
 import sys
-import time
-from pathlib import Path
 
 import _common as C
 import baseline as B
@@ -66,42 +64,9 @@ def main(argv=None) -> int:
     p.add_argument("--nondeterministic", action="store_true",
                    help="fast kernels; the loss comparison then cannot tell lost data from kernel noise")
     args = p.parse_args(argv)
-    C.require_gpu(args, NAME)
-    ratios = C.parse_ratios(NAME, args.ratios)
-    if args.iters <= args.warmup or args.iters < 2:
-        C.fail(NAME, "--iters must be at least 2 and larger than --warmup")
-    if args.working_set is not None and args.working_set <= 0:
-        C.fail(NAME, f"--working-set {args.working_set}: must be a positive number of bytes")
-    if args.timeout <= 0 or args.deadline <= 0:
-        C.fail(NAME, "--timeout and --deadline must be positive")
-
-    start = time.monotonic()
+    pr = C.paired_runs(NAME, args)
+    ratios, work, run, left, ws, t_plain = pr.ratios, pr.work, pr.run, pr.left, pr.ws, pr.t_plain
     det = not args.nondeterministic
-    if args.dry_run:
-        work = C.tiny_workload(iters=max(3, min(args.iters, 4)), foreach="off", deterministic=det)
-    else:
-        work = C.Workload(args.model, args.config, args.batch, args.seq, args.iters, args.warmup, args.dtype,
-                          deterministic=det, foreach="off")
-    wdir = C.out_dir(args) / "discards-runs"
-
-    def left() -> float:
-        return args.deadline - (time.monotonic() - start)
-
-    def run(mode, case, **kw):
-        return C.run_training(mode, work, wdir, case, seed=args.seed, dry_run=args.dry_run,
-                              timeout=max(30.0, min(args.timeout, left())), **kw)
-
-    # The working set: a plain run's peak reserved bytes on the GPU; in a dry run an unbudgeted runtime run
-    # (the CPU has no allocator figures), whose report gives the peak managed bytes.
-    plain = None
-    ws = args.working_set
-    if ws is None:
-        plain = run("uvmprefetch", "unbudgeted") if args.dry_run else run("plain", "plain")
-        ws = C.sized_working_set(NAME, plain, args.dry_run, " or pass --working-set")
-    else:
-        C.check_fits_free(NAME, ws, args.dry_run)
-    t_plain = (C.steady_median(C.iteration_times(plain, args.dry_run)[0], 1)
-               if plain is not None and not args.dry_run else None)
 
     runs, skipped = [], []
     for ratio in ratios:

@@ -104,6 +104,10 @@ class CudaBackend:
     device_type = "cuda"
     _native_lib = None  # the C++ observer, when it runs (attach_native)
     _gate = None  # (late, fault) dense ids the gate saw for the next launch (note_gate)
+    copy = None  # the copy path (copyout.py), started with the C++ observer under UVMPREFETCH_EVICT=auto
+    copy_status = "off (UVMPREFETCH_EVICT=uvm)"
+    feed = None  # the caching allocator's events (alloc_feed.py): with UVMPREFETCH_DISCARD=1 or UVMPREFETCH_EVICT=auto
+    _copy_books, _copy_books_why = False, "the allocator's events are not attached"
 
     def __init__(self, cfg, policy: Policy, *, shim=None) -> None:
         from .device import require_cuda
@@ -150,22 +154,31 @@ class CudaBackend:
         # workspace no op touches lay in blocks the ops alone made look dead, and discards of them lost data on an
         # H100 and an H200) may be discarded, and only while nothing reused it (its ticket, checked again right
         # before the call): a policy's stale dead flag never loses data.
+        # The copy path (UVMPREFETCH_EVICT=auto) needs the same events: which allocations are live and fully observed.
+        self._cfg = cfg
+        if cfg.evict != "uvm":
+            self.copy_status = "off: needs the C++ observer"
         self.feed, self.liveness_why = None, "UVMPREFETCH_DISCARD=0: discards are issued as evictions"
         if cfg.discard and not self.mover.can_discard:
             self.liveness_why = "no discards: the driver has no cudaMemDiscardBatchAsync (CUDA 13)"
-        elif cfg.discard:
+        if (cfg.discard and self.mover.can_discard) or cfg.evict == "auto":
             from . import alloc_feed
             say = (lambda m: print(f"uvmprefetch: {m}", file=sys.stderr)) if cfg.log != "quiet" else None
             self.feed, self.liveness_why = alloc_feed.attach(cfg, self.device, self.block_size, say)
-            if self.feed is not None:
+            if self.feed is not None and cfg.discard:
                 try:  # the word the discards gate the compute stream with (Mover.discard), made now: fail early
                     self.mover.stream_gate()
                 except (CudaCallError, AttributeError) as e:
                     self.feed.lib.lib.uvm_alloc_tracker_enable(0)
                     self.feed, self.liveness_why = None, f"the discard gate cannot be made: {e}"
             if self.feed is None and cfg.log != "quiet":
-                print(f"uvmprefetch: discards stay off: {self.liveness_why}", file=sys.stderr)
-        self.discard_on = self.feed is not None
+                print(f"uvmprefetch: {'discards stay off' if cfg.discard else 'no allocator events'}: "
+                      f"{self.liveness_why}", file=sys.stderr)
+        # (the copy path's book is whole only while the allocator's events have covered every allocation from start)
+        self._copy_books = self.feed is not None and self.feed.liveness.unknown is None
+        self._copy_books_why = ("" if self._copy_books else self.liveness_why if self.feed is None
+                                else f"the allocator's events began late: {self.feed.liveness.unknown}")
+        self.discard_on = self.feed is not None and bool(cfg.discard) and self.mover.can_discard
         self.audit = bool(cfg.discard_audit) and self.discard_on
         self._init_discards()
         self._ids: dict[int, int] = {}
@@ -196,7 +209,7 @@ class CudaBackend:
             self.cupti_status = why
         policy.on_start(PolicyContext(block_size=self.block_size, capacity_blocks=cap_blocks,
                                       max_blocks=self.max_blocks, gpu=self.gpu, live=True,
-                                      discards=self.discard_on))
+                                      discards=self.discard_on, copy_path=cfg.evict == "auto"))
 
     def attach_native(self, lib) -> None:
         """Run under the C++ observer (``native_observer.py``): the hooks run on the planner thread, every move
@@ -216,6 +229,31 @@ class CudaBackend:
         self.mover.thread.idle = self.mover.gate.settle
         self._capturing = lambda: False
         self._native_lib = lib
+        if self._cfg.evict == "auto":
+            from . import copyout
+            self.copy, self.copy_status = copyout.start(self, lib, self._cfg)
+            if self.copy is not None:
+                self.mover.thread.service = self.copy.serve
+            if self._cfg.log in ("info", "debug") or self.copy is None:
+                print(f"uvmprefetch: copy path {self.copy_status}", file=sys.stderr)
+
+    def allocator_complete(self, ok: bool, why: str = "") -> None:
+        """Whether the allocator's events cover every live allocation (its tracker attached before the first one, or
+        a snapshot fed as events): until then no block is eligible for the copy path."""
+        if self.copy is not None:
+            self.copy.book.set_complete(ok, why)
+
+    def allocator_events(self, events: np.ndarray) -> None:
+        """The caching allocator's events (``liveness.EVENT_DTYPE``), in sequence order: the copy path's book of
+        which allocations are fully observed. The book is whole only while the feed has covered every allocation
+        since start (attached before the first one, never a gap): after a gap it stays incomplete for the run."""
+        if self.copy is None:
+            return
+        if self._copy_books and self.feed is not None and self.feed.liveness.unknown is not None:
+            self._copy_books = False
+            self._copy_books_why = f"the allocator's events have a hole: {self.feed.liveness.unknown}"
+        self.copy.book.set_complete(self._copy_books, "" if self._copy_books else self._copy_books_why)
+        self.copy.book.feed(events[events["device"] >= 0] if len(events) else events)
 
     def gap(self) -> None:
         """The observer dropped records (a full ring): the policy's view has a hole; no block reported dead before it
@@ -332,6 +370,8 @@ class CudaBackend:
         if self.feed is not None:
             return
         dense, _ = self._dense(blocks)
+        if dense.size and self.copy is not None:
+            self.copy.forget(dense)
         if dense.size:
             self.res.free(dense)
             self.policy.on_free(dense)
@@ -345,6 +385,8 @@ class CudaBackend:
         blocks, seqs, released = self.feed.deaths_before(seq)
         if blocks.size:
             dense, pos = self._dense(blocks)
+            if dense.size and self.copy is not None:
+                self.copy.forget(dense)  # no tensor left in them: nothing to bring back
             if dense.size:
                 self.ticket[dense] = seqs[pos]
                 self.res.free(dense)
@@ -410,6 +452,8 @@ class CudaBackend:
         t2 = clock()
         mv = self.mover
         out = np.union1d(evict, victims)
+        if self.copy is not None and out.size:  # the copy path takes what it can; the rest leaves by UVM
+            out = self._copy_out(out, dec)
         on = self.discard_on  # each block's last move and discard (see Mover); no discard is left when off
         if discard.size:
             self._issue_discards(discard)
@@ -418,8 +462,16 @@ class CudaBackend:
         t4 = clock()
         if dec is not None:
             for blocks, advice in dec.advise:
-                mv.advise(self.ranges(np.asarray(blocks, dtype=np.int64)), Advice(advice))
+                blocks = np.asarray(blocks, dtype=np.int64)
+                if self.copy is not None and advice == Advice.PREFER_HOST:
+                    self.copy.advise_host(blocks)  # read on the host from now on: mirrors back first, never copied
+                mv.advise(self.ranges(blocks), Advice(advice))
         t5 = clock()
+        if self.copy is not None and pf.size and self.copy.mirrors:
+            back = self.copy.mirrored(pf)
+            if back.any():
+                self.copy.bring_in(pf[back])  # copy-ins, in the policy's order, on the same stream
+                pf = pf[~back]
         # the policy's order: soonest-needed first
         mv.prefetch(self.ranges(pf, keep_order=True), to_device=True, after=self._after_discards(pf) if on else 0)
         if on and (out.size or pf.size):
@@ -436,6 +488,19 @@ class CudaBackend:
             self.policy.on_evict(victims)  # budget evictions are "the driver's" from the policy's point of view
         self.progress.record(info.index, info.blocks)
         self.host.add(t0, t1, t2, t3, t4, t5, t6, clock())
+
+    def _copy_out(self, out: np.ndarray, dec) -> np.ndarray:
+        """The evictions ``out`` the copy path does not take (copyout.py): the policy's choice per block, as the
+        simulator applies it under ``--evict auto``."""
+        from .copyout import copy_wanted
+        from ..policy.base import EvictPath
+        default = getattr(self.policy, "evict_path", EvictPath.COPY) == EvictPath.COPY
+        if dec is not None and dec.evict_path.size:
+            want = copy_wanted(out, np.asarray(dec.evict, dtype=np.int64), dec.evict_path, default)
+        else:
+            want = np.full(out.shape[0], default)
+        self.copy.book.upto = self.progress.seq
+        return self.copy.evict(out, self._addr[out], want)
 
     def _marks_for(self, n: int) -> None:
         """Per block id: the number of the last ``Mover.mark_moves`` after a move of it, and of the last discard
@@ -581,12 +646,16 @@ class CudaBackend:
                  discards_issued=self.discard_on, discards_as_evictions=self.discards_as_evictions,
                  refused_discards=sum(self.refused.values()), liveness=self.liveness_result(),
                  captured_launches_skipped=self.captured_launches, host_time=self.host.result(),
+                 copy_path=self.copy.result() if self.copy is not None else {"on": False, "status": self.copy_status},
                  driver_version=self.driver.version, gpu_iter_s_between_steps=times,
                  note="faults: CUPTI GPU page-fault groups (null without cupti-python); expected_faults counts "
                       "blocks launches used that the books did not hold resident")
         return r
 
     def close(self) -> None:
+        if self.copy is not None:
+            self.mover.synchronize()
+            self.copy.close()  # the mirrors back into their ranges: the program may go on using them
         if self.feed is not None:
             self.feed.lib.lib.uvm_alloc_tracker_enable(0)  # (torch has no detach: the callback stays, and returns)
         self.mover.synchronize()

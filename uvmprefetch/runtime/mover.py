@@ -64,6 +64,7 @@ class MoveThread:
         self._set_device = set_device
         self._device = device
         self.idle = None  # called on the thread between calls and every 2 ms while calls wait (GateBook.settle)
+        self.service = None  # the same, also after an error: ops wait for what it serves (CopyOut.serve)
         self.calls = 0
         spec = os.environ.get("UVMPREFETCH_TEST_FAIL", "")  # tests: mover[:N] fails the call after the N-th (default 5)
         name, _, n = spec.partition(":")
@@ -115,7 +116,7 @@ class MoveThread:
         while True:
             with self._cv:
                 while not self._q and not self._closed:
-                    if self.idle is None:
+                    if self.idle is None and self.service is None:
                         self._cv.wait()
                     else:
                         self._cv.wait(0.002)
@@ -142,6 +143,11 @@ class MoveThread:
                     self._cv.notify_all()
 
     def _idle(self) -> None:
+        if self.service is not None:
+            try:
+                self.service()
+            except Exception as e:  # noqa: BLE001 - kept, raised on the submitting thread
+                self.error = self.error or e
         if self.idle is not None and self.error is None:
             try:
                 self.idle()

@@ -89,6 +89,12 @@ class ObserverLib:
             "uvmgate_completed_seq": (ctypes.c_uint64, []),
             "uvmgate_set_progress_every": (None, [ctypes.c_int]),
             "uvmgate_note": (None, [ctypes.c_uint64, ctypes.c_void_p]),
+            "uvmgate_take_demands": (ctypes.c_size_t, [_u64p, ctypes.c_size_t]),
+            "uvmgate_use_gil": (ctypes.c_int, []),
+            "uvmgate_demand_counters": (None, [_u64p]),
+            "uvmgate_quiesce": (ctypes.c_int, [ctypes.c_int]),
+            "uvmgate_begin": (None, [_u64p, _u64p, ctypes.c_size_t, ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint32)]),
+            "uvmgate_end": (None, []),
         }
         for name, (res, args) in sig.items():
             fn = getattr(lib, name)

@@ -87,6 +87,7 @@ class Planner:
         # backend right before the first op numbered after them
         self._feed = getattr(session.backend, "feed", None)
         self._deaths = getattr(session.backend, "deaths_before", None) if self._feed is not None else None
+        self._feed_allocs = getattr(session.backend, "allocator_events", None)  # the copy path's book (cuda)
         self._thread = threading.Thread(target=self._run, name="uvmprefetch-planner", daemon=True)
 
     # ------------------------------------------------------------------------------------------ lifecycle
@@ -216,6 +217,8 @@ class Planner:
             self._carry, events = events[cut:].copy(), events[:cut]
         else:
             self._carry = events[:0]
+        if self._feed_allocs is not None and len(events):
+            self._feed_allocs(events)
         ev_seq, ev_addr = events["seq"].tolist(), events["addr"].tolist()
         ev_act = (events["action"] & 0xFF).tolist()  # (without the private-pool flag)
         j = 0

@@ -139,6 +139,8 @@ class Session:
         self.backend = backend if backend is not None else make_backend(cfg, self.policy)
         self.block_size = self.backend.block_size
         self.tracker = StorageTracker(self.block_size, virtual=self.backend.virtual_addresses)
+        if hasattr(self.backend, "copy_status"):  # the copy path (cuda): an allocation is observed once an op touched it
+            self.backend.observed = self.tracker.live.__contains__
         self.device_type = self.backend.device_type
         self.gpu = getattr(self.backend, "gpu", None)
         self.active = False
