@@ -676,3 +676,31 @@ def test_a_graph_compiled_without_the_callback_is_caught_at_the_next_eviction(ca
     assert evict(cp, arena, [2]) == [2]  # UVM's, and every mirror is back
     assert np.array_equal(now(arena, 6), data) and cp.result()["on"] is False
     assert "torch.compile" in capsys.readouterr().err
+
+
+def test_the_backends_copy_book_is_whole_only_while_the_allocator_feed_covered_every_allocation():
+    # GIVEN a cuda backend (its allocator-event hook alone) whose feed attached before the first allocation,
+    # and the copy path's book of observed allocations
+    from uvmprefetch.runtime.cuda_backend import CudaBackend
+    base, seen = 1 << 32, set()
+    book = ObservedAllocations(observed=seen.__contains__)
+    b = object.__new__(CudaBackend)
+    b.copy = types.SimpleNamespace(book=book)
+    b.feed = types.SimpleNamespace(liveness=types.SimpleNamespace(unknown=None))
+    b._copy_books, b._copy_books_why = True, ""
+    seen.add(base)
+    # WHEN the planner hands it events (a CPU allocator's event, device -1, among them)
+    cpu = _events((2, ALLOC, base + BS, BS))
+    cpu["device"] = -1
+    b.allocator_events(np.concatenate([_events((1, ALLOC, base, BS)), cpu]))
+    # THEN the book is whole and holds the GPU allocation only
+    assert book.complete and parts(book, base, base + BS) == [(base, BS)]
+    assert parts(book, base + BS, base + 2 * BS) == []
+    # WHEN the feed's books get a hole (an overflow), then are rebuilt (a snapshot at an iteration end)
+    b.feed.liveness.unknown = "the allocator's ring overflowed"
+    b.allocator_events(_events((3, ALLOC, base + 2 * BS, BS)))
+    assert not book.complete and "overflowed" in book.why
+    b.feed.liveness.unknown = None
+    b.allocator_events(_events((4, ALLOC, base + 3 * BS, BS)))
+    # THEN the book stays incomplete for the run: nothing is eligible (it never saw what lived across the hole)
+    assert not book.complete and parts(book, base, base + BS) is None
