@@ -18,13 +18,14 @@ moves blocks with cuda-python (``cuda.bindings.runtime``, CUDA 13 ``cudaMemLocat
   mover issues each batch in order (``Mover.discard``): after the queued kernels, with the compute stream
   gated, the tickets checked again against every allocator event so far, then ``cudaMemDiscardBatchAsync``
   on a second stream after the moves of the same blocks, then the gate opened; later moves of those blocks
-  wait for it (CUDA: a prefetch during a discard of the same range is undefined behaviour). Off by default
+  wait for it (CUDA: a prefetch during a discard of the same range is undefined behaviour; ``cuda_discards.py``).
+  Off by default
   until a GPU run shows the losses bit-equal (``bench/gpu/discards.py``);
 - the budget (``Residency``) evicts the least recently migrated blocks, never those of the running launch
   or of launches still queued on the GPU (``GpuProgress``).
 
 The launch hook's host seconds, by stage, are in the report (``host_time``, ``HostTime``): on the H100 the
-eviction and discard calls held the training thread (bench/results/gpu-20261123b/README.md).
+eviction and discard calls held the training thread when the Python observer ran them there.
 
 Any CUDA error raises ``CudaCallError``; the session logs it once and switches the prefetcher off, leaving
 plain managed memory (still correct: the driver pages on demand).
@@ -44,6 +45,7 @@ from ..errors import DeviceError
 from ..gpus import PROFILES
 from ..policy.base import EMPTY, Advice, LaunchInfo, Policy, PolicyContext
 from .mover import CudaCallError, MoverError, MoveThread, Mover, StreamMarks  # noqa: F401 - re-exported
+from .cuda_discards import AllocatorDiscards
 from .memory import plan_memory
 from .residency import Residency
 
@@ -89,7 +91,7 @@ class HostTime:
                 "note": "host seconds inside the launch hook, by stage, over the whole run"}
 
 
-class CudaBackend:
+class CudaBackend(AllocatorDiscards):
     """The live GPU backend (see the module docstring).
 
     Raises
@@ -148,39 +150,7 @@ class CudaBackend:
             self.mover.start_thread(max(self.capacity_bytes // 16, 64 * BLOCK_SIZE))
         self.driver = drv
         self.policy = policy
-        # Discards only with UVMPREFETCH_DISCARD=1, the batch API and the caching allocator's own events
-        # (alloc_feed.py); otherwise a Decision's discards are issued as evictions (same room freed, the data
-        # kept). Only a block the allocator itself reported dead (every allocation in it FREE_COMPLETED: a library
-        # workspace no op touches lay in blocks the ops alone made look dead, and discards of them lost data on an
-        # H100 and an H200) may be discarded, and only while nothing reused it (its ticket, checked again right
-        # before the call): a policy's stale dead flag never loses data.
-        # The copy path (UVMPREFETCH_EVICT=auto) needs the same events: which allocations are live and fully observed.
-        self._cfg = cfg
-        if cfg.evict != "uvm":
-            self.copy_status = "off: needs the C++ observer"
-        self.feed, self.liveness_why = None, "UVMPREFETCH_DISCARD=0: discards are issued as evictions"
-        if cfg.discard and not self.mover.can_discard:
-            self.liveness_why = "no discards: the driver has no cudaMemDiscardBatchAsync (CUDA 13)"
-        if (cfg.discard and self.mover.can_discard) or cfg.evict == "auto":
-            from . import alloc_feed
-            say = (lambda m: print(f"uvmprefetch: {m}", file=sys.stderr)) if cfg.log != "quiet" else None
-            self.feed, self.liveness_why = alloc_feed.attach(cfg, self.device, self.block_size, say)
-            if self.feed is not None and cfg.discard:
-                try:  # the word the discards gate the compute stream with (Mover.discard), made now: fail early
-                    self.mover.stream_gate()
-                except (CudaCallError, AttributeError) as e:
-                    self.feed.lib.lib.uvm_alloc_tracker_enable(0)
-                    self.feed, self.liveness_why = None, f"the discard gate cannot be made: {e}"
-            if self.feed is None and cfg.log != "quiet":
-                print(f"uvmprefetch: {'discards stay off' if cfg.discard else 'no allocator events'}: "
-                      f"{self.liveness_why}", file=sys.stderr)
-        # (the copy path's book is whole only while the allocator's events have covered every allocation from start)
-        self._copy_books = self.feed is not None and self.feed.liveness.unknown is None
-        self._copy_books_why = ("" if self._copy_books else self.liveness_why if self.feed is None
-                                else f"the allocator's events began late: {self.feed.liveness.unknown}")
-        self.discard_on = self.feed is not None and bool(cfg.discard) and self.mover.can_discard
-        self.audit = bool(cfg.discard_audit) and self.discard_on
-        self._init_discards()
+        self._attach_feed(cfg)
         self._ids: dict[int, int] = {}
         self._addr = np.zeros(self.max_blocks, dtype=np.int64)  # dense id -> block address
         self._segments: list[tuple[int, int]] = []
@@ -376,28 +346,6 @@ class CudaBackend:
             self.res.free(dense)
             self.policy.on_free(dense)
 
-    def deaths_before(self, seq: int) -> None:
-        """The planner reached the op numbered ``seq``: the allocator's deaths numbered before it reach the books,
-        the tickets (the death's number, for the check before a discard) and ``policy.on_free``; blocks given back
-        to the driver leave the books."""
-        if self.feed is None:
-            return
-        blocks, seqs, released = self.feed.deaths_before(seq)
-        if blocks.size:
-            dense, pos = self._dense(blocks)
-            if dense.size and self.copy is not None:
-                self.copy.forget(dense)  # no tensor left in them: nothing to bring back
-            if dense.size:
-                self.ticket[dense] = seqs[pos]
-                self.res.free(dense)
-                self.policy.on_free(dense)
-        if released.size:
-            dense, _ = self._dense(released)
-            if dense.size:
-                self.ticket[dense] = 0
-                self.res.release(dense)
-                self.policy.on_free(dense)
-
     def _check_swap(self) -> None:
         """Once: are PyTorch's allocations really managed? (the shim may sit behind libcudart)"""
         import torch
@@ -501,106 +449,6 @@ class CudaBackend:
             want = np.full(out.shape[0], default)
         self.copy.book.upto = self.progress.seq
         return self.copy.evict(out, self._addr[out], want)
-
-    def _marks_for(self, n: int) -> None:
-        """Per block id: the number of the last ``Mover.mark_moves`` after a move of it, and of the last discard
-        of it (0: none); read only with discards on."""
-        self._move_mark = np.zeros(n, dtype=np.int64)
-        self._disc_mark = np.zeros(n, dtype=np.int64)
-
-    def _after_discards(self, blocks: np.ndarray) -> int:
-        """The last discard of any of ``blocks`` (a move of them must wait for it), 0 for none."""
-        return int(self._disc_mark[blocks].max()) if blocks.size else 0
-
-    def _init_discards(self) -> None:
-        """Per block id: the death ticket (the allocator event that killed it; 0: not dead as far as the books know)
-        and the marks that order discards with moves; the refusal counts by reason."""
-        self.ticket = np.zeros(self.max_blocks, dtype=np.int64)
-        self._marks_for(self.max_blocks)
-        self.discards_as_evictions = 0
-        self.discarded_blocks = 0
-        self.refused = {"not_dead": 0, "reused_before_issue": 0, "unknown": 0, "audit": 0}
-        self.audit_cases: list[dict] = []
-
-    def _safe_discards(self, discard: np.ndarray, evict: np.ndarray, launch: int = -1) -> tuple[np.ndarray, np.ndarray]:
-        """The discard candidates, and the evictions with the rest: with discards off every one becomes an
-        eviction; with them on, those the allocator did not report dead (no ticket) do."""
-        ok = self.ticket[discard] != 0 if self.discard_on else np.zeros(discard.shape[0], dtype=bool)
-        rest = discard[~ok]
-        if rest.size:
-            if self.discard_on:
-                self.refused["not_dead"] += int(rest.size)
-            else:
-                self.discards_as_evictions += int(rest.size)
-            evict = np.union1d(evict, rest[self.res.resident[rest]])
-        return discard[ok], evict
-
-    def _issue_discards(self, discard: np.ndarray) -> None:
-        """Hand the candidates to the mover (``Mover.discard``: the compute stream gated, then ``_check`` on the
-        mover thread, then the discard of those still dead and the gate opened); each ticket is used up."""
-        bs = self.block_size
-        items = [self.ranges(discard[k:k + 1]) for k in range(discard.size)]
-        blocks, seqs = self._addr[discard] // bs, self.ticket[discard].copy()
-        self.ticket[discard] = 0
-        self._disc_mark[discard] = self.mover.discard(items, after=int(self._move_mark[discard].max()),
-                                                      check=lambda: self._check(blocks, seqs))
-
-    def _check(self, blocks: np.ndarray, seqs: np.ndarray) -> np.ndarray:
-        """On the mover thread, the compute stream gated: which candidates are still dead from their death (every
-        allocator event numbered before now fed first); refused ones are evicted instead and counted by reason.
-        With ``UVMPREFETCH_DISCARD_AUDIT=1`` a fresh rebuild from ``torch.cuda.memory_snapshot()`` must call each
-        dead too (a disagreement is refused, counted and the allocation kept in ``audit_cases``)."""
-        ok, why = self.feed.check(blocks, seqs)
-        if why is not None:
-            self.refused["unknown"] += int(blocks.size)
-            return ok
-        self.refused["reused_before_issue"] += int((~ok).sum())
-        if self.audit and ok.any():
-            ok = self._audit(blocks, ok)
-        self.discarded_blocks += int(ok.sum())
-        return ok
-
-    def _audit(self, blocks: np.ndarray, ok: np.ndarray) -> np.ndarray:
-        import torch
-
-        from .liveness import Liveness
-        snap = torch.cuda.memory_snapshot()
-        fresh = Liveness(self.block_size, self.device)
-        fresh.quiescent(lambda: snap)
-        agree = fresh.dead_mask(blocks)
-        bad = ok & ~agree
-        if bad.any():
-            self.refused["audit"] += int(bad.sum())
-            bs = self.block_size
-            for b in blocks[bad].tolist()[:max(0, 20 - len(self.audit_cases))]:
-                held = [{"address": int(x["address"]), "size": int(x.get("requested_size", x.get("size", 0))),
-                         "state": x.get("state")} for g in snap for x in g.get("blocks", ())
-                        if x.get("state") != "inactive" and int(x["address"]) < (b + 1) * bs
-                        and int(x["address"]) + int(x.get("requested_size", x.get("size", 0))) > b * bs]
-                self.audit_cases.append({"block": int(b), "held_by": held[:4]})
-                if len(self.audit_cases) <= 3:
-                    print(f"uvmprefetch: discard audit: block {b * bs:#x} is dead to the allocator feed but the "
-                          f"snapshot holds {held[:2]}; not discarded", file=sys.stderr)
-        return ok & agree
-
-    def liveness_result(self) -> dict:
-        """``backend_result.liveness``: where deaths come from, what the allocator feed saw, the discards issued
-        and refused by reason (``bench/gpu/discards.py`` reads these)."""
-        out = {"source": "allocator" if self.feed is not None else self.liveness_why,
-               "built_for": self.feed.lib.tracker_built_for() if self.feed is not None else None,
-               "discards_issued": self.discarded_blocks,
-               "discards_refused": dict(self.refused, off=self.discards_as_evictions),
-               # kernels launched outside every observed op (Triton, raw extensions) may touch any live allocation:
-               # harmless here (the allocator still holds it, so it is never dead), and not counted yet (the shim
-               # sees launches but cannot tell which ran outside an op; CUPTI correlation could)
-               "unknown_kernels_seen": None,
-               "audit": {"on": self.audit, "cases": self.audit_cases} if self.audit else None}
-        if self.feed is not None:
-            st = self.feed.stats()
-            out.update(allocations_seen=st["allocations_seen"], events=st["events"], deaths=st["deaths"],
-                       released_blocks=st["released_blocks"], overflows=st["overflows"], resyncs=st["resyncs"],
-                       unknown=st["unknown"], us_per_event=st["us_per_event"], stats=st)
-        return out
 
     def end_iteration(self, k: int) -> None:
         import torch
