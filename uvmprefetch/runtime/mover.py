@@ -39,7 +39,7 @@ class MoverError(CudaCallError):
 class MoveThread:
     """Issues prefetches and evictions from a thread of its own, in the order they were submitted.
 
-    Opt-in (``UVMPREFETCH_MOVER=thread``). On the H100 (driver 580.159.04, bench/results/gpu-20261123b/)
+    Opt-in with the Python observer (``UVMPREFETCH_MOVER=thread``). On the H100 (driver 580.159.04)
     ``cudaMemPrefetchAsync`` to the host held the calling thread for much of the migration: GPT-2 large at
     1.5x under ``demand`` spent 17 of its 53 s inside the launch hook's eviction calls, on the thread that
     launches the kernels. cuda-bindings releases the GIL around its C calls, so here the training thread only
@@ -218,7 +218,7 @@ class Mover:
         self.dev_loc = self._loc(cudart.cudaMemLocationType.cudaMemLocationTypeDevice, device)
         self.host_loc = self._loc(cudart.cudaMemLocationType.cudaMemLocationTypeHost, 0)
         # Prefetches and evictions go one cudaMemPrefetchAsync per range by default: on the H100 (driver
-        # 580.159.04, bench/results/calibrate.json) one call took 9 us of host time, while the batch call took
+        # 580.159.04, bench/gpu/calibrate.py) one call took 9 us of host time, while the batch call took
         # 28-37 us per range (8-256 ranges). Discards need the batch API (there is no single-range discard).
         self.batch = batch_prefetch and batch_api and hasattr(cudart, "cudaMemPrefetchBatchAsync")
         self.can_discard = batch_api and hasattr(cudart, "cudaMemDiscardBatchAsync")

@@ -425,7 +425,7 @@ class Session:
         builder = self.builder
         if flops and builder is not None:
             # as the recorder does: a replay on another profile re-estimates from FLOPs in this dtype
-            # (without it every bf16 matmul of a live trace counted as fp32: bench/results/gpu-20261123b)
+            # (without it every bf16 matmul of a live trace counted as fp32)
             builder.note_flop_dtype(dtype)
         duration = estimate(flops, nbytes, dtype, self.gpu) if self.gpu is not None else 0.0
         info = LaunchInfo(index=self.index, exec_id=exec_id, name=nid, phase=PHASE[phase], iteration=self.iteration,
