@@ -813,6 +813,10 @@ UVM_EXPORT size_t uvmobs_drain(OpRec* out, size_t max) { return g_ring.drain(out
 
 UVM_EXPORT uint64_t uvmobs_dropped() { return g_ring.dropped(); }
 
+// The process-wide record sequence now (ops, marks, allocator events): the planner's "did the training thread
+// publish anything since I last looked?".
+UVM_EXPORT uint64_t uvmobs_seq() { return uvm::seq_counter().load(std::memory_order_relaxed); }
+
 // counters: [recorded runs, dropped records, callback ns, gate late, gate fault, gate waits, op ids]
 UVM_EXPORT size_t uvmobs_counters(uint64_t* out, size_t n) {
     uint64_t v[7] = {g_recorded.load(), g_ring.dropped(), g_callback_ns.load(), g_gate_late.load(),

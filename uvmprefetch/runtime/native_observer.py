@@ -65,6 +65,7 @@ class ObserverLib:
             "uvmobs_set_timing": (None, [ctypes.c_int]),
             "uvmobs_mark": (ctypes.c_uint64, [ctypes.c_uint32, ctypes.c_uint64]),
             "uvmobs_drain": (ctypes.c_size_t, [ctypes.c_void_p, ctypes.c_size_t]),
+            "uvmobs_seq": (ctypes.c_uint64, []),
             "uvmobs_counters": (ctypes.c_size_t, [_u64p, ctypes.c_size_t]),
             "uvmobs_op_name": (ctypes.c_size_t, [ctypes.c_uint32, ctypes.c_char_p, ctypes.c_size_t]),
             "uvmobs_error": (ctypes.c_size_t, [ctypes.c_char_p, ctypes.c_size_t]),

@@ -15,6 +15,23 @@ never leaves that state: the training thread pays nothing per op (dryrun: the al
 per allocation), and the report counts iterations but no launches. (``UVMPREFETCH_TRACE`` keeps it awake: a
 trace needs every launch.)
 
+**Pacing: the training thread never waits long for the GIL.** Planning a launch is Python (the policy's kernels
+are Numba without the GIL, the rest is not: bookkeeping, and for dryrun the simulated GPU), tens of microseconds
+against a few for a small CPU op. Each time the training thread returns from an op it needs the GIL back; a
+planner that held it for long bursts (Python hands it over only every switch interval, 5 ms) would make every
+op wait. So the planner plans in bursts of ``UVMPREFETCH_PLANNER_SLICE_MS`` (1 ms) and, when the training
+thread published anything during the burst (the process-wide record sequence moved), rests without the GIL
+long enough to keep its share of the time at ``UVMPREFETCH_PLANNER_SHARE`` (0.1); a training thread that is
+waiting (for the GPU, in a long op) publishes nothing, and the planner then goes on at once.
+
+**Lag and shedding.** Launches are planned in order, late when the planner lags: its decisions then apply to
+launches after the ones they were made for (the policy predicts ahead). When more than
+``UVMPREFETCH_PLANNER_LAG`` launches (4096) wait to be planned, the planner switches the observer off (the
+callback disabled, as when dormant: the training thread pays nothing per op) until it has planned what it
+holds, then on again: the launches of that window are never seen (``shed_windows``, ``shed_s`` in the report)
+and the backend is told its knowledge has a gap. The allocator's events keep flowing meanwhile, so tensor
+deaths stay exact. A trace (``UVMPREFETCH_TRACE``) needs every launch: it never sheds.
+
 **Gaps.** A full ring drops records and counts them; when the counts grow, the planner tells the backend that
 its knowledge has a gap (``backend.gap()``: no block counted dead before it may be discarded after it).
 
@@ -46,6 +63,27 @@ def _fail_after(what: str) -> int:
     return int(n) if n.isdigit() else 20
 
 
+def _knob(name: str, default: float, lo: float, hi: float) -> float:
+    """An internal tuning variable (docs/runtime.md §6 "Internal"), within [lo, hi].
+
+    Raises
+    ------
+    ConfigError
+        Not a number or out of range (the message names the variable).
+    """
+    from ..errors import ConfigError
+    raw = os.environ.get(name, "")
+    if not raw:
+        return default
+    try:
+        v = float(raw)
+    except ValueError:
+        v = float("nan")
+    if not lo <= v <= hi:
+        raise ConfigError(f"{name}={raw!r}: expected a number from {lo:g} to {hi:g}")
+    return v
+
+
 class Planner:
     """Drains the observer's rings and drives ``session`` from a thread of its own (see the module docstring).
 
@@ -60,6 +98,11 @@ class Planner:
     managed_bytes
         cuda: a callable returning the managed bytes now (the shim's count); ``None`` for dryrun (the CPU
         allocator's count, waited on in C++).
+
+    Raises
+    ------
+    ConfigError
+        A pacing variable (``UVMPREFETCH_PLANNER_SLICE_MS``, ``_SHARE``, ``_LAG``) has a bad value.
     """
 
     def __init__(self, session, lib, pressure_bytes: int, managed_bytes=None) -> None:
@@ -75,9 +118,19 @@ class Planner:
         self.gaps = 0
         self.busy_s = 0.0
         self.done_seq = 0  # the newest op or mark planned
-        self.slice_s = float(os.environ.get("UVMPREFETCH_PLANNER_SLICE_MS", "2")) / 1e3
-        self._held_since = 0.0
-        self._carry = np.zeros(0, dtype=no.ALLOC_DTYPE)  # allocator events newer than the batch's newest op
+        self.slice_s = _knob("UVMPREFETCH_PLANNER_SLICE_MS", 1.0, 0.05, 1000.0) / 1e3
+        share = _knob("UVMPREFETCH_PLANNER_SHARE", 0.1, 0.01, 1.0)
+        self.rest_s = self.slice_s * (1.0 - share) / share
+        lag = int(_knob("UVMPREFETCH_PLANNER_LAG", 4096, 0, 1 << 30))
+        self.max_lag = 0 if session.cfg.trace else lag  # 0: never shed
+        self.rests = 0
+        self.shedding = False
+        self.shed_windows = 0
+        self.shed_s = 0.0
+        self._shed_t0 = 0.0
+        self._seq_seen = 0
+        self._ops = np.zeros(0, dtype=no.OP_DTYPE)  # whole runs not planned yet, in sequence order
+        self._events = np.zeros(0, dtype=no.ALLOC_DTYPE)  # allocator events not applied yet, in sequence order
         self._op_carry = np.zeros(0, dtype=no.OP_DTYPE)  # the start of a run still being written
         self._stop = threading.Event()
         self._fail_after = _fail_after("planner")
@@ -97,9 +150,12 @@ class Planner:
         self._thread.join(timeout=60)
         if self.s.active:
             try:
-                self._batch()
+                self._batch(final=True)
             except Exception as e:  # noqa: BLE001 - the prefetcher never kills training
                 self.s.fail(getattr(e, "where", "planner"), e)
+        if self.shedding:
+            self.shedding = False
+            self.shed_s += time.perf_counter() - self._shed_t0
 
     # ------------------------------------------------------------------------------------------ the loop
     def _run(self) -> None:
@@ -113,12 +169,23 @@ class Planner:
                         self._wake()
                     self._batch()  # optimizer-step marks come while dormant too: iterations are counted
                     continue
-                if not self._batch():
+                if not self._batch(until=time.perf_counter() + self.slice_s):
                     time.sleep(0.0005)  # nothing queued: let the training thread have the GIL
+                else:
+                    self._rest()
                 if not self.s.active:
                     return
         except Exception as e:  # noqa: BLE001 - the prefetcher never kills training
             self.s.fail(getattr(e, "where", "planner"), e)
+
+    def _rest(self) -> None:
+        """After a burst: if the training thread published anything meanwhile, let it run without us for a while
+        (the share); else go on (it is waiting for something else, the GIL is free for planning)."""
+        seq = self.lib.lib.uvmobs_seq()
+        if seq != self._seq_seen:
+            self._seq_seen = seq
+            self.rests += 1
+            time.sleep(self.rest_s)
 
     def _pressure(self) -> bool:
         """Wait up to 200 ms (dryrun) for the live bytes to reach the threshold (no GIL held while waiting)."""
@@ -142,23 +209,34 @@ class Planner:
                             "live_bytes": self.lib.alloc_stats()["live_bytes"] if self.managed_bytes is None
                             else int(self.managed_bytes())}
 
-    def _batch(self) -> bool:
-        """Drain and plan one batch; False when both rings were empty."""
-        ops = self._whole_runs(self.lib.drain_ops())
-        allocs = self.lib.drain_allocs()
+    def _batch(self, until: float | None = None, final: bool = False) -> bool:
+        """Drain both rings into the pending records, then plan them in order until ``until`` (perf_counter
+        seconds; None: all of them). False when nothing was pending."""
+        new_ops = self._whole_runs(self.lib.drain_ops())
+        new_ev = self.lib.drain_allocs()
         if self.lib.state() == no.STATE_FAILED:
             self.s.fail("observer", RuntimeError(self.lib.error() or "failed"))
             return False
-        if not len(ops) and not len(allocs) and not len(self._carry):
+        if len(new_ops):
+            self._ops = _in_order(np.concatenate([self._ops, new_ops]) if len(self._ops) else new_ops)
+        if len(new_ev):
+            ev = np.concatenate([self._events, new_ev]) if len(self._events) else new_ev
+            self._events = ev if _sorted(ev["seq"]) else ev[np.argsort(ev["seq"], kind="stable")]
+        if not len(self._ops) and not len(self._events):
             return bool(len(self._op_carry))
-        t0 = self._held_since = time.perf_counter()
+        t0 = time.perf_counter()
         with self.s._lock:
             if self.s.active:
                 self._check_gaps()
-                self._plan(ops, allocs)
+                n = len(self._ops) + len(new_ev)
+                self._plan(until)
+                if not len(self._ops) and (final or self.lib.state() != no.STATE_ACTIVE):
+                    self._apply_events(len(self._events))  # no op can come before them any more
+                if not final:
+                    self._shed()
         self.busy_s += time.perf_counter() - t0
         self.batches += 1
-        self.records += len(ops) + len(allocs)
+        self.records += n
         return True
 
     def _whole_runs(self, ops: np.ndarray) -> np.ndarray:
@@ -181,56 +259,86 @@ class Planner:
         c, a = self.lib.counters()["dropped"], self.lib.alloc_stats()["dropped"]
         if (c, a) != self._dropped:
             self._dropped = (c, a)
-            self.gaps += 1
-            gap = getattr(self.s.backend, "gap", None)
-            if gap is not None:
-                gap()
+            self._gap()
+
+    def _gap(self) -> None:
+        self.gaps += 1
+        gap = getattr(self.s.backend, "gap", None)
+        if gap is not None:
+            gap()
+
+    def _shed(self) -> None:
+        """Switch the observer off while more than ``max_lag`` launches wait, on again once they are planned."""
+        if self.dormant or not self.max_lag or self._stop.is_set():
+            return
+        waiting = int(np.count_nonzero((self._ops["c"] >> np.uint64(56)) == no.HEAD)) if len(self._ops) else 0
+        if not self.shedding and waiting > self.max_lag:
+            if self.lib.set_active(False) == no.STATE_DORMANT:
+                self.shedding = True
+                self.shed_windows += 1
+                self._shed_t0 = time.perf_counter()
+        elif self.shedding and waiting == 0:
+            self._gap()  # the launches of the window were never seen
+            self.shedding = False
+            self.shed_s += time.perf_counter() - self._shed_t0
+            if self.lib.set_active(True) != no.STATE_ACTIVE:
+                raise RuntimeError(f"the observer did not switch back on: {self.lib.error() or 'failed'}")
 
     # ------------------------------------------------------------------------------------------ planning
-    def _plan(self, ops: np.ndarray, allocs: np.ndarray) -> None:
-        """Apply allocator events and ops in sequence order. Allocator events newer than the newest op of the
-        batch wait for the next one (an op is pushed after its outputs' allocations, so an event older than an
-        op is always drained with or before it)."""
-        events = np.concatenate([self._carry, allocs]) if len(self._carry) else allocs
-        if len(events) > 1:
-            events = events[np.argsort(events["seq"], kind="stable")]
+    def _plan(self, until: float | None) -> None:
+        """Plan the pending ops (and apply the allocator events older than each) in sequence order until
+        ``until``. Allocator events newer than the newest pending op wait for the next one (an op is pushed after
+        its outputs' allocations, so an event older than an op is always drained with or before it)."""
+        ops = self._ops
         heads = _heads(ops)
-        last = int(ops["a"][heads[-1]]) if heads.size else None
-        if last is not None and len(events):
-            cut = int(np.searchsorted(events["seq"], last))
-            self._carry, events = events[cut:].copy(), events[:cut]
-        else:
-            self._carry = events[:0]
-        ev_seq, ev_addr, ev_act = events["seq"].tolist(), events["addr"].tolist(), events["action"].tolist()
-        j = 0
-        tracker = self.s.tracker
+        if not heads.size:
+            return
+        ev = self._events
+        ev_seq: list = []
+        ev_addr: list = []
+        ev_kill: list = []
+        j = m = 0  # events applied; events converted to lists (a prefix: the next heads' worth at a time)
+        kill = self.s.tracker.kill
         a, b, c, d = (ops[k].tolist() for k in "abcd")
         f = ops["a"].view("<f8").tolist()
-        order = heads if _sorted(ops["a"][heads]) else heads[np.argsort(ops["a"][heads], kind="stable")]
-        for i in order.tolist():
+        hl = heads.tolist()
+        clock = time.perf_counter
+        done = len(hl)
+        for n, i in enumerate(hl):
             seq = a[i]
-            while j < len(ev_seq) and ev_seq[j] < seq:
-                if ev_act[j] == no.FREE_COMPLETED or ev_act[j] == no.ALLOC:  # an ALLOC over a live one: a missed free
-                    tracker.kill(ev_addr[j])
+            if j == m and m < len(ev):
+                m2 = len(ev) if n + 256 >= len(hl) else int(np.searchsorted(ev["seq"], a[hl[n + 256]]))
+                part = ev[m:m2]
+                ev_seq += part["seq"].tolist()
+                ev_addr += part["addr"].tolist()
+                ev_kill += ((part["action"] == no.FREE_COMPLETED) | (part["action"] == no.ALLOC)).tolist()
+                m = m2
+            while j < m and ev_seq[j] < seq:
+                if ev_kill[j]:  # a FREE, or an ALLOC over a live storage: a free that was not seen
+                    kill(ev_addr[j])
                 j += 1
-            kind = c[i] >> 56
-            if kind == no.MARK:
+            if c[i] >> 56 == no.MARK:
                 self._mark(c[i] & 0xFFFFFFFF, b[i])
-                continue
-            self._op(a, b, c, d, f, i)
+            else:
+                self._op(a, b, c, d, f, i)
+            self.done_seq = max(self.done_seq, seq)
             if not self.s.active:
-                return
-            now = time.perf_counter()
-            if now - self._held_since > self.slice_s:
-                # A training thread that ran an op in C++ (GIL released) waits for the GIL to come back; Python
-                # hands it over only every switch interval (5 ms) unless the holder lets go. Letting go every
-                # slice bounds that wait; the planner's own wait to get it back is the price.
-                time.sleep(0)
-                self._held_since = time.perf_counter()
-        for k in range(j, len(ev_seq)):
-            tracker.kill(ev_addr[k])
-        if last is not None:
-            self.done_seq = max(self.done_seq, last)
+                break
+            if until is not None and clock() >= until:
+                done = n + 1
+                break
+        self._events = ev[j:]
+        self._ops = ops[heads[done]:] if done < len(hl) else ops[:0]
+
+    def _apply_events(self, k: int) -> None:
+        """Apply the first ``k`` pending allocator events: a FREE (or an ALLOC over a live storage: a missed free)
+        queues the storage at that address dead. Allocator events between two op records reach the planner's
+        books here and in ``_plan``; the cuda backend's allocator tracker feeds the same ring."""
+        ev, self._events = self._events[:k], self._events[k:]
+        kill = self.s.tracker.kill
+        act = ev["action"]
+        for addr in ev["addr"][(act == no.FREE_COMPLETED) | (act == no.ALLOC)].tolist():
+            kill(addr)
 
     def flush(self, timeout: float = 30.0) -> None:
         """Return once everything the observer published before this call is planned (tests, the end of a run)."""
@@ -277,13 +385,27 @@ class Planner:
     def result(self) -> dict:
         return {"dormant": self.dormant, "woke": self.woke_at, "pressure_bytes": self.pressure_bytes,
                 "batches": self.batches, "records": self.records, "gaps": self.gaps,
-                "busy_s": round(self.busy_s, 6)}
+                "busy_s": round(self.busy_s, 6), "rests": self.rests, "max_lag": self.max_lag,
+                "shed_windows": self.shed_windows, "shed_s": round(self.shed_s, 6)}
 
 
 def _heads(ops: np.ndarray) -> np.ndarray:
     """Indices of the op heads and marks in a drained batch (each op's run is contiguous)."""
     kind = ops["c"] >> np.uint64(56)
     return np.flatnonzero((kind == no.HEAD) | (kind == no.MARK))
+
+
+def _in_order(ops: np.ndarray) -> np.ndarray:
+    """The runs of ``ops`` in sequence order (two threads may publish out of order): whole runs moved."""
+    heads = _heads(ops)
+    seqs = ops["a"][heads]
+    if _sorted(seqs):
+        return ops
+    lengths = np.diff(np.append(heads, len(ops)))
+    order = np.argsort(seqs, kind="stable")
+    starts, lens = heads[order], lengths[order]
+    idx = np.repeat(starts - np.cumsum(np.append(0, lens[:-1])), lens) + np.arange(int(lens.sum()))
+    return ops[idx]
 
 
 def _sorted(x: np.ndarray) -> bool:
