@@ -150,7 +150,7 @@ def split(args) -> dict:
     for h in ("launch", "free", "end_iteration"):
         timed(s.backend, h, "backend")
     p = Planner(s, lib, 0)
-    p._ops = p._whole_runs(np.concatenate(ops))
+    p.push_ops(p._whole_runs(np.concatenate(ops)))
     p._events = np.concatenate(allocs)
     p._events = p._events[np.argsort(p._events["seq"], kind="stable")]
     t, c = time.perf_counter_ns(), time.thread_time_ns()

@@ -1,5 +1,5 @@
-"""The planner's pacing, piece by piece (``runtime/planner.py``): it rests after a burst only when the training
-thread published records meanwhile, its tuning variables are checked, and records published out of order by
+"""The planner's pacing, piece by piece (``runtime/planner.py``): it asks for a turn only with something to plan,
+rests after a burst only when the training thread waited for it, its tuning variables are checked, and records published out of order by
 two threads are planned in sequence order, each op's run kept whole. (A whole run that sheds: test_runtime_failures.)"""
 
 import numpy as np
@@ -11,7 +11,7 @@ from uvmprefetch.runtime.planner import Planner, _in_order, _knob
 
 
 class SeqLib:
-    """The one call ``Planner._rest`` makes: the process-wide record sequence."""
+    """The call ``Planner._queued`` makes: the process-wide record sequence."""
 
     def __init__(self):
         self.seq = 1
@@ -20,23 +20,33 @@ class SeqLib:
         return self.seq
 
 
-def resting_planner(rest_s):
+def resting_planner(share):
     p = object.__new__(Planner)
     p.lib = type("L", (), {})()
-    p.lib.lib = SeqLib()
-    p._seq_seen, p.rests, p.rest_s = 0, 0, rest_s
+    p.lib.held = SeqLib()
+    p._seq_seen, p.rests, p.rest_factor, p.slice_s = 0, 0, (1 - share) / share, 0.001
+    p._segs, p._events, p._op_carry = [], np.zeros(0), np.zeros(0)
     return p
 
 
-def test_the_planner_rests_only_when_the_training_thread_published_records():
-    p = resting_planner(0.0)
-    p._rest()
-    assert p.rests == 1  # the sequence moved since the planner last looked: the training thread is issuing ops
-    p._rest()
-    assert p.rests == 1  # nothing new (it waits on the GPU, or in a long op): no rest, the planner goes on
-    p.lib.lib.seq += 5
-    p._rest()
-    assert p.rests == 2
+def test_the_planner_asks_for_a_turn_only_when_there_is_something_to_plan():
+    p = resting_planner(0.5)
+    assert p._queued()  # the sequence moved since the planner last looked: records to drain
+    assert not p._queued()  # nothing new, nothing pending: no turn (the training thread is not parked for nothing)
+    p.lib.held.seq += 3
+    assert p._queued()
+
+
+def test_the_planner_rests_after_a_burst_only_if_the_training_thread_waited_for_it(monkeypatch):
+    slept = []
+    monkeypatch.setattr("uvmprefetch.runtime.planner.time.sleep", slept.append)
+    p = resting_planner(0.25)
+    p._rest(0.001, False)
+    assert p.rests == 0 and slept == []  # never parked (it waits for the GPU, or in long ops): plan on
+    p._rest(0.001, True)
+    assert p.rests == 1 and slept == [pytest.approx(0.003)]  # parked: rest 3x the burst, so its wait stays <= 1/4
+    p._rest(0.5, True)
+    assert slept[-1] == pytest.approx(0.012)  # a long first burst (kernels loading) rests at most 4 slices' worth
 
 
 @pytest.mark.parametrize("value", ["abc", "0", "2", "-1"])
@@ -80,3 +90,60 @@ def test_runs_published_out_of_order_are_planned_in_sequence_order_whole():
     assert out["b"][kind == no.RANGE].tolist() == [30, 50, 50, 70, 70, 70]
     in_order = np.concatenate([run(1, 1, 10), run(2, 1, 20)])
     assert _in_order(in_order) is in_order  # already in order: no copy
+
+
+@pytest.fixture(scope="module")
+def lib():
+    from uvmprefetch.runtime import native
+    try:
+        return no.load()
+    except native.NativeBuildError as e:
+        pytest.skip(f"the C++ observer cannot be built here: {e}")
+
+
+@pytest.mark.parametrize("light", [False, True])
+def test_a_turn_parks_the_training_thread_at_its_next_op_and_only_it(lib, light):
+    # GIVEN the observer started on this thread (the training thread), with full records or, while shedding, the
+    # callback without inputs; WHEN another thread holds a turn for 15 ms while a second thread runs ops too, THEN
+    # this thread waited once, at an op, for about that long (counted), the second thread never waited (one park
+    # in all), and giving the turn back says that someone was parked.
+    import threading
+    import time
+
+    import torch
+    lib.start("cpu", active=not light)
+    if light:
+        assert lib.lib.uvmobs_set_light(1) == 0
+    try:
+        x, y = torch.ones(64), torch.ones(64)
+        other = {"ops": 0}
+        stop = threading.Event()
+
+        def other_thread():
+            while not stop.is_set():
+                y.add_(1)
+                other["ops"] += 1
+        th = threading.Thread(target=other_thread)
+        th.start()
+        p0 = lib.parked()
+        parked_at_return = []
+
+        def planner():
+            time.sleep(0.02)
+            lib.lib.uvmobs_turn(1)
+            time.sleep(0.015)
+            parked_at_return.append(lib.held.uvmobs_turn(0))
+        pl = threading.Thread(target=planner)
+        pl.start()
+        t0 = time.perf_counter()
+        while pl.is_alive() and time.perf_counter() - t0 < 5:
+            x.add_(1)
+        pl.join()
+        stop.set()
+        th.join()
+        parks, ns = (a - b for a, b in zip(lib.parked(), p0))
+        assert parks == 1 and 0.001 <= ns / 1e9 <= 0.2  # (it may reach an op late: it shares the GIL)
+        assert parked_at_return == [1] and other["ops"] > 0
+    finally:
+        lib.lib.uvmobs_set_light(0)
+        lib.stop()

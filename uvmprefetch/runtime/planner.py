@@ -1,8 +1,8 @@
 """decide (live, native observer): the planner thread.
 
 With the C++ observer (``native_observer.py``) the training thread only runs the RecordFunction callback, which
-pushes each op's records into a ring. This thread drains that ring and the allocator's event ring in batches
-(the drain calls release the GIL), merges them in the order they happened (one process-wide sequence number),
+pushes each op's records into a ring. This thread drains that ring and the allocator's event ring in batches,
+merges them in the order they happened (one process-wide sequence number),
 and does what the Python observer does on the training thread: storage addresses (and, for dryrun, the
 simulated GPU's address space), tensor deaths, iteration ends, the policy's hooks and the backend (the
 simulated GPU for dryrun; the books and the mover's queue for cuda), the report's counts and the trace.
@@ -15,14 +15,19 @@ never leaves that state: the training thread pays nothing per op (dryrun: the al
 per allocation), and the report counts iterations but no launches. (``UVMPREFETCH_TRACE`` keeps it awake: a
 trace needs every launch.)
 
-**Pacing: the training thread never waits long for the GIL.** Planning a launch is Python (the policy's kernels
-are Numba without the GIL, the rest is not: bookkeeping, and for dryrun the simulated GPU), tens of microseconds
-against a few for a small CPU op. Each time the training thread returns from an op it needs the GIL back; a
-planner that held it for long bursts (Python hands it over only every switch interval, 5 ms) would make every
-op wait. So the planner plans in bursts of ``UVMPREFETCH_PLANNER_SLICE_MS`` (1 ms) and, when the training
-thread published anything during the burst (the process-wide record sequence moved), rests without the GIL
-long enough to keep its share of the time at ``UVMPREFETCH_PLANNER_SHARE`` (0.1); a training thread that is
-waiting (for the GPU, in a long op) publishes nothing, and the planner then goes on at once.
+**Turns: the planner gets the GIL when it asks, the training thread waits a bounded share.** Planning a launch
+is Python (the policy's kernels are Numba without the GIL; the bookkeeping, and for dryrun the simulated GPU,
+are not): tens of microseconds against a few for a small CPU op. A training loop of small ops lets the GIL go
+and takes it back around every op and nearly always wins the race for it, so a planner that simply competes
+waits milliseconds after every call that released the GIL (the policy's kernels included), plans next to
+nothing, and each hand-over it does win costs both threads a wait for the scheduler. So the planner asks the
+observer for a turn (``uvmobs_turn``): while the turn is set, the training thread parks in the callbacks, where
+it holds no GIL; the planner takes the GIL, plans for ``UVMPREFETCH_PLANNER_SLICE_MS`` (1 ms), gives the turn
+back and, if the training thread was parked waiting for it, rests without the GIL long enough to keep the
+training thread's wait at ``UVMPREFETCH_PLANNER_SHARE`` of its time (0.1). A training thread that waits for the
+GPU or runs long ops never parks: the planner then plans on without resting. The report has the training
+thread's parks and parked seconds (``training_parks``, ``training_parked_s``). The planner's short calls into
+the library (drains, counters) keep the GIL (``ObserverLib.held``).
 
 **Lag and shedding.** Launches are planned in order, late when the planner lags: its decisions then apply to
 launches after the ones they were made for (the policy predicts ahead). When more than
@@ -30,7 +35,9 @@ launches after the ones they were made for (the policy predicts ahead). When mor
 callback disabled, as when dormant: the training thread pays nothing per op) until it has planned what it
 holds, then on again: the launches of that window are never seen (``shed_windows``, ``shed_s`` in the report)
 and the backend is told its knowledge has a gap. The allocator's events keep flowing meanwhile, so tensor
-deaths stay exact. A trace (``UVMPREFETCH_TRACE``) needs every launch: it never sheds.
+deaths stay exact, and a callback without inputs stays on for the turns (the dispatcher boxes nothing for it).
+With a backlog the planner converts ``_CHUNK`` launches of records to Python at a time, so a burst's cost does
+not grow with the lag. A trace (``UVMPREFETCH_TRACE``) needs every launch: it never sheds.
 
 **Gaps.** A full ring drops records and counts them; when the counts grow, the planner tells the backend that
 its knowledge has a gap (``backend.gap()``: no block counted dead before it may be discarded after it).
@@ -42,6 +49,7 @@ training goes on); an error inside the observer's callback switches the observer
 
 from __future__ import annotations
 
+import collections
 import os
 import threading
 import time
@@ -112,6 +120,7 @@ class Planner:
         self.managed_bytes = managed_bytes
         self.dormant = self.pressure_bytes > 0
         self._dropped = (lib.counters()["dropped"], lib.alloc_stats()["dropped"])
+        self._parked0 = lib.parked()  # per process: this session's are the growth
         self.woke_at: dict | None = None
         self.batches = 0
         self.records = 0
@@ -120,7 +129,7 @@ class Planner:
         self.done_seq = 0  # the newest op or mark planned
         self.slice_s = _knob("UVMPREFETCH_PLANNER_SLICE_MS", 1.0, 0.05, 1000.0) / 1e3
         share = _knob("UVMPREFETCH_PLANNER_SHARE", 0.1, 0.01, 1.0)
-        self.rest_s = self.slice_s * (1.0 - share) / share
+        self.rest_factor = (1.0 - share) / share
         lag = int(_knob("UVMPREFETCH_PLANNER_LAG", 4096, 0, 1 << 30))
         self.max_lag = 0 if session.cfg.trace else lag  # 0: never shed
         self.rests = 0
@@ -129,7 +138,8 @@ class Planner:
         self.shed_s = 0.0
         self._shed_t0 = 0.0
         self._seq_seen = 0
-        self._ops = np.zeros(0, dtype=no.OP_DTYPE)  # whole runs not planned yet, in sequence order
+        self._segs: collections.deque = collections.deque()  # [records, head indices, next head] not planned yet
+        self._waiting = 0  # op launches in them
         self._events = np.zeros(0, dtype=no.ALLOC_DTYPE)  # allocator events not applied yet, in sequence order
         self._op_carry = np.zeros(0, dtype=no.OP_DTYPE)  # the start of a run still being written
         self._stop = threading.Event()
@@ -156,6 +166,7 @@ class Planner:
         if self.shedding:
             self.shedding = False
             self.shed_s += time.perf_counter() - self._shed_t0
+            self.lib.lib.uvmobs_set_light(0)
 
     # ------------------------------------------------------------------------------------------ the loop
     def _run(self) -> None:
@@ -169,23 +180,36 @@ class Planner:
                         self._wake()
                     self._batch()  # optimizer-step marks come while dormant too: iterations are counted
                     continue
-                if not self._batch(until=time.perf_counter() + self.slice_s):
-                    time.sleep(0.0005)  # nothing queued: let the training thread have the GIL
-                else:
-                    self._rest()
+                if not self._queued():
+                    time.sleep(0.0005)  # nothing queued: the training thread has the GIL to itself
+                    continue
+                self.lib.lib.uvmobs_turn(1)  # (the GIL goes; it comes back while the training thread is parked)
+                parked = 0
+                try:
+                    t0 = time.perf_counter()
+                    self._batch(until=t0 + self.slice_s)
+                finally:
+                    parked = self.lib.held.uvmobs_turn(0)
+                self._rest(time.perf_counter() - t0, bool(parked))
                 if not self.s.active:
                     return
         except Exception as e:  # noqa: BLE001 - the prefetcher never kills training
             self.s.fail(getattr(e, "where", "planner"), e)
 
-    def _rest(self) -> None:
-        """After a burst: if the training thread published anything meanwhile, let it run without us for a while
-        (the share); else go on (it is waiting for something else, the GIL is free for planning)."""
-        seq = self.lib.lib.uvmobs_seq()
-        if seq != self._seq_seen:
-            self._seq_seen = seq
+    def _queued(self) -> bool:
+        """Anything to plan: records pending, or the record sequence moved since the planner last looked."""
+        seq = self.lib.held.uvmobs_seq()
+        moved, self._seq_seen = seq != self._seq_seen, seq
+        return moved or bool(self._segs) or bool(len(self._events)) or bool(len(self._op_carry))
+
+    def _rest(self, wall: float, parked: bool) -> None:
+        """After a burst of ``wall`` seconds: if the training thread was parked waiting for it (it was issuing ops
+        and wanted to go on), let it run without us long enough to keep its wait at the share. A training thread
+        that waits for the GPU or runs long ops is not parked: no rest, plan on."""
+        if parked:
             self.rests += 1
-            time.sleep(self.rest_s)
+            # (a first burst that loads the policy's kernels parks the training thread for long: capped)
+            time.sleep(min(wall, 4 * self.slice_s) * self.rest_factor)
 
     def _pressure(self) -> bool:
         """Wait up to 200 ms (dryrun) for the live bytes to reach the threshold (no GIL held while waiting)."""
@@ -218,19 +242,19 @@ class Planner:
             self.s.fail("observer", RuntimeError(self.lib.error() or "failed"))
             return False
         if len(new_ops):
-            self._ops = _in_order(np.concatenate([self._ops, new_ops]) if len(self._ops) else new_ops)
+            self.push_ops(new_ops)
         if len(new_ev):
             ev = np.concatenate([self._events, new_ev]) if len(self._events) else new_ev
             self._events = ev if _sorted(ev["seq"]) else ev[np.argsort(ev["seq"], kind="stable")]
-        if not len(self._ops) and not len(self._events):
+        if not self._segs and not len(self._events):
             return bool(len(self._op_carry))
         t0 = time.perf_counter()
         with self.s._lock:
             if self.s.active:
                 self._check_gaps()
-                n = len(self._ops) + len(new_ev)
+                n = len(new_ops) + len(new_ev)
                 self._plan(until)
-                if not len(self._ops) and (final or self.lib.state() != no.STATE_ACTIVE):
+                if not self._segs and (final or self.lib.state() != no.STATE_ACTIVE):
                     self._apply_events(len(self._events))  # no op can come before them any more
                 if not final:
                     self._shed()
@@ -271,9 +295,10 @@ class Planner:
         """Switch the observer off while more than ``max_lag`` launches wait, on again once they are planned."""
         if self.dormant or not self.max_lag or self._stop.is_set():
             return
-        waiting = int(np.count_nonzero((self._ops["c"] >> np.uint64(56)) == no.HEAD)) if len(self._ops) else 0
+        waiting = self._waiting
         if not self.shedding and waiting > self.max_lag:
             if self.lib.set_active(False) == no.STATE_DORMANT:
+                self.lib.lib.uvmobs_set_light(1)  # the turns still need the training thread to pass a callback
                 self.shedding = True
                 self.shed_windows += 1
                 self._shed_t0 = time.perf_counter()
@@ -281,18 +306,38 @@ class Planner:
             self._gap()  # the launches of the window were never seen
             self.shedding = False
             self.shed_s += time.perf_counter() - self._shed_t0
+            self.lib.lib.uvmobs_set_light(0)
             if self.lib.set_active(True) != no.STATE_ACTIVE:
                 raise RuntimeError(f"the observer did not switch back on: {self.lib.error() or 'failed'}")
 
     # ------------------------------------------------------------------------------------------ planning
-    def _plan(self, until: float | None) -> None:
-        """Plan the pending ops (and apply the allocator events older than each) in sequence order until
-        ``until``. Allocator events newer than the newest pending op wait for the next one (an op is pushed after
-        its outputs' allocations, so an event older than an op is always drained with or before it)."""
-        ops = self._ops
+    def push_ops(self, ops: np.ndarray) -> None:
+        """Queue whole op runs (and marks) for planning, in sequence order."""
+        ops = _in_order(ops)
         heads = _heads(ops)
-        if not heads.size:
-            return
+        if heads.size:
+            self._segs.append([ops, heads, 0])
+            self._waiting += int(np.count_nonzero((ops["c"][heads] >> np.uint64(56)) == no.HEAD))
+
+    def _plan(self, until: float | None) -> None:
+        """Plan the queued ops (and apply the allocator events older than each) in sequence order until ``until``
+        (None: all). Allocator events newer than the newest queued op wait for the next one (an op is pushed after
+        its outputs' allocations, so an event older than an op is always drained with or before it)."""
+        while self._segs and self.s.active:
+            seg = self._segs[0]
+            more = self._plan_chunk(seg, until)
+            if seg[2] >= len(seg[1]):
+                self._segs.popleft()
+            if not more:
+                return
+
+    def _plan_chunk(self, seg: list, until: float | None) -> bool:
+        """Plan up to ``_CHUNK`` heads of ``seg`` (records, heads, next head); False when ``until`` passed."""
+        all_ops, all_heads, pos = seg
+        stop = min(pos + _CHUNK, len(all_heads))
+        lo = int(all_heads[pos])
+        ops = all_ops[lo:int(all_heads[stop]) if stop < len(all_heads) else len(all_ops)]
+        hl = (all_heads[pos:stop] - lo).tolist()
         ev = self._events
         ev_seq: list = []
         ev_addr: list = []
@@ -301,13 +346,12 @@ class Planner:
         kill = self.s.tracker.kill
         a, b, c, d = (ops[k].tolist() for k in "abcd")
         f = ops["a"].view("<f8").tolist()
-        hl = heads.tolist()
         clock = time.perf_counter
-        done = len(hl)
+        done, more = len(hl), True
         for n, i in enumerate(hl):
             seq = a[i]
             if j == m and m < len(ev):
-                m2 = len(ev) if n + 256 >= len(hl) else int(np.searchsorted(ev["seq"], a[hl[n + 256]]))
+                m2 = len(ev) if n + 64 >= len(hl) else int(np.searchsorted(ev["seq"], a[hl[n + 64]]))
                 part = ev[m:m2]
                 ev_seq += part["seq"].tolist()
                 ev_addr += part["addr"].tolist()
@@ -320,15 +364,18 @@ class Planner:
             if c[i] >> 56 == no.MARK:
                 self._mark(c[i] & 0xFFFFFFFF, b[i])
             else:
+                self._waiting -= 1
                 self._op(a, b, c, d, f, i)
             self.done_seq = max(self.done_seq, seq)
             if not self.s.active:
+                done, more = n + 1, False
                 break
             if until is not None and clock() >= until:
-                done = n + 1
+                done, more = n + 1, False
                 break
         self._events = ev[j:]
-        self._ops = ops[heads[done]:] if done < len(hl) else ops[:0]
+        seg[2] = pos + done
+        return more
 
     def _apply_events(self, k: int) -> None:
         """Apply the first ``k`` pending allocator events: a FREE (or an ALLOC over a live storage: a missed free)
@@ -383,10 +430,15 @@ class Planner:
             raise RuntimeError("injected planner failure (UVMPREFETCH_TEST_FAIL=planner)")
 
     def result(self) -> dict:
+        parks, ns = self.lib.parked()
         return {"dormant": self.dormant, "woke": self.woke_at, "pressure_bytes": self.pressure_bytes,
                 "batches": self.batches, "records": self.records, "gaps": self.gaps,
                 "busy_s": round(self.busy_s, 6), "rests": self.rests, "max_lag": self.max_lag,
-                "shed_windows": self.shed_windows, "shed_s": round(self.shed_s, 6)}
+                "shed_windows": self.shed_windows, "shed_s": round(self.shed_s, 6),
+                "training_parks": parks - self._parked0[0], "training_parked_s": round((ns - self._parked0[1]) / 1e9, 6)}
+
+
+_CHUNK = 256  # launches converted to Python lists per burst (a burst plans tens of them)
 
 
 def _heads(ops: np.ndarray) -> np.ndarray:
@@ -460,9 +512,9 @@ class NativeObservation:
         return self
 
     def optimizer(self, on: bool) -> None:
-        self.lib.lib.uvmobs_set_optimizer(int(on))
+        self.lib.held.uvmobs_set_optimizer(int(on))
         if not on:
-            self.lib.lib.uvmobs_mark(no.MARK_OPT_POST, time.perf_counter_ns())
+            self.lib.held.uvmobs_mark(no.MARK_OPT_POST, time.perf_counter_ns())
 
     def stop(self) -> None:
         """No more records (the callbacks go), plan what is left, give the allocator slot back."""
