@@ -8,8 +8,10 @@ the start-up hook):
 - ``plain``: no runtime;
 - ``fits``: ``UVMPREFETCH_BACKEND=dryrun`` with a budget the model fits in (the planner stays dormant: the
   per-op cost is the C++ observer's counting callback);
-- ``moves``: a budget below the working set (the planner plans every launch and the simulated GPU moves
-  blocks; the training thread pays the full callback and shares the GIL with the planner thread);
+- ``moves``: a budget below the working set (the planner wakes and the simulated GPU moves blocks; the training
+  thread pays the full callback while observed and parks for the planner's turns; a planner that falls more than
+  ``UVMPREFETCH_PLANNER_LAG`` launches behind sheds observation until it has caught up: ``planned`` says how many
+  launches it planned, ``parked`` how long the training thread waited for it);
 - ``python-fits``: as ``fits`` with ``UVMPREFETCH_OBSERVER=python`` (the fallback dispatch mode).
 
 Each child times ``--iters`` loop iterations after a warm-up and prints microseconds per op (ops counted once
@@ -200,7 +202,7 @@ def child(args) -> dict:
     if s is not None:
         rep = runtime.disable()
         ot = rep.get("observe_time") or {}
-        out.update(observer=rep["observer"]["kind"], planned=rep["launches"],
+        out.update(observer=rep["observer"]["kind"], planned=rep["launches"], recorded=ot.get("recorded"),
                    bytes_dtoh=rep["bytes_dtoh"], working_set_bytes=rep["working_set_bytes"],
                    planner=ot.get("planner"), callback_us_per_launch=ot.get("callback_us_per_launch"))
     return out
@@ -273,16 +275,20 @@ def main() -> None:
                       "planned": last.get("planned"), "bytes_dtoh": last.get("bytes_dtoh"),
                       "callback_us_per_launch": last.get("callback_us_per_launch"),
                       "planner_woke": (last.get("planner") or {}).get("woke") is not None,
+                      "recorded": last.get("recorded"),
+                      "parked_s": (last.get("planner") or {}).get("training_parked_s"),
+                      "shed_s": (last.get("planner") or {}).get("shed_s"),
                       "ops_per_iter": last["ops_per_iter"]})
     result = {"bench": "runtime_overhead", "args": vars(args), "cases": table, "runs": runs,
               "machine": os.uname().nodename, "cpus": os.cpu_count()}
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=1))
-    print(f"{'case':<12} {'us/op':>8} {'x plain':>8} {'min':>6} {'max':>6}  observer  planned  dtoh")
+    print(f"{'case':<12} {'us/op':>8} {'x plain':>8} {'min':>6} {'max':>6}  observer  planned  parked s  shed s  dtoh")
     for t in table:
         print(f"{t['case']:<12} {t['us_per_op_median']:>8.2f} {t['ratio_median']:>8.3f} {t['ratio_min']:>6.2f} "
-              f"{t['ratio_max']:>6.2f}  {t['observer'] or '-':<8}  {t['planned'] or 0:>7}  {t['bytes_dtoh'] or 0}")
+              f"{t['ratio_max']:>6.2f}  {t['observer'] or '-':<8}  {t['planned'] or 0:>7}  {t['parked_s'] or 0:>8.3f}  "
+              f"{t['shed_s'] or 0:>6.2f}  {t['bytes_dtoh'] or 0}")
 
 
 if __name__ == "__main__":

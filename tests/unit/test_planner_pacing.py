@@ -5,6 +5,7 @@ two threads are planned in sequence order, each op's run kept whole. (A whole ru
 import numpy as np
 import pytest
 
+from test_native_observer import lib  # noqa: F401 - the fixture: the observer library, or a skip
 from uvmprefetch.errors import ConfigError
 from uvmprefetch.runtime import native_observer as no
 from uvmprefetch.runtime.planner import Planner, _in_order, _knob
@@ -92,15 +93,6 @@ def test_runs_published_out_of_order_are_planned_in_sequence_order_whole():
     assert _in_order(in_order) is in_order  # already in order: no copy
 
 
-@pytest.fixture(scope="module")
-def lib():
-    from uvmprefetch.runtime import native
-    try:
-        return no.load()
-    except native.NativeBuildError as e:
-        pytest.skip(f"the C++ observer cannot be built here: {e}")
-
-
 @pytest.mark.parametrize("light", [False, True])
 def test_a_turn_parks_the_training_thread_at_its_next_op_and_only_it(lib, light):
     # GIVEN the observer started on this thread (the training thread), with full records or, while shedding, the
@@ -147,3 +139,25 @@ def test_a_turn_parks_the_training_thread_at_its_next_op_and_only_it(lib, light)
     finally:
         lib.lib.uvmobs_set_light(0)
         lib.stop()
+
+
+def test_the_overhead_benchmark_splits_the_planners_time_by_part(lib, tmp_path):
+    # bench/runtime_overhead.py --split: the loop recorded, then planned on one thread, timed by part
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "split.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UVMPREFETCH")}
+    r = subprocess.run([sys.executable, str(root / "bench" / "runtime_overhead.py"), "--split", "--iters", "2",
+                        "--warmup", "1", "--layers", "24", "--out", str(out)], env={**env, "OMP_NUM_THREADS": "1"},
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert res["launches"] > 100 and res["iterations"] >= 1
+    parts = res["policy_us"] + res["simulator_us"] + res["bookkeeping_us"]
+    assert parts == pytest.approx(res["planner_us_per_launch"], rel=1e-6)
+    assert res["policy_us"] > 0 and res["simulator_us"] > 0 and res["bookkeeping_us"] > 0
+    assert "simulator" in r.stdout.splitlines()[-2]  # the table is printed last
