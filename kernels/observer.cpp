@@ -83,25 +83,35 @@ std::atomic<uint64_t> g_gate_late{0}, g_gate_fault{0}, g_gate_waits{0};
 // GIL for milliseconds after each call that released it (its policy's nogil kernels included) and plans almost
 // nothing, while each hand-over it does win costs the training thread a wait for the scheduler. So the planner
 // asks for a turn: while it is set, the training thread (the one that started the observer) parks in the start
-// and end callbacks, where it holds no GIL, until the planner gives the turn back (at most kParkMax). The planner gets
+// and end callbacks, where it holds no GIL, until the planner gives the turn back or the turn is kTurnMax old (a
+// burst that runs long, the first one loading the policy's kernels, then holds the training thread back no
+// further: it races for the GIL as without turns). The planner gets
 // the GIL at once, plans a burst, gives the turn back and rests; the parked time is counted (the training
 // thread's whole wait on the planner) and paces the planner's rests.
 std::atomic<int> g_turn{0};
 std::atomic<uint64_t> g_parked_ns{0}, g_parks{0};
 std::atomic<int> g_parked_now{0};  // threads parked right now
-constexpr auto kParkMax = std::chrono::milliseconds(20);
+constexpr int64_t kTurnMax = 5'000'000;  // ns
+std::atomic<int64_t> g_turn_since{0};      // steady-clock ns when the turn was taken
+
+int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
 at::CallbackHandle g_light = 0;  // a callback without inputs: the turn only, while the full one is off
 
 void park() {
     if (g_turn.load(std::memory_order_acquire) == 0 || std::this_thread::get_id() != g_main_thread) return;
+    const int64_t end = g_turn_since.load(std::memory_order_relaxed) + kTurnMax;
+    const int64_t t0 = now_ns();
+    if (t0 >= end) return;
     g_parked_now.fetch_add(1);
-    const auto t0 = std::chrono::steady_clock::now();
-    auto t = t0;
-    while (g_turn.load(std::memory_order_acquire) != 0 && t - t0 < kParkMax) {
+    int64_t t = t0;
+    while (g_turn.load(std::memory_order_acquire) != 0 && t < end) {
         std::this_thread::sleep_for(std::chrono::microseconds(20));
-        t = std::chrono::steady_clock::now();
+        t = now_ns();
     }
-    g_parked_ns.fetch_add(uint64_t((t - t0).count()), std::memory_order_relaxed);
+    g_parked_ns.fetch_add(uint64_t(t - t0), std::memory_order_relaxed);
     g_parks.fetch_add(1, std::memory_order_relaxed);
     g_parked_now.fetch_sub(1);
 }
@@ -846,10 +856,11 @@ UVM_EXPORT void uvmobs_quiet() {
     g_turn.store(0);
 }
 
-// The planner's turn (see g_turn): 1 parks the training thread at its next op until 0 (or kParkMax). Returns
+// The planner's turn (see g_turn): 1 parks the training thread at its next op until 0 (or kTurnMax). Returns
 // how many threads were parked when it was called (giving the turn back: did the training thread wait for it?).
 UVM_EXPORT int uvmobs_turn(int on) {
     const int parked = g_parked_now.load();
+    if (on) g_turn_since.store(now_ns(), std::memory_order_relaxed);
     g_turn.store(on != 0 ? 1 : 0, std::memory_order_release);
     return parked;
 }

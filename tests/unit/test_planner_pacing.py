@@ -94,11 +94,12 @@ def test_runs_published_out_of_order_are_planned_in_sequence_order_whole():
 
 
 @pytest.mark.parametrize("light", [False, True])
-def test_a_turn_parks_the_training_thread_at_its_next_op_and_only_it(lib, light):
+def test_a_turn_parks_the_training_thread_at_its_next_op_and_only_it_for_at_most_5_ms(lib, light):
     # GIVEN the observer started on this thread (the training thread), with full records or, while shedding, the
-    # callback without inputs; WHEN another thread holds a turn for 15 ms while a second thread runs ops too, THEN
-    # this thread waited once, at an op, for about that long (counted), the second thread never waited (one park
-    # in all), and giving the turn back says that someone was parked.
+    # callback without inputs; WHEN another thread takes ten turns of 40 ms each (bursts that run long) while a
+    # second thread runs ops too, THEN this thread waited at an op in some turns, never more than once per turn
+    # and never for more than the turn's 5 ms (plus a late wake-up on a loaded machine); the second thread never
+    # waited; nobody is parked any more when a turn comes back.
     import threading
     import time
 
@@ -118,24 +119,27 @@ def test_a_turn_parks_the_training_thread_at_its_next_op_and_only_it(lib, light)
         th = threading.Thread(target=other_thread)
         th.start()
         p0 = lib.parked()
-        parked_at_return = []
+        parked_at_return, longest = [], []
 
         def planner():
-            time.sleep(0.02)
-            lib.lib.uvmobs_turn(1)
-            time.sleep(0.015)
-            parked_at_return.append(lib.held.uvmobs_turn(0))
+            for _ in range(10):
+                time.sleep(0.01)
+                before = lib.parked()[1]
+                lib.lib.uvmobs_turn(1)
+                time.sleep(0.04)
+                parked_at_return.append(lib.held.uvmobs_turn(0))
+                longest.append((lib.parked()[1] - before) / 1e9)
         pl = threading.Thread(target=planner)
         pl.start()
         t0 = time.perf_counter()
-        while pl.is_alive() and time.perf_counter() - t0 < 5:
+        while pl.is_alive() and time.perf_counter() - t0 < 30:
             x.add_(1)
         pl.join()
         stop.set()
         th.join()
-        parks, ns = (a - b for a, b in zip(lib.parked(), p0))
-        assert parks == 1 and 0.001 <= ns / 1e9 <= 0.2  # (it may reach an op late: it shares the GIL)
-        assert parked_at_return == [1] and other["ops"] > 0
+        parks = lib.parked()[0] - p0[0]
+        assert 1 <= parks <= 10 and max(longest) <= 0.03
+        assert parked_at_return == [0] * 10 and other["ops"] > 0
     finally:
         lib.lib.uvmobs_set_light(0)
         lib.stop()
