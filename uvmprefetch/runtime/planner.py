@@ -252,7 +252,6 @@ class Planner:
         with self.s._lock:
             if self.s.active:
                 self._check_gaps()
-                n = len(new_ops) + len(new_ev)
                 self._plan(until)
                 if not self._segs and (final or self.lib.state() != no.STATE_ACTIVE):
                     self._apply_events(len(self._events))  # no op can come before them any more
@@ -260,7 +259,7 @@ class Planner:
                     self._shed()
         self.busy_s += time.perf_counter() - t0
         self.batches += 1
-        self.records += n
+        self.records += len(new_ops) + len(new_ev)
         return True
 
     def _whole_runs(self, ops: np.ndarray) -> np.ndarray:
