@@ -104,6 +104,7 @@ def test_a_turn_parks_the_training_thread_at_its_next_op_and_only_it_for_at_most
     import time
 
     import torch
+    dropped = lib.counters()["dropped"]
     lib.start("cpu", active=not light)
     if light:
         assert lib.lib.uvmobs_set_light(1) == 0
@@ -116,8 +117,14 @@ def test_a_turn_parks_the_training_thread_at_its_next_op_and_only_it_for_at_most
             while not stop.is_set():
                 y.add_(1)
                 other["ops"] += 1
-        th = threading.Thread(target=other_thread)
+
+        def drainer():  # the rings are process-wide: a full one would count drops other tests then see
+            while not stop.is_set():
+                lib.drain_ops()
+                time.sleep(0.002)
+        th, dr = threading.Thread(target=other_thread), threading.Thread(target=drainer)
         th.start()
+        dr.start()
         p0 = lib.parked()
         parked_at_return, longest = [], []
 
@@ -137,12 +144,15 @@ def test_a_turn_parks_the_training_thread_at_its_next_op_and_only_it_for_at_most
         pl.join()
         stop.set()
         th.join()
+        dr.join()
         parks = lib.parked()[0] - p0[0]
         assert 1 <= parks <= 10 and max(longest) <= 0.03
         assert parked_at_return == [0] * 10 and other["ops"] > 0
+        assert lib.counters()["dropped"] == dropped
     finally:
         lib.lib.uvmobs_set_light(0)
         lib.stop()
+        lib.drain_ops()
 
 
 def test_the_overhead_benchmark_splits_the_planners_time_by_part(lib, tmp_path):
