@@ -85,13 +85,14 @@ std::atomic<uint64_t> g_gate_late{0}, g_gate_fault{0}, g_gate_waits{0};
 // asks for a turn: while it is set, the training thread (the one that started the observer) parks in the start
 // and end callbacks, where it holds no GIL, until the planner gives the turn back or the turn is kTurnMax old (a
 // burst that runs long, the first one loading the policy's kernels, then holds the training thread back no
-// further: it races for the GIL as without turns). The planner gets
+// further: it races for the GIL as without turns; 5 ms made the moves case of bench/runtime_overhead.py slower:
+// the training thread then raced the planner's longer bursts for the GIL). The planner gets
 // the GIL at once, plans a burst, gives the turn back and rests; the parked time is counted (the training
 // thread's whole wait on the planner) and paces the planner's rests.
 std::atomic<int> g_turn{0};
 std::atomic<uint64_t> g_parked_ns{0}, g_parks{0};
 std::atomic<int> g_parked_now{0};  // threads parked right now
-constexpr int64_t kTurnMax = 5'000'000;  // ns
+constexpr int64_t kTurnMax = 20'000'000;  // ns
 std::atomic<int64_t> g_turn_since{0};      // steady-clock ns when the turn was taken
 
 int64_t now_ns() {
@@ -841,10 +842,12 @@ UVM_EXPORT void uvmobs_stop() {
     g_turn.store(0);
     try {
         if (g_full) at::removeCallback(g_full);
-        if (g_light) at::removeCallback(g_light);
+        // The light callback stays registered, disabled: one removed and added again did not fire again on a
+        // thread that had run ops before (RecordFunction caches its callbacks per thread).
+        if (g_light) at::disableCallback(g_light);
     } catch (...) {
     }
-    g_full = g_light = 0;
+    g_full = 0;
 }
 
 UVM_EXPORT int uvmobs_state() { return g_state.load(); }

@@ -94,11 +94,11 @@ def test_runs_published_out_of_order_are_planned_in_sequence_order_whole():
 
 
 @pytest.mark.parametrize("light", [False, True])
-def test_a_turn_parks_the_training_thread_at_its_next_op_and_only_it_for_at_most_5_ms(lib, light):
+def test_a_turn_parks_the_training_thread_at_its_next_op_and_only_it_for_at_most_20_ms(lib, light):
     # GIVEN the observer started on this thread (the training thread), with full records or, while shedding, the
     # callback without inputs; WHEN another thread takes ten turns of 40 ms each (bursts that run long) while a
     # second thread runs ops too, THEN this thread waited at an op in some turns, never more than once per turn
-    # and never for more than the turn's 5 ms (plus a late wake-up on a loaded machine); the second thread never
+    # and never for more than the turn's 20 ms (plus a late wake-up on a loaded machine); the second thread never
     # waited; nobody is parked any more when a turn comes back.
     import threading
     import time
@@ -146,7 +146,7 @@ def test_a_turn_parks_the_training_thread_at_its_next_op_and_only_it_for_at_most
         th.join()
         dr.join()
         parks = lib.parked()[0] - p0[0]
-        assert 1 <= parks <= 10 and max(longest) <= 0.03
+        assert 1 <= parks <= 10 and max(longest) <= 0.06
         assert parked_at_return == [0] * 10 and other["ops"] > 0
         assert lib.counters()["dropped"] == dropped
     finally:
