@@ -8,8 +8,10 @@ the start-up hook):
 - ``plain``: no runtime;
 - ``fits``: ``UVMPREFETCH_BACKEND=dryrun`` with a budget the model fits in (the planner stays dormant: the
   per-op cost is the C++ observer's counting callback);
-- ``moves``: a budget below the working set (the planner plans every launch and the simulated GPU moves
-  blocks; the training thread pays the full callback and shares the GIL with the planner thread);
+- ``moves``: a budget below the working set (the planner wakes and the simulated GPU moves blocks; the training
+  thread pays the full callback while observed and parks for the planner's turns; a planner that falls more than
+  ``UVMPREFETCH_PLANNER_LAG`` launches behind sheds observation until it has caught up: ``planned`` says how many
+  launches it planned, ``parked`` how long the training thread waited for it);
 - ``python-fits``: as ``fits`` with ``UVMPREFETCH_OBSERVER=python`` (the fallback dispatch mode).
 
 Each child times ``--iters`` loop iterations after a warm-up and prints microseconds per op (ops counted once
@@ -19,6 +21,14 @@ per iteration with a counting dispatch mode, outside the timed part). The cases 
     python bench/runtime_overhead.py [--rounds 5] [--iters 300] [--out out/runtime-overhead.json]
     python bench/runtime_overhead.py --child            # one timed loop (what the rounds run)
     python bench/runtime_overhead.py --inprocess fits --rounds 20 --iters 20   # alternating in one process
+    python bench/runtime_overhead.py --split --iters 20     # the planner's CPU per launch, by part
+
+``--split`` answers "where does the planner's time go": the observer records ``--iters`` iterations of the loop
+(the rings drained by this thread between iterations, nothing planned), then a planner for a dryrun session at
+the ``moves`` budget plans every recorded launch on this thread alone (no training thread beside it, no GIL
+contention), timed by part: the policy's hooks, the simulated GPU (``GpuModel``'s own work: the dryrun
+backend's calls minus the policy's hooks inside them) and the planner's bookkeeping (the rest: records to
+storages and byte ranges, block ids, iteration ends, counts).
 """
 
 from __future__ import annotations
@@ -93,6 +103,73 @@ def inprocess(args) -> dict:
             "planner": (last.get("observe_time") or {}).get("planner")}
 
 
+def split(args) -> dict:
+    """Record the loop with the C++ observer, then plan the records on this thread, timed by part."""
+    import numpy as np
+    from uvmprefetch.config import from_env
+    from uvmprefetch.runtime import native_observer
+    from uvmprefetch.runtime.planner import Planner
+    from uvmprefetch.runtime.session import Session
+
+    step = make_step(args)
+    for _ in range(args.warmup):
+        step()
+    lib = native_observer.load()
+    if lib.lib.uvmalloc_install() != 0:
+        raise SystemExit("split: the CPU allocator slot is taken (another allocator is installed)")
+    lib.drain_ops(), lib.drain_allocs()
+    lib.lib.uvmalloc_set_events(1)
+    lib.start("cpu", active=True)
+    ops, allocs = [], []
+    t0 = time.perf_counter()
+    for _ in range(args.iters):
+        step()
+        ops.append(lib.drain_ops())
+        allocs.append(lib.drain_allocs())
+    recorded_s = time.perf_counter() - t0
+    lib.stop()
+    lib.lib.uvmalloc_set_events(0)
+    lib.lib.uvmalloc_uninstall()
+    dropped = lib.counters()["dropped"] + lib.alloc_stats()["dropped"]
+    env = CASES["moves"]
+    cfg = from_env({**env, "UVMPREFETCH_LOG": "quiet"})
+    s = Session(cfg, dormant=False)
+    s.active = True
+    acc = {"policy": 0, "backend": 0}
+
+    def timed(obj, name, key):
+        fn = getattr(obj, name)
+
+        def wrap(*a, _fn=fn):
+            t = time.perf_counter_ns()
+            try:
+                return _fn(*a)
+            finally:
+                acc[key] += time.perf_counter_ns() - t
+        setattr(obj, name, wrap)
+    for h in ("on_launch", "on_fault", "on_free", "on_evict", "on_iteration"):
+        timed(s.policy, h, "policy")
+    for h in ("launch", "free", "end_iteration"):
+        timed(s.backend, h, "backend")
+    p = Planner(s, lib, 0)
+    p.push_ops(p._whole_runs(np.concatenate(ops)))
+    p._events = np.concatenate(allocs)
+    p._events = p._events[np.argsort(p._events["seq"], kind="stable")]
+    t, c = time.perf_counter_ns(), time.thread_time_ns()
+    p._plan(None)
+    p._apply_events(len(p._events))
+    total, cpu = time.perf_counter_ns() - t, time.thread_time_ns() - c
+    n = s.index
+    if not n or dropped:
+        raise SystemExit(f"split: {n} launches planned, {dropped} records dropped while recording: lower --iters")
+    us = lambda ns: ns / 1e3 / n  # noqa: E731
+    return {"case": "split", "launches": n, "iterations": s.iteration, "recorded_us_per_launch": recorded_s * 1e6 / n,
+            "planner_us_per_launch": us(total), "planner_cpu_us_per_launch": us(cpu), "policy_us": us(acc["policy"]),
+            "simulator_us": us(acc["backend"] - acc["policy"]), "bookkeeping_us": us(total - acc["backend"]),
+            "note": "one thread, no GIL contention; the parts are wall time (on a shared machine wall exceeds CPU: "
+                    "planner_cpu_us_per_launch is this thread's CPU time)"}
+
+
 def child(args) -> dict:
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -125,7 +202,7 @@ def child(args) -> dict:
     if s is not None:
         rep = runtime.disable()
         ot = rep.get("observe_time") or {}
-        out.update(observer=rep["observer"]["kind"], planned=rep["launches"],
+        out.update(observer=rep["observer"]["kind"], planned=rep["launches"], recorded=ot.get("recorded"),
                    bytes_dtoh=rep["bytes_dtoh"], working_set_bytes=rep["working_set_bytes"],
                    planner=ot.get("planner"), callback_us_per_launch=ot.get("callback_us_per_launch"))
     return out
@@ -156,7 +233,18 @@ def main() -> None:
     p.add_argument("--inprocess", choices=sorted(set(CASES) - {"plain"}),
                    help="alternate plain and this case inside one process (enable/disable between blocks) "
                         "instead of one process per case")
+    p.add_argument("--split", action="store_true",
+                   help="record the loop, then plan the records on one thread: the planner's CPU per launch by part")
     args = p.parse_args()
+    if args.split:
+        res = split(args)
+        if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(res, indent=1))
+        print(f"{'launches':>8} {'planner us':>10} {'cpu us':>7} {'policy':>8} {'simulator':>9} {'bookkeeping':>11}")
+        print(f"{res['launches']:>8} {res['planner_us_per_launch']:>10.1f} {res['planner_cpu_us_per_launch']:>7.1f} "
+              f"{res['policy_us']:>8.1f} {res['simulator_us']:>9.1f} {res['bookkeeping_us']:>11.1f}")
+        return
     if args.child:
         print(json.dumps(child(args)))
         return
@@ -187,16 +275,20 @@ def main() -> None:
                       "planned": last.get("planned"), "bytes_dtoh": last.get("bytes_dtoh"),
                       "callback_us_per_launch": last.get("callback_us_per_launch"),
                       "planner_woke": (last.get("planner") or {}).get("woke") is not None,
+                      "recorded": last.get("recorded"),
+                      "parked_s": (last.get("planner") or {}).get("training_parked_s"),
+                      "shed_s": (last.get("planner") or {}).get("shed_s"),
                       "ops_per_iter": last["ops_per_iter"]})
     result = {"bench": "runtime_overhead", "args": vars(args), "cases": table, "runs": runs,
               "machine": os.uname().nodename, "cpus": os.cpu_count()}
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=1))
-    print(f"{'case':<12} {'us/op':>8} {'x plain':>8} {'min':>6} {'max':>6}  observer  planned  dtoh")
+    print(f"{'case':<12} {'us/op':>8} {'x plain':>8} {'min':>6} {'max':>6}  observer  planned  parked s  shed s  dtoh")
     for t in table:
         print(f"{t['case']:<12} {t['us_per_op_median']:>8.2f} {t['ratio_median']:>8.3f} {t['ratio_min']:>6.2f} "
-              f"{t['ratio_max']:>6.2f}  {t['observer'] or '-':<8}  {t['planned'] or 0:>7}  {t['bytes_dtoh'] or 0}")
+              f"{t['ratio_max']:>6.2f}  {t['observer'] or '-':<8}  {t['planned'] or 0:>7}  {t['parked_s'] or 0:>8.3f}  "
+              f"{t['shed_s'] or 0:>6.2f}  {t['bytes_dtoh'] or 0}")
 
 
 if __name__ == "__main__":

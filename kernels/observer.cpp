@@ -77,10 +77,51 @@ std::atomic<uint64_t> g_recorded{0};     // op runs pushed (or dropped by a full
 std::atomic<uint64_t> g_callback_ns{0};  // time inside the active callbacks (with timing on)
 std::atomic<uint64_t> g_gate_late{0}, g_gate_fault{0}, g_gate_waits{0};
 
+// The planner's turn (uvmobs_turn). A Python thread that lets the GIL go gets it back only when the thread that
+// holds it next lets go and it wins the race; a training loop of small ops lets go and takes it again around every
+// op (the bindings release it around the dispatcher call) and nearly always wins, so a planner thread waits for the
+// GIL for milliseconds after each call that released it (its policy's nogil kernels included) and plans almost
+// nothing, while each hand-over it does win costs the training thread a wait for the scheduler. So the planner
+// asks for a turn: while it is set, the training thread (the one that started the observer) parks in the start
+// and end callbacks, where it holds no GIL, until the planner gives the turn back or the turn is kTurnMax old (a
+// burst that runs long, the first one loading the policy's kernels, then holds the training thread back no
+// further: it races for the GIL as without turns; 5 ms made the moves case of bench/runtime_overhead.py slower:
+// the training thread then raced the planner's longer bursts for the GIL). The planner gets
+// the GIL at once, plans a burst, gives the turn back and rests; the parked time is counted (the training
+// thread's whole wait on the planner) and paces the planner's rests.
+std::atomic<int> g_turn{0};
+std::atomic<uint64_t> g_parked_ns{0}, g_parks{0};
+std::atomic<int> g_parked_now{0};  // threads parked right now
+constexpr int64_t kTurnMax = 20'000'000;  // ns
+std::atomic<int64_t> g_turn_since{0};      // steady-clock ns when the turn was taken
+
+int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+at::CallbackHandle g_light = 0;  // a callback without inputs: the turn only, while the full one is off
+
+void park() {
+    if (g_turn.load(std::memory_order_acquire) == 0 || std::this_thread::get_id() != g_main_thread) return;
+    const int64_t end = g_turn_since.load(std::memory_order_relaxed) + kTurnMax;
+    const int64_t t0 = now_ns();
+    if (t0 >= end) return;
+    g_parked_now.fetch_add(1);
+    int64_t t = t0;
+    while (g_turn.load(std::memory_order_acquire) != 0 && t < end) {
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+        t = now_ns();
+    }
+    g_parked_ns.fetch_add(uint64_t(t - t0), std::memory_order_relaxed);
+    g_parks.fetch_add(1, std::memory_order_relaxed);
+    g_parked_now.fetch_sub(1);
+}
+
 void fail(const char* where, const char* what) {
     std::lock_guard<std::mutex> lk(g_mu);
     if (g_error.empty()) g_error = std::string(where) + ": " + what;
     g_state.store(kFailed, std::memory_order_relaxed);
+    g_turn.store(0);
 }
 
 // ------------------------------------------------------------------------------------------------ op facts
@@ -631,6 +672,7 @@ void finish(Pending& p, const at::RecordFunction& fn) {
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     Pending& p = t_p;
     if (p.owner != nullptr || g_state.load(std::memory_order_relaxed) != kActive) return nullptr;
+    park();
     try {
         const OpInfo* info = op_info(fn);
         if (info == nullptr || passes_through(info) || has_python_subclass(fn.inputs())) return nullptr;
@@ -659,6 +701,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
 }
 
 void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
+    park();  // also after an op: a training thread that would take the GIL back mid-burst waits here instead
     Pending& p = t_p;
     if (p.owner != &fn) return;
     p.owner = nullptr;
@@ -680,6 +723,15 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     } catch (...) {
         fail("observer", "unknown exception");
     }
+}
+
+std::unique_ptr<at::ObserverContext> on_start_light(const at::RecordFunction&) {
+    if (g_state.load(std::memory_order_relaxed) != kFailed) park();
+    return nullptr;
+}
+
+void on_end_light(const at::RecordFunction&, at::ObserverContext*) {
+    if (g_state.load(std::memory_order_relaxed) != kFailed) park();
 }
 
 void split_lines(const char* text, std::unordered_set<std::string>& into) {
@@ -759,6 +811,11 @@ UVM_EXPORT int uvmobs_start(int device_type, int active) {
                 g_state.store(kDormant);
                 at::disableCallback(g_full);
             }
+            if (g_light == 0) {
+                g_light = at::addGlobalCallback(
+                    at::RecordFunctionCallback(&on_start_light, &on_end_light).scopes({at::RecordScope::FUNCTION}));
+                at::disableCallback(g_light);
+            }
         }
         uvmobs_set_active(active);
         return g_state.load() == kFailed ? -2 : 0;
@@ -792,8 +849,12 @@ UVM_EXPORT int uvmobs_set_active(int on) {
 UVM_EXPORT void uvmobs_stop() {
     std::lock_guard<std::mutex> lk(g_mu);
     if (g_state.load() != kFailed) g_state.store(kOff);
+    g_turn.store(0);
     try {
         if (g_full) at::removeCallback(g_full);
+        // The light callback stays registered, disabled: one removed and added again did not fire again on a
+        // thread that had run ops before (RecordFunction caches its callbacks per thread).
+        if (g_light) at::disableCallback(g_light);
     } catch (...) {
     }
     g_full = 0;
@@ -805,6 +866,36 @@ UVM_EXPORT int uvmobs_state() { return g_state.load(); }
 // one at the fork). The callbacks stay registered and return at once.
 UVM_EXPORT void uvmobs_quiet() {
     if (g_state.load() != kFailed) g_state.store(kOff);
+    g_turn.store(0);
+}
+
+// The planner's turn (see g_turn): 1 parks the training thread at its next op until 0 (or kTurnMax). Returns
+// how many threads were parked when it was called (giving the turn back: did the training thread wait for it?).
+UVM_EXPORT int uvmobs_turn(int on) {
+    const int parked = g_parked_now.load();
+    if (on) g_turn_since.store(now_ns(), std::memory_order_relaxed);
+    g_turn.store(on != 0 ? 1 : 0, std::memory_order_release);
+    return parked;
+}
+
+// [parks, parked ns]: how often and how long the training thread waited for the planner's turns.
+UVM_EXPORT void uvmobs_parked(uint64_t* out) {
+    out[0] = g_parks.load();
+    out[1] = g_parked_ns.load();
+}
+
+// The callback that only parks (no inputs: the dispatcher boxes nothing for it), on while the full one is off
+// and the planner works through a backlog (shedding).
+UVM_EXPORT int uvmobs_set_light(int on) {
+    std::lock_guard<std::mutex> lk(g_mu);
+    if (g_light == 0) return -1;
+    try {
+        if (on) at::reenableCallback(g_light);
+        else at::disableCallback(g_light);
+    } catch (const std::exception& e) {
+        return -1;
+    }
+    return 0;
 }
 
 UVM_EXPORT void uvmobs_set_optimizer(int on) { g_optimizer.store(on != 0, std::memory_order_relaxed); }
@@ -822,6 +913,10 @@ UVM_EXPORT uint64_t uvmobs_mark(uint32_t code, uint64_t value) {
 UVM_EXPORT size_t uvmobs_drain(OpRec* out, size_t max) { return g_ring.drain(out, max); }
 
 UVM_EXPORT uint64_t uvmobs_dropped() { return g_ring.dropped(); }
+
+// The process-wide record sequence now (ops, marks, allocator events): the planner's "did the training thread
+// publish anything since I last looked?".
+UVM_EXPORT uint64_t uvmobs_seq() { return uvm::seq_counter().load(std::memory_order_relaxed); }
 
 // counters: [recorded runs, dropped records, callback ns, gate late, gate fault, gate waits, op ids]
 UVM_EXPORT size_t uvmobs_counters(uint64_t* out, size_t n) {

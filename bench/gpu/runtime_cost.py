@@ -168,7 +168,9 @@ def main(argv=None) -> int:
                             late_blocks=sum(m.get("late_blocks") or 0 for m in mon) if mon else None,
                             fault_blocks=sum(m.get("fault_blocks") or 0 for m in mon) if mon else None,
                             evicted_unused_blocks=sum(m.get("evicted_unused_blocks") or 0 for m in mon) if mon
-                            else None, dropped_records=fig[3]))
+                            else None, dropped_records=fig[3],
+                            training_parked_s=planner(rep).get("training_parked_s"),
+                            planner_shed_s=planner(rep).get("shed_s")))
     env = C.environment(args.dry_run)
     if cases:
         B.update(B.path_for(args.dry_run, args.baseline), env.get("device") or "cpu (dry-run)", env, cases)

@@ -257,6 +257,9 @@ class RingLib:
     def op_name(self, op_id):
         return f"aten::op{op_id}"
 
+    def parked(self):
+        return 0, 0  # (how often and how long the training thread waited for the planner's turns)
+
 
 def op_records(seq, op_id, ranges):
     """One op's run of records: HEAD, HEAD2, a RANGE per (address, length) read."""
@@ -315,3 +318,36 @@ def test_deaths_do_not_pile_up_while_the_planner_is_dormant():
         fa.free(fa.alloc(BS))
         p._batch()
     assert not be.feed._dead_blk and be.feed.stats()["deaths"] == 50
+
+
+def test_the_planner_hands_the_copy_paths_book_each_allocator_event_once_in_order_up_to_its_ops():
+    """The copy path's book (``CudaBackend.allocator_events``) gets the allocator's events in sequence order, each
+    once, those older than the ops being planned first (it applies them up to the op it plans itself)."""
+    import types
+    from uvmprefetch.config import RuntimeConfig
+    from uvmprefetch.runtime.copyout import ObservedAllocations
+    from uvmprefetch.runtime.planner import Planner
+    from uvmprefetch.runtime.session import Session
+    be, fa = setup()
+    forgotten = []
+    be.copy = types.SimpleNamespace(book=ObservedAllocations(observed=lambda addr: True), forget=forgotten.append)
+    be._copy_books = True
+    a, b = fa.alloc(BS), fa.alloc(BS)
+    fa.seq = 10
+    fa.free(a)
+    fa.seq = 20
+    fa.free(b)  # newer than every op of the first batch
+    ops = np.concatenate([op_records(10, 1, [(a, BS), (b, BS)]), op_records(20, 2, [(b, BS)])])
+    s = Session(RuntimeConfig(enabled=True, backend="dryrun"), backend=be)
+    s.active = True
+    p = Planner(s, RingLib(ops), 0)
+    assert p._batch()
+    handed = np.concatenate(be.copy.book._pending)["seq"].tolist()
+    assert handed == sorted(handed) and len(set(handed)) == len(handed) and max(handed) < 20
+    # WHEN the next op comes, the events before it follow, none twice
+    c = fa.alloc(BS)
+    p.lib.ops = op_records(fa.seq + 5, 3, [(c, BS)])
+    p._batch()
+    handed = np.concatenate(be.copy.book._pending)["seq"].tolist()
+    assert handed == sorted(handed) and len(set(handed)) == len(handed) and max(handed) > 20
+    assert forgotten  # the dead blocks' mirrors are dropped with their deaths

@@ -66,6 +66,7 @@ def test_report_shows_working_set_above_budget_served(runs):
     assert ot["recorded"] == rep["launches"] > 0 and ot["dropped_records"] == 0
     assert 0 < ot["callback_s"] < sum(rep["iter_s"])
     assert ot["planner"]["dormant"] is False  # a trace is recorded: every launch is planned from the start
+    assert ot["planner"]["max_lag"] == 0 and ot["planner"]["shed_windows"] == 0  # and none is ever shed
     # the monitor, per iteration, from the simulated GPU: faults and late prefetches as it saw them
     mon = rep["monitor"]
     assert len(mon) == 3 and all(m["source"] == "model" for m in mon)

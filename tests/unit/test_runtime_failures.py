@@ -116,3 +116,21 @@ def test_a_failing_mover_call_switches_the_runtime_off_and_training_goes_on(monk
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("uvmprefetch:")]
     assert len(err) == 1 and "mover failed" in err[0] and "injected mover failure" in err[0]
     assert be.moved == 5  # the five calls before the failing one were made; none after it
+
+
+def test_a_lagging_planner_sheds_observation_and_training_goes_on_bit_equal(plain, tmp_path):
+    # GIVEN a planner allowed to lag only 16 launches behind the training thread (a few microseconds per op here
+    # against tens per planned launch: it falls behind at once), WHEN training runs, THEN the planner switches the
+    # observer off while it catches up (the report counts the windows), no ring drops a record, nothing fails,
+    # and the losses stay bit-equal.
+    report = tmp_path / "report.json"
+    live, err = _run(tmp_path, "shed", {"UVMPREFETCH": "1", "UVMPREFETCH_BACKEND": "dryrun",
+                                        "UVMPREFETCH_BUDGET": "24MiB", "UVMPREFETCH_REPORT": str(report),
+                                        "UVMPREFETCH_LOG": "quiet", "UVMPREFETCH_PLANNER_LAG": "16"})
+    assert live["losses_hex"] == plain["losses_hex"]
+    assert not [ln for ln in err.splitlines() if ln.startswith("uvmprefetch:")]
+    rep = json.loads(report.read_text())
+    ot = rep["observe_time"]
+    assert not rep["degraded"] and rep["errors"] == [] and rep["launches"] > 0
+    assert ot["planner"]["max_lag"] == 16 and ot["planner"]["shed_windows"] >= 1 and ot["planner"]["shed_s"] > 0
+    assert ot["dropped_records"] == 0 and ot["allocator"]["dropped"] == 0

@@ -34,6 +34,9 @@ STATE_OFF, STATE_DORMANT, STATE_ACTIVE, STATE_FAILED = 0, 1, 2, 3
 COUNTERS = ("recorded", "dropped", "callback_ns", "gate_late", "gate_fault", "gate_waits", "op_ids")
 
 _u64p = ctypes.POINTER(ctypes.c_uint64)
+# Short calls made with the GIL held (``ObserverLib.held``): no lock shared with a thread that may wait for the GIL.
+_HELD = ("uvmobs_drain", "uvmalloc_drain", "uvmobs_seq", "uvmobs_state", "uvmobs_counters", "uvmalloc_stats",
+         "uvmobs_op_name", "uvmobs_set_optimizer", "uvmobs_mark", "uvmobs_turn", "uvmobs_parked")
 
 
 class ObserverLib:
@@ -65,6 +68,10 @@ class ObserverLib:
             "uvmobs_set_timing": (None, [ctypes.c_int]),
             "uvmobs_mark": (ctypes.c_uint64, [ctypes.c_uint32, ctypes.c_uint64]),
             "uvmobs_drain": (ctypes.c_size_t, [ctypes.c_void_p, ctypes.c_size_t]),
+            "uvmobs_seq": (ctypes.c_uint64, []),
+            "uvmobs_turn": (ctypes.c_int, [ctypes.c_int]),
+            "uvmobs_parked": (None, [_u64p]),
+            "uvmobs_set_light": (ctypes.c_int, [ctypes.c_int]),
             "uvmobs_counters": (ctypes.c_size_t, [_u64p, ctypes.c_size_t]),
             "uvmobs_op_name": (ctypes.c_size_t, [ctypes.c_uint32, ctypes.c_char_p, ctypes.c_size_t]),
             "uvmobs_error": (ctypes.c_size_t, [ctypes.c_char_p, ctypes.c_size_t]),
@@ -99,6 +106,14 @@ class ObserverLib:
         for name, (res, args) in sig.items():
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = res, args
+        # The same library through PyDLL: these calls keep the GIL. They take microseconds, and a thread that lets
+        # the GIL go gets it back only when a Python thread that keeps taking it (a training loop of small ops)
+        # happens to let it win the race: the planner (drains, counters) and the optimizer hooks (marks) would
+        # wait milliseconds for each call, and every hand-over costs the other thread too.
+        self.held = ctypes.PyDLL(str(path))
+        for name in _HELD:
+            fn = getattr(self.held, name)
+            fn.restype, fn.argtypes = sig[name]
         self.torch_version = lib.uvmobs_torch_version().decode()
         # the CUDA caching allocator's tracker (alloc_tracker.cpp), compiled in where a CUDA torch was found
         self.has_tracker = hasattr(lib, "uvm_alloc_tracker_attach")
@@ -136,7 +151,7 @@ class ObserverLib:
         self.lib.uvmobs_stop()
 
     def state(self) -> int:
-        return self.lib.uvmobs_state()
+        return self.held.uvmobs_state()
 
     def error(self) -> str:
         buf = ctypes.create_string_buffer(512)
@@ -145,30 +160,30 @@ class ObserverLib:
 
     def counters(self) -> dict:
         out = (ctypes.c_uint64 * len(COUNTERS))()
-        self.lib.uvmobs_counters(out, len(COUNTERS))
+        self.held.uvmobs_counters(out, len(COUNTERS))
         return dict(zip(COUNTERS, (int(v) for v in out)))
 
     def op_name(self, op_id: int) -> str:
         """The name of op id ``op_id`` ('aten::add.Tensor'); names are interned once, then cached here."""
         while op_id >= len(self._names):
             buf = ctypes.create_string_buffer(256)
-            n = self.lib.uvmobs_op_name(len(self._names), buf, len(buf))
+            n = self.held.uvmobs_op_name(len(self._names), buf, len(buf))
             if n == 0:
                 return f"op#{op_id}"
             if n >= len(buf):
                 buf = ctypes.create_string_buffer(n + 1)
-                self.lib.uvmobs_op_name(len(self._names), buf, len(buf))
+                self.held.uvmobs_op_name(len(self._names), buf, len(buf))
             self._names.append(buf.value.decode())
         return self._names[op_id]
 
     # ------------------------------------------------------------------------------------------ rings
     def drain_ops(self) -> np.ndarray:
         """Every op record published so far (a copy, oldest first)."""
-        return self._drain(self.lib.uvmobs_drain, self._op_buf)
+        return self._drain(self.held.uvmobs_drain, self._op_buf)
 
     def drain_allocs(self) -> np.ndarray:
         """Every allocator event published so far (a copy, oldest first)."""
-        return self._drain(self.lib.uvmalloc_drain, self._alloc_buf)
+        return self._drain(self.held.uvmalloc_drain, self._alloc_buf)
 
     @staticmethod
     def _drain(fn, buf: np.ndarray) -> np.ndarray:
@@ -211,9 +226,15 @@ class ObserverLib:
         """Every CUDA caching allocator event published so far (a copy, oldest first)."""
         return self._drain(self.lib.uvm_alloc_tracker_drain, self._cuda_buf)
 
+    def parked(self) -> tuple[int, int]:
+        """(parks, nanoseconds): how often and how long the training thread waited for the planner's turns."""
+        out = (ctypes.c_uint64 * 2)()
+        self.held.uvmobs_parked(out)
+        return int(out[0]), int(out[1])
+
     def alloc_stats(self) -> dict:
         out = (ctypes.c_uint64 * 5)()
-        self.lib.uvmalloc_stats(out)
+        self.held.uvmalloc_stats(out)
         return dict(zip(("live_bytes", "peak_live_bytes", "allocations", "frees", "dropped"), (int(v) for v in out)))
 
 

@@ -1,8 +1,8 @@
 """decide (live, native observer): the planner thread.
 
 With the C++ observer (``native_observer.py``) the training thread only runs the RecordFunction callback, which
-pushes each op's records into a ring. This thread drains that ring and the allocator's event ring in batches
-(the drain calls release the GIL), merges them in the order they happened (one process-wide sequence number),
+pushes each op's records into a ring. This thread drains that ring and the allocator's event ring in batches,
+merges them in the order they happened (one process-wide sequence number),
 and does what the Python observer does on the training thread: storage addresses (and, for dryrun, the
 simulated GPU's address space), tensor deaths, iteration ends, the policy's hooks and the backend (the
 simulated GPU for dryrun; the books and the mover's queue for cuda), the report's counts and the trace.
@@ -15,6 +15,30 @@ never leaves that state: the training thread pays nothing per op (dryrun: the al
 per allocation), and the report counts iterations but no launches. (``UVMPREFETCH_TRACE`` keeps it awake: a
 trace needs every launch.)
 
+**Turns: the planner gets the GIL when it asks, the training thread waits a bounded share.** Planning a launch
+is Python (the policy's kernels are Numba without the GIL; the bookkeeping, and for dryrun the simulated GPU,
+are not): tens of microseconds against a few for a small CPU op. A training loop of small ops lets the GIL go
+and takes it back around every op and nearly always wins the race for it, so a planner that simply competes
+waits milliseconds after every call that released the GIL (the policy's kernels included), plans next to
+nothing, and each hand-over it does win costs both threads a wait for the scheduler. So the planner asks the
+observer for a turn (``uvmobs_turn``): while the turn is set, the training thread parks in the callbacks, where
+it holds no GIL; the planner takes the GIL, plans for ``UVMPREFETCH_PLANNER_SLICE_MS`` (1 ms), gives the turn
+back and, if the training thread was parked waiting for it, rests without the GIL long enough to keep the
+training thread's wait at ``UVMPREFETCH_PLANNER_SHARE`` of its time (0.1). A training thread that waits for the
+GPU or runs long ops never parks: the planner then plans on without resting. The report has the training
+thread's parks and parked seconds (``training_parks``, ``training_parked_s``). The planner's short calls into
+the library (drains, counters) keep the GIL (``ObserverLib.held``).
+
+**Lag and shedding.** Launches are planned in order, late when the planner lags: its decisions then apply to
+launches after the ones they were made for (the policy predicts ahead). When more than
+``UVMPREFETCH_PLANNER_LAG`` launches (4096) wait to be planned, the planner switches the observer off (the
+callback disabled, as when dormant: the training thread pays nothing per op) until it has planned what it
+holds, then on again: the launches of that window are never seen (``shed_windows``, ``shed_s`` in the report)
+and the backend is told its knowledge has a gap. The allocator's events keep flowing meanwhile, so tensor
+deaths stay exact, and a callback without inputs stays on for the turns (the dispatcher boxes nothing for it).
+With a backlog the planner converts ``_CHUNK`` launches of records to Python at a time, so a burst's cost does
+not grow with the lag. A trace (``UVMPREFETCH_TRACE``) needs every launch: it never sheds.
+
 **Gaps.** A full ring drops records and counts them; when the counts grow, the planner tells the backend that
 its knowledge has a gap (``backend.gap()``: no block counted dead before it may be discarded after it).
 
@@ -25,6 +49,7 @@ training goes on); an error inside the observer's callback switches the observer
 
 from __future__ import annotations
 
+import collections
 import os
 import threading
 import time
@@ -46,6 +71,27 @@ def _fail_after(what: str) -> int:
     return int(n) if n.isdigit() else 20
 
 
+def _knob(name: str, default: float, lo: float, hi: float) -> float:
+    """An internal tuning variable (docs/runtime.md §6 "Internal"), within [lo, hi].
+
+    Raises
+    ------
+    ConfigError
+        Not a number or out of range (the message names the variable).
+    """
+    from ..errors import ConfigError
+    raw = os.environ.get(name, "")
+    if not raw:
+        return default
+    try:
+        v = float(raw)
+    except ValueError:
+        v = float("nan")
+    if not lo <= v <= hi:
+        raise ConfigError(f"{name}={raw!r}: expected a number from {lo:g} to {hi:g}")
+    return v
+
+
 class Planner:
     """Drains the observer's rings and drives ``session`` from a thread of its own (see the module docstring).
 
@@ -60,6 +106,11 @@ class Planner:
     managed_bytes
         cuda: a callable returning the managed bytes now (the shim's count); ``None`` for dryrun (the CPU
         allocator's count, waited on in C++).
+
+    Raises
+    ------
+    ConfigError
+        A pacing variable (``UVMPREFETCH_PLANNER_SLICE_MS``, ``_SHARE``, ``_LAG``) has a bad value.
     """
 
     def __init__(self, session, lib, pressure_bytes: int, managed_bytes=None) -> None:
@@ -69,15 +120,28 @@ class Planner:
         self.managed_bytes = managed_bytes
         self.dormant = self.pressure_bytes > 0
         self._dropped = (lib.counters()["dropped"], lib.alloc_stats()["dropped"])
+        self._parked0 = lib.parked()  # per process: this session's are the growth
         self.woke_at: dict | None = None
         self.batches = 0
         self.records = 0
         self.gaps = 0
         self.busy_s = 0.0
         self.done_seq = 0  # the newest op or mark planned
-        self.slice_s = float(os.environ.get("UVMPREFETCH_PLANNER_SLICE_MS", "2")) / 1e3
-        self._held_since = 0.0
-        self._carry = np.zeros(0, dtype=no.ALLOC_DTYPE)  # allocator events newer than the batch's newest op
+        self.slice_s = _knob("UVMPREFETCH_PLANNER_SLICE_MS", 1.0, 0.05, 1000.0) / 1e3
+        share = _knob("UVMPREFETCH_PLANNER_SHARE", 0.1, 0.01, 1.0)
+        self.rest_factor = (1.0 - share) / share
+        lag = int(_knob("UVMPREFETCH_PLANNER_LAG", 4096, 0, 1 << 30))
+        self.max_lag = 0 if session.cfg.trace else lag  # 0: never shed
+        self.rests = 0
+        self.shedding = False
+        self.shed_windows = 0
+        self.shed_s = 0.0
+        self._shed_t0 = 0.0
+        self._seq_seen = 0
+        self._segs: collections.deque = collections.deque()  # [records, head indices, next head] not planned yet
+        self._waiting = 0  # op launches in them
+        self._events = np.zeros(0, dtype=no.ALLOC_DTYPE)  # allocator events not applied yet, in sequence order
+        self._fed = 0  # how many of them the copy path's book has (_to_copy_book)
         self._op_carry = np.zeros(0, dtype=no.OP_DTYPE)  # the start of a run still being written
         self._stop = threading.Event()
         self._fail_after = _fail_after("planner")
@@ -102,9 +166,13 @@ class Planner:
         self._thread.join(timeout=60)
         if self.s.active:
             try:
-                self._batch()
+                self._batch(final=True)
             except Exception as e:  # noqa: BLE001 - the prefetcher never kills training
                 self.s.fail(getattr(e, "where", "planner"), e)
+        if self.shedding:
+            self.shedding = False
+            self.shed_s += time.perf_counter() - self._shed_t0
+            self.lib.lib.uvmobs_set_light(0)
 
     # ------------------------------------------------------------------------------------------ the loop
     def _run(self) -> None:
@@ -118,12 +186,36 @@ class Planner:
                         self._wake()
                     self._batch()  # optimizer-step marks come while dormant too: iterations are counted
                     continue
-                if not self._batch():
-                    time.sleep(0.0005)  # nothing queued: let the training thread have the GIL
+                if not self._queued():
+                    time.sleep(0.0005)  # nothing queued: the training thread has the GIL to itself
+                    continue
+                self.lib.lib.uvmobs_turn(1)  # (the GIL goes; it comes back while the training thread is parked)
+                parked = 0
+                try:
+                    t0 = time.perf_counter()
+                    self._batch(until=t0 + self.slice_s)
+                finally:
+                    parked = self.lib.held.uvmobs_turn(0)
+                self._rest(time.perf_counter() - t0, bool(parked))
                 if not self.s.active:
                     return
         except Exception as e:  # noqa: BLE001 - the prefetcher never kills training
             self.s.fail(getattr(e, "where", "planner"), e)
+
+    def _queued(self) -> bool:
+        """Anything to plan: records pending, or the record sequence moved since the planner last looked."""
+        seq = self.lib.held.uvmobs_seq()
+        moved, self._seq_seen = seq != self._seq_seen, seq
+        return moved or bool(self._segs) or bool(len(self._events)) or bool(len(self._op_carry))
+
+    def _rest(self, wall: float, parked: bool) -> None:
+        """After a burst of ``wall`` seconds: if the training thread was parked waiting for it (it was issuing ops
+        and wanted to go on), let it run without us long enough to keep its wait at the share. A training thread
+        that waits for the GPU or runs long ops is not parked: no rest, plan on."""
+        if parked:
+            self.rests += 1
+            # (a first burst that loads the policy's kernels parks the training thread for long: capped)
+            time.sleep(min(wall, 4 * self.slice_s) * self.rest_factor)
 
     def _pressure(self) -> bool:
         """Wait up to 200 ms (dryrun) for the live bytes to reach the threshold (no GIL held while waiting)."""
@@ -147,23 +239,33 @@ class Planner:
                             "live_bytes": self.lib.alloc_stats()["live_bytes"] if self.managed_bytes is None
                             else int(self.managed_bytes())}
 
-    def _batch(self) -> bool:
-        """Drain and plan one batch; False when both rings were empty."""
-        ops = self._whole_runs(self.lib.drain_ops())
-        allocs = self._drain_allocs()
+    def _batch(self, until: float | None = None, final: bool = False) -> bool:
+        """Drain both rings into the pending records, then plan them in order until ``until`` (perf_counter
+        seconds; None: all of them). False when nothing was pending."""
+        new_ops = self._whole_runs(self.lib.drain_ops())
+        new_ev = self._drain_allocs()
         if self.lib.state() == no.STATE_FAILED:
             self.s.fail("observer", RuntimeError(self.lib.error() or "failed"))
             return False
-        if not len(ops) and not len(allocs) and not len(self._carry):
+        if len(new_ops):
+            self.push_ops(new_ops)
+        if len(new_ev):
+            ev = np.concatenate([self._events, new_ev]) if len(self._events) else new_ev
+            self._events = ev if _sorted(ev["seq"]) else ev[np.argsort(ev["seq"], kind="stable")]
+        if not self._segs and not len(self._events):
             return bool(len(self._op_carry))
-        t0 = self._held_since = time.perf_counter()
+        t0 = time.perf_counter()
         with self.s._lock:
             if self.s.active:
                 self._check_gaps()
-                self._plan(ops, allocs)
+                self._plan(until)
+                if not self._segs and (final or self.lib.state() != no.STATE_ACTIVE):
+                    self._apply_events(len(self._events))  # no op can come before them any more
+                if not final:
+                    self._shed()
         self.busy_s += time.perf_counter() - t0
         self.batches += 1
-        self.records += len(ops) + len(allocs)
+        self.records += len(new_ops) + len(new_ev)
         return True
 
     def _drain_allocs(self) -> np.ndarray:
@@ -197,61 +299,126 @@ class Planner:
         c, a = self.lib.counters()["dropped"], self.lib.alloc_stats()["dropped"]
         if (c, a) != self._dropped:
             self._dropped = (c, a)
-            self.gaps += 1
-            gap = getattr(self.s.backend, "gap", None)
-            if gap is not None:
-                gap()
+            self._gap()
+
+    def _gap(self) -> None:
+        self.gaps += 1
+        gap = getattr(self.s.backend, "gap", None)
+        if gap is not None:
+            gap()
+
+    def _shed(self) -> None:
+        """Switch the observer off while more than ``max_lag`` launches wait, on again once they are planned."""
+        if self.dormant or not self.max_lag or self._stop.is_set():
+            return
+        waiting = self._waiting
+        if not self.shedding and waiting > self.max_lag:
+            if self.lib.set_active(False) == no.STATE_DORMANT:
+                self.lib.lib.uvmobs_set_light(1)  # the turns still need the training thread to pass a callback
+                self.shedding = True
+                self.shed_windows += 1
+                self._shed_t0 = time.perf_counter()
+        elif self.shedding and waiting == 0:
+            self._gap()  # the launches of the window were never seen
+            self.shedding = False
+            self.shed_s += time.perf_counter() - self._shed_t0
+            self.lib.lib.uvmobs_set_light(0)
+            if self.lib.set_active(True) != no.STATE_ACTIVE:
+                raise RuntimeError(f"the observer did not switch back on: {self.lib.error() or 'failed'}")
 
     # ------------------------------------------------------------------------------------------ planning
-    def _plan(self, ops: np.ndarray, allocs: np.ndarray) -> None:
-        """Apply allocator events and ops in sequence order. Allocator events newer than the newest op of the
-        batch wait for the next one (an op is pushed after its outputs' allocations, so an event older than an
-        op is always drained with or before it)."""
-        events = np.concatenate([self._carry, allocs]) if len(self._carry) else allocs
-        if len(events) > 1:
-            events = events[np.argsort(events["seq"], kind="stable")]
+    def push_ops(self, ops: np.ndarray) -> None:
+        """Queue whole op runs (and marks) for planning, in sequence order."""
+        ops = _in_order(ops)
         heads = _heads(ops)
-        last = int(ops["a"][heads[-1]]) if heads.size else None
-        if last is not None and len(events):
-            cut = int(np.searchsorted(events["seq"], last))
-            self._carry, events = events[cut:].copy(), events[:cut]
-        else:
-            self._carry = events[:0]
-        if self._feed_allocs is not None and len(events):
-            self._feed_allocs(events)
-        ev_seq, ev_addr = events["seq"].tolist(), events["addr"].tolist()
-        ev_act = (events["action"] & 0xFF).tolist()  # (without the private-pool flag)
-        j = 0
-        tracker = self.s.tracker
+        if heads.size:
+            self._segs.append([ops, heads, 0])
+            self._waiting += int(np.count_nonzero((ops["c"][heads] >> np.uint64(56)) == no.HEAD))
+
+    def _plan(self, until: float | None) -> None:
+        """Plan the queued ops (and apply the allocator events older than each) in sequence order until ``until``
+        (None: all). Allocator events newer than the newest queued op wait for the next one (an op is pushed after
+        its outputs' allocations, so an event older than an op is always drained with or before it)."""
+        while self._segs and self.s.active:
+            seg = self._segs[0]
+            more = self._plan_chunk(seg, until)
+            if seg[2] >= len(seg[1]):
+                self._segs.popleft()
+            if not more:
+                return
+
+    def _plan_chunk(self, seg: list, until: float | None) -> bool:
+        """Plan up to ``_CHUNK`` heads of ``seg`` (records, heads, next head); False when ``until`` passed."""
+        all_ops, all_heads, pos = seg
+        stop = min(pos + _CHUNK, len(all_heads))
+        lo = int(all_heads[pos])
+        ops = all_ops[lo:int(all_heads[stop]) if stop < len(all_heads) else len(all_ops)]
+        hl = (all_heads[pos:stop] - lo).tolist()
+        ev = self._events
+        if self._feed_allocs is not None and len(ev):  # the copy path's book: the events up to this chunk's last op
+            k = int(np.searchsorted(ev["seq"], int(ops["a"][hl[-1]]))) if hl else len(ev)
+            self._to_copy_book(ev, k, keep=True)
+        ev_seq: list = []
+        ev_addr: list = []
+        ev_kill: list = []
+        j = m = 0  # events applied; events converted to lists (a prefix: the next heads' worth at a time)
+        kill = self.s.tracker.kill
         a, b, c, d = (ops[k].tolist() for k in "abcd")
         f = ops["a"].view("<f8").tolist()
-        order = heads if _sorted(ops["a"][heads]) else heads[np.argsort(ops["a"][heads], kind="stable")]
-        for i in order.tolist():
+        clock = time.perf_counter
+        done, more = len(hl), True
+        for n, i in enumerate(hl):
             seq = a[i]
-            while j < len(ev_seq) and ev_seq[j] < seq:
-                if ev_act[j] == no.FREE_COMPLETED or ev_act[j] == no.ALLOC:  # an ALLOC over a live one: a missed free
-                    tracker.kill(ev_addr[j])
+            if j == m and m < len(ev):
+                m2 = len(ev) if n + 64 >= len(hl) else int(np.searchsorted(ev["seq"], a[hl[n + 64]]))
+                part = ev[m:m2]
+                ev_seq += part["seq"].tolist()
+                ev_addr += part["addr"].tolist()
+                act = part["action"] & 0xFF  # (without the private-pool flag)
+                ev_kill += ((act == no.FREE_COMPLETED) | (act == no.ALLOC)).tolist()
+                m = m2
+            while j < m and ev_seq[j] < seq:
+                if ev_kill[j]:  # a FREE, or an ALLOC over a live storage: a free that was not seen
+                    kill(ev_addr[j])
                 j += 1
             if self._deaths is not None:
                 self._deaths(seq)
-            kind = c[i] >> 56
-            if kind == no.MARK:
+            if c[i] >> 56 == no.MARK:
                 self._mark(c[i] & 0xFFFFFFFF, b[i])
-                continue
-            self._op(a, b, c, d, f, i)
+            else:
+                self._waiting -= 1
+                self._op(a, b, c, d, f, i)
+            self.done_seq = max(self.done_seq, seq)
             if not self.s.active:
-                return
-            now = time.perf_counter()
-            if now - self._held_since > self.slice_s:
-                # A training thread that ran an op in C++ (GIL released) waits for the GIL to come back; Python
-                # hands it over only every switch interval (5 ms) unless the holder lets go. Letting go every
-                # slice bounds that wait; the planner's own wait to get it back is the price.
-                time.sleep(0)
-                self._held_since = time.perf_counter()
-        for k in range(j, len(ev_seq)):
-            tracker.kill(ev_addr[k])
-        if last is not None:
-            self.done_seq = max(self.done_seq, last)
+                done, more = n + 1, False
+                break
+            if until is not None and clock() >= until:
+                done, more = n + 1, False
+                break
+        self._events = ev[j:]
+        self._fed = max(0, self._fed - j)
+        seg[2] = pos + done
+        return more
+
+    def _apply_events(self, k: int) -> None:
+        """Apply the first ``k`` pending allocator events: a FREE (or an ALLOC over a live storage: a missed free)
+        queues the storage at that address dead. Allocator events between two op records reach the planner's
+        books here and in ``_plan``; the cuda backend's allocator tracker feeds the same ring."""
+        ev, self._events = self._events[:k], self._events[k:]
+        self._to_copy_book(ev, k)
+        kill = self.s.tracker.kill
+        act = ev["action"] & 0xFF
+        for addr in ev["addr"][(act == no.FREE_COMPLETED) | (act == no.ALLOC)].tolist():
+            kill(addr)
+
+    def _to_copy_book(self, ev: np.ndarray, k: int, keep: bool = False) -> None:
+        """Hand the first ``k`` pending allocator events (those not handed over yet) to the cuda backend's copy path
+        book (``allocator_events``), which applies them up to the op it plans; ``keep``: they stay pending here."""
+        if self._feed_allocs is not None and k > self._fed:
+            self._feed_allocs(ev[self._fed:k])
+            self._fed = k
+        if not keep:
+            self._fed = max(0, self._fed - k)
 
     def flush(self, timeout: float = 30.0) -> None:
         """Return once everything the observer published before this call is planned (tests, the end of a run)."""
@@ -296,15 +463,34 @@ class Planner:
             raise RuntimeError("injected planner failure (UVMPREFETCH_TEST_FAIL=planner)")
 
     def result(self) -> dict:
+        parks, ns = self.lib.parked()
         return {"dormant": self.dormant, "woke": self.woke_at, "pressure_bytes": self.pressure_bytes,
                 "batches": self.batches, "records": self.records, "gaps": self.gaps,
-                "busy_s": round(self.busy_s, 6)}
+                "busy_s": round(self.busy_s, 6), "rests": self.rests, "max_lag": self.max_lag,
+                "shed_windows": self.shed_windows, "shed_s": round(self.shed_s, 6),
+                "training_parks": parks - self._parked0[0], "training_parked_s": round((ns - self._parked0[1]) / 1e9, 6)}
+
+
+_CHUNK = 256  # launches converted to Python lists per burst (a burst plans tens of them)
 
 
 def _heads(ops: np.ndarray) -> np.ndarray:
     """Indices of the op heads and marks in a drained batch (each op's run is contiguous)."""
     kind = ops["c"] >> np.uint64(56)
     return np.flatnonzero((kind == no.HEAD) | (kind == no.MARK))
+
+
+def _in_order(ops: np.ndarray) -> np.ndarray:
+    """The runs of ``ops`` in sequence order (two threads may publish out of order): whole runs moved."""
+    heads = _heads(ops)
+    seqs = ops["a"][heads]
+    if _sorted(seqs):
+        return ops
+    lengths = np.diff(np.append(heads, len(ops)))
+    order = np.argsort(seqs, kind="stable")
+    starts, lens = heads[order], lengths[order]
+    idx = np.repeat(starts - np.cumsum(np.append(0, lens[:-1])), lens) + np.arange(int(lens.sum()))
+    return ops[idx]
 
 
 def _sorted(x: np.ndarray) -> bool:
@@ -359,9 +545,9 @@ class NativeObservation:
         return self
 
     def optimizer(self, on: bool) -> None:
-        self.lib.lib.uvmobs_set_optimizer(int(on))
+        self.lib.held.uvmobs_set_optimizer(int(on))
         if not on:
-            self.lib.lib.uvmobs_mark(no.MARK_OPT_POST, time.perf_counter_ns())
+            self.lib.held.uvmobs_mark(no.MARK_OPT_POST, time.perf_counter_ns())
 
     def stop(self) -> None:
         """No more records (the callbacks go), plan what is left, give the allocator slot back."""
