@@ -1,0 +1,220 @@
+"""The runtime's threads in the simulator's host clock (``HostModel.planner``, ``planner_lag``, ``mover``; the ``live``
+preset): golden cases derived by hand, as in test_sim_golden.py.
+
+Notation (``h100-pcie-lit``, 2 MiB blocks): ``d`` = 1 ms per launch, ``T`` = one 2 MiB block prefetched H2D,
+``Td`` the same D2H, ``F`` = one cold block faulted in (one batch of 17 entries: ``lat`` + 32 * 64 KiB / bw(64 KiB)).
+Tensor A is block 0, B block 1. Launches 0-2 touch A, launch 3 reads B; a policy prefetches B at launch 1.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+from uvmprefetch.errors import ConfigError
+from uvmprefetch.gpus import get_profile
+from uvmprefetch.policy.base import Decision, Policy
+from uvmprefetch.sim.host import HOST_PRESETS, HostModel, host_name, parse_host
+from uvmprefetch.sim.replay import replay
+from uvmprefetch.trace import READ, WRITE, TraceBuilder
+
+MiB = 1 << 20
+GPU = get_profile("h100-pcie-lit")
+A = 52e9
+LAT = 45e-6
+D = 1e-3
+
+
+def bw(n):
+    return A * 2 / math.pi * math.atan(0.0729 * n / 1024)
+
+
+T = 2 * MiB / bw(2 * MiB)
+F = LAT + 32 * (64 * 1024) / bw(64 * 1024)
+
+
+class PrefetchAt(Policy):
+    """Prefetches block ``block`` at launch ``at``; nothing else."""
+    name = "prefetch-at"
+
+    def __init__(self, at=1, block=1, evict=()):
+        super().__init__()
+        self.at, self.block, self.evict = at, block, np.asarray(evict, dtype=np.int64)
+
+    def on_launch(self, info, state):
+        if info.index == self.at:
+            return Decision(prefetch=np.array([self.block], dtype=np.int64), evict=self.evict)
+        return None
+
+
+def a_then_b():
+    b = TraceBuilder()
+    a, bb = b.alloc(2 * MiB, "activation"), b.alloc(2 * MiB, "activation")
+    b.launch("w", [(a, 0, 2 * MiB, WRITE)], duration=D)
+    b.launch("r1", [(a, 0, 2 * MiB, READ)], duration=D)
+    b.launch("r2", [(a, 0, 2 * MiB, READ)], duration=D)
+    b.launch("rb", [(bb, 0, 2 * MiB, READ)], duration=D)
+    return b.build()
+
+
+def run(host, policy=None, cap=4):
+    return replay(a_then_b(), policy or PrefetchAt(), GPU, capacity_bytes=cap * 2 * MiB, check=True, host=host)
+
+
+def test_the_free_host_prefetches_in_time():
+    """Launch 0 faults A (F), launches 1-2 find it resident. The prefetch of B, issued at launch 1's start (F + d),
+    lands T later, before launch 3 starts at F + 3d: time F + 4d, B never faults."""
+    r = run(None)
+    assert r["time_s"] == pytest.approx(F + 4 * D, rel=1e-12)
+    assert r["faults"] == 1 and r["late_blocks"] == 0
+
+
+def test_a_planner_without_lag_or_cost_is_the_free_host():
+    """planner=true with no lag and no costs: each decision is ready when its launch is issued, so it is applied
+    at the same point as without a host model: the same time to the last digit."""
+    r = run(HostModel(planner=True, mover=True))
+    assert r["time_s"] == run(None)["time_s"] and r["host_stall_s"] == 0.0
+
+
+def test_lag_one_still_in_time_lag_two_is_late():
+    """planner_lag=1: launch 1's decision is applied at launch 2's start (F + 2d); B lands at F + 2d + T, before
+    launch 3 (T < d): time F + 4d. planner_lag=2: applied at launch 3's start (F + 3d), B is in flight when
+    launch 3 wants it: it waits T (a late prefetch, not a fault): time F + 4d + T."""
+    assert T < D
+    one = run(HostModel(planner=True, planner_lag=1))
+    assert one["time_s"] == pytest.approx(F + 4 * D, rel=1e-12) and one["late_blocks"] == 0
+    two = run(HostModel(planner=True, planner_lag=2))
+    assert two["time_s"] == pytest.approx(F + 4 * D + T, rel=1e-12)
+    assert two["late_blocks"] == 1 and two["faults"] == 1 and two["late_stall_s"] == pytest.approx(T, rel=1e-9)
+
+
+def test_a_slow_planner_decides_too_late_and_b_faults():
+    """decision_s = 2.5d on the planner: launch 0's decision is done at 2.5d, launch 1's at 5d. The GPU reaches
+    launch 3 at F + 3d < 5d, so the prefetch is still pending: B faults (F). Time 2F + 4d; the training thread
+    (launch_s = 0) never waits, so the GPU never idles for the host (host_stall_s = 0)."""
+    r = run(HostModel(planner=True, decision_s=2.5 * D))
+    assert F + 3 * D < 5 * D
+    assert r["time_s"] == pytest.approx(2 * F + 4 * D, rel=1e-12)
+    assert r["faults"] == 2 and r["host_stall_s"] == 0.0
+    assert r["host_decision_s"] == pytest.approx(4 * 2.5 * D)
+    assert r["planner_pending_max"] == 1
+    # on the training thread (planner=false) the same cost makes the GPU wait for every launch instead
+    sync = run(HostModel(decision_s=2.5 * D))
+    assert sync["host_stall_s"] > 0 and sync["time_s"] > r["time_s"]
+
+
+def b_then_a_again():
+    """A written by launch 0; launch 1 reads B; launch 2 reads B; launch 3 reads A."""
+    b = TraceBuilder()
+    a, bb = b.alloc(2 * MiB, "activation"), b.alloc(2 * MiB, "activation")
+    b.launch("w", [(a, 0, 2 * MiB, WRITE)], duration=D)
+    b.launch("rb1", [(bb, 0, 2 * MiB, READ)], duration=D)
+    b.launch("rb2", [(bb, 0, 2 * MiB, READ)], duration=D)
+    b.launch("ra", [(a, 0, 2 * MiB, READ)], duration=D)
+    b.launch("rb3", [(bb, 0, 2 * MiB, READ)], duration=D)
+    return b.build()
+
+
+class EvictA(Policy):
+    """At launch 1 evicts A (dirty, not used by launch 1) and at launch 2 prefetches A back."""
+    name = "evict-a"
+
+    def on_launch(self, info, state):
+        if info.index == 1:
+            return Decision(evict=np.array([0], dtype=np.int64))
+        if info.index == 2:
+            return Decision(prefetch=np.array([0], dtype=np.int64))
+        return None
+
+
+def test_a_uvm_eviction_holds_the_training_thread_or_the_mover():
+    """Capacity 2 blocks. Launch 0 faults A (F); launch 1 faults B (F); the policy's decision at launch 1 evicts A
+    (dirty: one write-back Td = T on the literature profile) and is applied at launch 1's start (F + d).
+
+    - On the training thread (blocking_evict, no planner): the thread waits for the write-back: launch 1 is issued
+      at F + d + T, then faults B: ends 2F + 2d + T. Launch 2's decision prefetches A at 2F + 2d + T; A lands T
+      later, before launch 3 at 2F + 3d + T. Time 2F + 5d + T; host_blocked_s = T.
+    - On the mover: launch 1 starts at once (F + d), faults B, ends 2F + 2d. The mover is held until F + d + T.
+      Launch 2's decision is due at launch 2 (2F + 2d > F + d + T): A's prefetch waits for A's write-back to end
+      (F + d + T) and leaves at 2F + 2d, lands at 2F + 2d + T < launch 3's start. Time 2F + 5d; no host wait,
+      mover_busy_s = T."""
+    t = b_then_a_again()
+    sync = replay(t, EvictA(), GPU, capacity_bytes=2 * 2 * MiB, check=True, host=HostModel(blocking_evict=True))
+    assert sync["time_s"] == pytest.approx(2 * F + 5 * D + T, rel=1e-12)
+    assert sync["host_blocked_s"] == pytest.approx(T, rel=1e-9)
+    mv = replay(t, EvictA(), GPU, capacity_bytes=2 * 2 * MiB, check=True,
+                host=HostModel(planner=True, mover=True, blocking_evict=True))
+    assert mv["time_s"] == pytest.approx(2 * F + 5 * D, rel=1e-12)
+    assert mv["host_blocked_s"] == 0.0 and mv["mover_busy_s"] == pytest.approx(T, rel=1e-9)
+    assert mv["writebacks"] == 1 and mv["bytes_dtoh"] == 2 * MiB
+
+
+def test_a_held_mover_delays_the_next_decision():
+    """As above, with a write-back 3d long (``link_dtoh_bw`` lowered so that Td = 3d) and F < d:
+
+    - L1: the eviction of A is applied at F + d; its write-back holds A's room and the mover until F + 4d. B faults
+      into the free block: L1 ends 2F + 2d.
+    - L2: the prefetch of A is due, but the mover is held (2F + 2d < F + 4d): pending. L2 ends 2F + 3d.
+    - L3 needs A: still pending (2F + 3d < F + 4d), so A faults. A cannot come back before its write-back ends,
+      which is also when its room comes free (B stays): the fault batch (lat) is serviced meanwhile, A's data moves
+      from F + 4d on and takes F - lat: L3 runs 2F + 4d - lat .. 2F + 5d - lat.
+    - L4: the prefetch is applied (the mover is free) but A is resident: skipped. B is resident: ends 2F + 6d - lat.
+
+    Time 2F + 6d - lat, three faults (A, B cold; A back), nothing prefetched, the training thread never held."""
+    g1 = GPU.with_overrides(link_dtoh_bw=1.0)
+    g = GPU.with_overrides(link_dtoh_bw=g1.transfer_time(2 * MiB, "dtoh") / (3 * D))
+    assert g.transfer_time(2 * MiB, "dtoh") == pytest.approx(3 * D, rel=1e-9)
+    assert F < D
+    mv = replay(b_then_a_again(), EvictA(), g, capacity_bytes=2 * 2 * MiB, check=True,
+                host=HostModel(planner=True, mover=True, blocking_evict=True))
+    assert mv["faults"] == 3 and mv["prefetch_issued_bytes"] == 0
+    assert mv["time_s"] == pytest.approx(2 * F + 6 * D - LAT, rel=1e-9)
+    assert mv["host_blocked_s"] == 0.0 and mv["mover_busy_s"] == pytest.approx(3 * D, rel=1e-9)
+
+
+def test_discards_of_dead_blocks_cost_the_mover_and_move_nothing():
+    """A is written by launch 0 and freed; the policy discards it at launch 1 (dead: dropped, no bytes), with
+    discard_call_s = 2d and discard_block_s = d: 3d for one call of one block.
+
+    - On the training thread (no planner; its clock runs from 0, launch_s = 0): launch 1 is issued at 3d, after
+      launch 0's end F + d (F < 2d); it faults B: ends 3d + F + d; launch 2 ends F + 5d.
+    - On the mover: launch 1 starts at F + d, faults B: ends 2F + 2d; launch 2 ends 2F + 3d; the mover was held 3d."""
+    b = TraceBuilder()
+    a, bb = b.alloc(2 * MiB, "activation"), b.alloc(2 * MiB, "activation")
+    b.launch("w", [(a, 0, 2 * MiB, WRITE)], duration=D)
+    b.free(a)
+    b.launch("rb", [(bb, 0, 2 * MiB, READ)], duration=D)
+    b.launch("rb2", [(bb, 0, 2 * MiB, READ)], duration=D)
+    t = b.build()
+
+    class DiscardA(Policy):
+        name = "discard-a"
+
+        def on_launch(self, info, state):
+            return Decision(discard=np.array([0], dtype=np.int64)) if info.index == 1 else None
+
+    kw = dict(discard_call_s=2 * D, discard_block_s=D)
+    assert F < 2 * D
+    sync = replay(t, DiscardA(), GPU, capacity_bytes=4 * 2 * MiB, check=True, host=HostModel(**kw))
+    assert sync["time_s"] == pytest.approx(F + 5 * D, rel=1e-12)
+    mv = replay(t, DiscardA(), GPU, capacity_bytes=4 * 2 * MiB, check=True,
+                host=HostModel(planner=True, mover=True, **kw))
+    assert mv["time_s"] == pytest.approx(2 * F + 3 * D, rel=1e-12) and mv["mover_busy_s"] == pytest.approx(3 * D)
+    for r in (sync, mv):
+        assert r["discards"] == 1 and r["bytes_dtoh"] == 0 and r["writebacks"] == 0
+
+
+def test_presets_and_parsing():
+    live = HOST_PRESETS["live"]
+    assert live.planner and live.mover and live.blocking_evict and live.planner_lag == 4
+    assert not live.measure_decision  # a modelled cost: runs repeat
+    assert parse_host("free") is None and host_name(None) == "free"
+    assert host_name(parse_host("live")) == "live" and host_name(parse_host("live-sync")) == "live-sync"
+    assert host_name(parse_host("live:planner_lag=8")) == "custom"
+    assert parse_host("live:planner_lag=8").planner_lag == 8
+    with pytest.raises(ConfigError, match="planner_lag needs planner"):
+        parse_host("planner_lag=3")
+    with pytest.raises(ConfigError, match="planner_lag"):
+        parse_host("live:planner_lag=-1")
+    with pytest.raises(ConfigError, match="planner_lag"):
+        parse_host("live:planner_lag=1.5")
