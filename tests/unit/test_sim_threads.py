@@ -76,16 +76,23 @@ def test_a_planner_without_lag_or_cost_is_the_free_host():
     assert r["time_s"] == run(None)["time_s"] and r["host_stall_s"] == 0.0
 
 
-def test_lag_one_still_in_time_lag_two_is_late():
-    """planner_lag=1: launch 1's decision is applied at launch 2's start (F + 2d); B lands at F + 2d + T, before
-    launch 3 (T < d): time F + 4d. planner_lag=2: applied at launch 3's start (F + 3d), B is in flight when
-    launch 3 wants it: it waits T (a late prefetch, not a fault): time F + 4d + T."""
-    assert T < D
-    one = run(HostModel(planner=True, planner_lag=1))
-    assert one["time_s"] == pytest.approx(F + 4 * D, rel=1e-12) and one["late_blocks"] == 0
-    two = run(HostModel(planner=True, planner_lag=2))
-    assert two["time_s"] == pytest.approx(F + 4 * D + T, rel=1e-12)
-    assert two["late_blocks"] == 1 and two["faults"] == 1 and two["late_stall_s"] == pytest.approx(T, rel=1e-9)
+def test_a_lag_of_four_launches_is_late_one_is_in_time():
+    """launch_s = d/2 (no sync at iteration ends): the training thread issues launch i at (i + 1) d/2. Launch 0 waits
+    for it (d/2), faults A: L0 runs d/2 + F .. 3d/2 + F; then the GPU trails the host. The planner takes launch 1 up
+    once k more launches were issued: at d + k d/2.
+
+    - k = 1: ready at 3d/2 <= launch 1's start (3d/2 + F): B is prefetched there and lands before launch 3.
+      Time d/2 + F + 4d.
+    - k = 4: ready at 3d: launch 2 starts at 5d/2 + F < 3d (F < d/2), launch 3 at 7d/2 + F: the prefetch is
+      applied there and B is in flight: a late wait of T. Time d/2 + F + 4d + T."""
+    assert F < D / 2 and T < D
+    one = run(HostModel(launch_s=D / 2, planner=True, planner_lag=1))
+    assert one["time_s"] == pytest.approx(D / 2 + F + 4 * D, rel=1e-12) and one["late_blocks"] == 0
+    four = run(HostModel(launch_s=D / 2, planner=True, planner_lag=4))
+    assert four["time_s"] == pytest.approx(D / 2 + F + 4 * D + T, rel=1e-12)
+    assert four["late_blocks"] == 1 and four["faults"] == 1 and four["late_stall_s"] == pytest.approx(T, rel=1e-9)
+    # without launch costs the lag costs nothing: the host is ahead of the GPU
+    assert run(HostModel(planner=True, planner_lag=4))["time_s"] == run(None)["time_s"]
 
 
 def test_a_slow_planner_decides_too_late_and_b_faults():

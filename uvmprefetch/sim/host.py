@@ -34,13 +34,12 @@ class HostModel:
     that discards; with ``discard_block_s`` per block: issue 32's discards move no bytes and cost their caller this).
 
     The runtime's threads (``live``): ``planner``: the decision (``decision_s``, the measured time) runs on a planner
-    thread with a clock of its own, which starts launch ``i``'s decision once the training thread has issued it and
-    the previous decision is done; the training thread pays ``launch_s`` only. ``planner_lag``: a decision takes effect
-    no earlier than ``planner_lag`` launches after its own (the planner drains the observer's ring in batches). A
-    decision is applied at the first launch that is both that far on and reached by the GPU after the planner finished
-    it. ``mover``: the decision's calls (evictions, discards, copies) hold a mover thread instead of the training
-    thread: with ``blocking_evict`` the mover waits for the UVM write-backs it queued, and decisions that come due
-    while it waits are applied when it is free.
+    thread with a clock of its own; the training thread pays ``launch_s`` only. ``planner_lag``: the planner takes up
+    launch ``i`` once the training thread has issued ``planner_lag`` more (it drains the observer's ring in batches)
+    and it has finished decision ``i - 1``. ``mover``: the decision's calls (evictions, discards, copies) run on a
+    mover thread, one decision after the other, instead of the training thread: with ``blocking_evict`` the mover
+    waits for the UVM write-backs it queued. A decision is applied at the first launch the GPU reaches after its calls
+    could start (planner done, mover free), never before its own launch.
 
     The copy path (``--evict copy|auto``; ``blocking_evict`` does not apply to it): ``copy_call_s`` per copy or
     repopulate call it issues for a decision (asynchronous: the issue cost only), ``copy_discard_call_s`` per discard
@@ -176,7 +175,7 @@ class _CompileClock:
 
 class HostThreads:
     """The clocks of the runtime's threads beside the training thread's (``GpuModel.host_t``): the planner's, the
-    mover's, and the decisions made but not yet applied (launch index due, time ready, Decision)."""
+    mover's, and the decisions made but not yet applied (time the planner finished it, Decision)."""
 
     def __init__(self) -> None:
         self.planner_t = 0.0
@@ -230,9 +229,10 @@ def host_launch(gm, info: LaunchInfo, now: float, host: HostModel) -> tuple[floa
 
 def _planned_launch(gm, info: LaunchInfo, now: float, host: HostModel) -> tuple[float, "Decision | None"]:
     """``host_launch`` with the planner and mover threads (``HostModel.planner``): the training thread issues the
-    launch (``launch_s``); the planner decides once it is free and the launch was issued; the decisions that are
-    due (``planner_lag`` launches on) and ready (the planner done, the mover free) by the time the GPU reaches this
-    launch are applied, in order, before it runs."""
+    launch (``launch_s``); the planner takes it up once the training thread has issued ``planner_lag`` more (a ring
+    drain: ``planner_lag * launch_s`` later) and it has finished the previous decision; a decision starts on the
+    mover once that is done and the mover is free. The decisions that start by the time the GPU reaches this launch
+    are applied, in order, before it runs (at the GPU's time: a decision is never applied before its own launch)."""
     m, th = gm.m, gm.threads
     h = gm.host_t + host.launch_s
     if h > now:
@@ -242,35 +242,44 @@ def _planned_launch(gm, info: LaunchInfo, now: float, host: HostModel) -> tuple[
     gm.host_t = h
     dec, cost = _decide(gm, info, host)
     m["host_decision_s"] += cost
-    th.planner_t = max(th.planner_t, h) + cost
+    th.planner_t = max(th.planner_t, h + host.planner_lag * host.launch_s) + cost
     if dec is not None and not dec.is_empty():
-        th.pending.append((info.index + host.planner_lag, th.planner_t, dec))
+        th.pending.append((th.planner_t, dec))
     last = None
-    while th.pending and th.pending[0][0] <= info.index and max(th.pending[0][1], th.mover_t) <= now:
-        _, _, d = th.pending.popleft()
-        _apply_on_mover(gm, d, now, host)
+    while th.pending:
+        ready, d = th.pending[0]
+        start = max(ready, th.mover_t) if host.mover else ready
+        if start > now:
+            break
+        th.pending.popleft()
+        _apply_on_mover(gm, d, now, start, host)
         last = d
-    if th.pending:
-        m["planner_pending_max"] = max(m["planner_pending_max"], len(th.pending))
+    if len(th.pending) > m["planner_pending_max"]:
+        m["planner_pending_max"] = len(th.pending)
     return now, last
 
 
-def _apply_on_mover(gm, dec: Decision, now: float, host: HostModel) -> None:
-    """Apply ``dec`` at ``now`` from the mover thread (``mover``; without it the planner makes the calls): what its
-    calls hold (UVM write-backs with ``blocking_evict``, discard calls, the copy path's calls) holds that thread."""
+def _apply_on_mover(gm, dec: Decision, now: float, start: float, host: HostModel) -> None:
+    """Apply ``dec`` at the GPU's time ``now``; its calls run from ``start`` on the mover thread (``mover``; without
+    it the planner makes them): what they hold (UVM write-backs with ``blocking_evict``, discard calls, the copy
+    path's calls) holds that thread."""
     m, th = gm.m, gm.threads
     d2h_before = gm.uvm_d2h_end
     mark = gm._copy_mark() if gm.copy_on else None
     gm._apply(dec, now)
-    t = now
+    # The calls run on the thread's own clock from ``start`` (<= now); the write-backs the engine queued at ``now``:
+    # a blocking eviction holds the thread until they end (busy from ``now``, the gap before is the thread's idle).
+    t = start
     if dec.discard.size:
         t += host.discard_call_s + host.discard_block_s * dec.discard.size
-    if host.blocking_evict and gm.uvm_d2h_end > d2h_before:
-        t = max(t, gm.uvm_d2h_end)
     if mark is not None:
         t = gm._copy_host_end(host, mark, t)[0]
-    m["mover_busy_s"] += t - now
+    busy = t - start
+    if host.blocking_evict and gm.uvm_d2h_end > d2h_before and gm.uvm_d2h_end > t:
+        busy += gm.uvm_d2h_end - max(t, now)
+        t = gm.uvm_d2h_end
+    m["mover_busy_s"] += busy
     if host.mover:
-        th.mover_t = max(th.mover_t, t)
+        th.mover_t = t
     else:  # the planner makes the calls itself: its next decisions wait for them
         th.planner_t = max(th.planner_t, t)
