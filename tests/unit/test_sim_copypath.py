@@ -274,7 +274,7 @@ def test_auto_is_uvm_without_a_copy_path_and_for_the_driver():
     bandwidth, and under ``demand`` (the driver alone keeps UVM's eviction) on one with it."""
     t = training_trace(layers=4, param_bytes=4 << 20, act_bytes=4 << 20)
     skip = {"evict", "copy_path", "wall_s", "events_per_s", "block_accesses_per_s", "layout_s"}
-    for gpu, pol in ((get_profile("h100-pcie"), "oracle"), (GPU, "demand")):
+    for gpu, pol in ((get_profile("h100-pcie-lit"), "oracle"), (GPU, "demand")):
         host = HostModel(blocking_evict=True, launch_s=5e-6, sync_iterations=True)
         u = replay(t, pol, gpu, oversub=2, host=host, evict="uvm")
         a = replay(t, pol, gpu, oversub=2, host=host, evict="auto")
@@ -285,7 +285,7 @@ def test_auto_is_uvm_without_a_copy_path_and_for_the_driver():
 
 def test_bad_eviction_models_are_refused():
     with pytest.raises(ConfigError, match="has no copy path"):
-        replay(training_trace(layers=2), "oracle", "h100-pcie", oversub=2, evict="copy")
+        replay(training_trace(layers=2), "oracle", "h100-pcie-lit", oversub=2, evict="copy")
     for spec, msg in (("fast", "eviction mode 'fast' is unknown"), ("copy:mirror=1", "unknown parameter 'mirror'"),
                       ("copy:ineligible=weights", "ineligible kind"), ("copy:mirror_bytes=-3", "mirror_bytes")):
         with pytest.raises(ConfigError, match=msg):
@@ -302,9 +302,9 @@ def test_cli_evict_flag(tmp_path, capsys):
     assert r["evict"]["mode"] == "auto" and r["copy_path"] is True and r["copy_out_bytes"] > 0
     assert main(["replay", str(p), "--oversub", "2", "--policy", "oracle", "--gpu", "h100-pcie-cal"]) == 0
     assert "copy path  out" in capsys.readouterr().out
-    assert main(["replay", str(p), "--oversub", "2", "--evict", "copy"]) != 0
+    assert main(["replay", str(p), "--oversub", "2", "--evict", "copy", "--gpu", "h100-pcie-lit"]) != 0
     err = capsys.readouterr().err.strip()
-    assert "--evict copy: the GPU profile h100-pcie has no copy path" in err and len(err.splitlines()) == 1
+    assert "--evict copy: the GPU profile h100-pcie-lit has no copy path" in err and len(err.splitlines()) == 1
     assert main(["replay", str(p), "--oversub", "2", "--evict", "quick"]) != 0
     assert "--evict 'quick'" in capsys.readouterr().err
 
@@ -315,10 +315,13 @@ def test_bench_setting_names_the_eviction_mode():
     from uvmprefetch.cli.bench import setting
     a = SimpleNamespace(gpu="h100-pcie-cal", gpu_set=None, ssd=None, block_size="2MiB", writeback_clean=False,
                         discards=False, host="live-sync", own_links=False, traces=[], evict="auto")
-    assert setting(a, 1, True, copy_path=True) == "h100-pcie-cal no-discard host=live-sync evict=auto"
-    assert setting(a, 1, True, copy_path=False) == "h100-pcie-cal no-discard host=live-sync"
+    assert setting(a, 1, True, copy_path=True) == "h100-pcie no-discard host=live-sync evict=auto"
+    assert setting(a, 1, True, copy_path=False) == "h100-pcie no-discard host=live-sync"
     a.evict = "uvm"
-    assert setting(a, 1, True, copy_path=True) == "h100-pcie-cal no-discard host=live-sync"
+    assert setting(a, 1, True, copy_path=True) == "h100-pcie no-discard host=live-sync"
+    a.host, a.discards, a.gpu = None, True, "h100-pcie"  # the defaults: the host model is named all the same
+    assert setting(a, 1, True, copy_path=True) == "h100-pcie host=live"
+    assert setting(a, 2, True, copy_path=True) == "h100-pcie host=free gpus=2"
 
 
 class ChaosPaths(Chaos):

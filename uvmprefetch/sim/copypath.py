@@ -178,7 +178,7 @@ class CopyPath:
         if evict.mode == "copy" and not self.copy_on and not self.ideal:
             why = "has an SSD tier (not modelled with it)" if self.tier else "has no copy path (copy_dtoh_bw = 0)"
             raise ConfigError(f"--evict copy: the GPU profile {gpu.name} {why}; use --evict uvm, a calibrated profile "
-                              f"(h100-pcie-cal, h200-cal) or --gpu-set copy_dtoh_bw=55e9 --gpu-set copy_htod_bw=55e9")
+                              f"(h100-pcie, h100-sxm, h200) or --gpu-set copy_dtoh_bw=55e9 --gpu-set copy_htod_bw=55e9")
         # Whether evictions that name no path (the caller's own, the policy's plain ones) take the copy path.
         self._copy_default = self.copy_on and (evict.mode == "copy" or
                                                getattr(self.policy, "evict_path", EvictPath.COPY) == EvictPath.COPY)
