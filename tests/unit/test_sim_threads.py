@@ -225,3 +225,17 @@ def test_presets_and_parsing():
         parse_host("live:planner_lag=-1")
     with pytest.raises(ConfigError, match="planner_lag"):
         parse_host("live:planner_lag=1.5")
+
+
+def test_prefetch_calls_hold_their_thread():
+    """prefetch_block_s = 2d: launch 1's decision prefetches one block (B).
+
+    - On the training thread (its clock runs from 0, launch_s = 0, so it is ahead of the GPU): the call returns at
+      2d, after launch 1's start F + d: the GPU idles d - F (host_stall_s) and runs launches 1-3 from 2d on; B landed
+      at F + d + T. Time 5d.
+    - On the mover: nothing waits; the mover is busy 2d. Time F + 4d."""
+    sync = run(HostModel(prefetch_block_s=2 * D))
+    assert sync["time_s"] == pytest.approx(5 * D, rel=1e-12)
+    assert sync["host_stall_s"] == pytest.approx(D - F, rel=1e-9)
+    mv = run(HostModel(planner=True, mover=True, prefetch_block_s=2 * D))
+    assert mv["time_s"] == pytest.approx(F + 4 * D, rel=1e-12) and mv["mover_busy_s"] == pytest.approx(2 * D)

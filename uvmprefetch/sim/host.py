@@ -30,7 +30,8 @@ class HostModel:
     ``sync_iterations``: at each iteration's end the host waits for the GPU to finish (a training loop that reads
     its loss, ``loss.item()``), so no lead the host built up in one iteration carries into the next.
 
-    ``discard_call_s``: per discard call a decision issues (a batched discard of dead blocks: one call per decision
+    ``prefetch_block_s``: per block a decision's prefetches queue (``cudaMemPrefetchAsync`` to the GPU holds its
+    caller while the driver maps the range). ``discard_call_s``: per discard call a decision issues (a batched discard of dead blocks: one call per decision
     that discards; with ``discard_block_s`` per block: issue 32's discards move no bytes and cost their caller this).
 
     The runtime's threads (``live``): ``planner``: the decision (``decision_s``, the measured time) runs on a planner
@@ -60,13 +61,14 @@ class HostModel:
     copy_discard_block_s: float = 0.0
     discard_waits_for_copy: bool = False
     discard_call_s: float = 0.0
+    prefetch_block_s: float = 0.0
     planner: bool = False
     planner_lag: int = 0
     mover: bool = False
 
     def __post_init__(self) -> None:
         for f in ("launch_s", "decision_s", "decision_scale", "discard_block_s", "copy_call_s",
-                  "copy_discard_call_s", "copy_discard_block_s", "discard_call_s"):
+                  "copy_discard_call_s", "copy_discard_block_s", "discard_call_s", "prefetch_block_s"):
             v = getattr(self, f)
             if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0):
                 raise ConfigError(f"host model: {f} must be a number >= 0, got {v!r}")
@@ -81,15 +83,20 @@ class HostModel:
 HOST_PRESETS = {
     "free": None,  # the host never limits: launch i is issued the moment launch i-1 ends
     "none": None,  # (the same, its earlier name)
-    # What the synchronous runtime cost on an H100 (the GPU runs of bench/gpu/, docs/gpu-validation.md): decisions on
-    # the training thread, synchronous evictions, ~10 us of PyTorch dispatch + observation per launch (assumed, not
-    # measured), discards that held the thread 159 us per block (9.82 s for 61 739 blocks, GPT-2 large at 1.5x), and
-    # the loss read at each iteration's end (bench/gpu/train_worker.py: ``loss.item()``). The copy path's calls (the
-    # live runtime has none yet): 5 us each on the training thread, assumed until bench/gpu/evict_microbench.py has
+    # The synchronous runtime as it ran on the H100 and H200 (the GPU runs of bench/gpu/, bench/baselines/gpu.json):
+    # decisions on the training thread (measured here, without Numba's compilation), its calls there too, and the
+    # loss read at each iteration's end (bench/gpu/train_worker.py: ``loss.item()``). Measured on the H100:
+    # - 480 us per launch for PyTorch's dispatch (10 us, assumed) and the Python observer (470 us:
+    #   overhead/gpt2-medium/fits ``observe_us_per_launch``);
+    # - evictions that hold the thread until their write-back ends (diagnose/*: ``evict_s_per_iter``);
+    # - 65 us per block prefetched (diagnose/gpt2-large/uvmprefetch/1.5: ``prefetch_s_per_iter`` 2.345 s for
+    #   69.9 GiB H2D, 35.8k blocks; 73 us at 2x; 53 us on the H200);
+    # - discards that held the thread 159 us per block (9.82 s for 61 739 blocks, GPT-2 large at 1.5x).
+    # The copy path's calls (that runtime had none): 5 us each, assumed until bench/gpu/evict_microbench.py has
     # measured ``evict/copy_out`` managed_to_pinned host_us at 2 MiB and ``evict/discard`` ranges host_per_call_us /
     # host_per_block_us and behind_copy.waits_for_copy.
-    "live-sync": HostModel(launch_s=10e-6, measure_decision=True, blocking_evict=True, discard_block_s=159e-6,
-                           sync_iterations=True, copy_call_s=5e-6, copy_discard_call_s=5e-6),
+    "live-sync": HostModel(launch_s=480e-6, measure_decision=True, blocking_evict=True, discard_block_s=159e-6,
+                           prefetch_block_s=65e-6, sync_iterations=True, copy_call_s=5e-6, copy_discard_call_s=5e-6),
     # The runtime as built now (C++ observer, planner and mover threads; docs/runtime.md "Threads"), the default of
     # ``uvmprefetch bench`` and ``replay``:
     # - training thread: 10 us of PyTorch dispatch per launch (assumed, as live-sync) + 3 us of the C++ observer's
@@ -212,7 +219,14 @@ def host_launch(gm, info: LaunchInfo, now: float, host: HostModel) -> tuple[floa
     if dec is not None and not dec.is_empty():
         d2h_before = gm.uvm_d2h_end
         mark = gm._copy_mark() if gm.copy_on else None
+        issued = m["prefetch_issued_bytes"]
         gm._apply(dec, now)
+        if host.prefetch_block_s and m["prefetch_issued_bytes"] > issued:
+            h += host.prefetch_block_s * (m["prefetch_issued_bytes"] - issued) / gm.block_size
+            if h > now:  # the prefetch calls return before the launch is issued
+                m["host_stall_s"] += h - now
+                now = h
+                gm._advance(now)
         if host.blocking_evict and gm.uvm_d2h_end > d2h_before and gm.uvm_d2h_end > now:
             # the eviction calls return when their write-backs are done (one FIFO stream: the earlier
             # ones first): the host waits for the D2H queue it just added to, then issues the launch
@@ -266,10 +280,11 @@ def _apply_on_mover(gm, dec: Decision, now: float, start: float, host: HostModel
     m, th = gm.m, gm.threads
     d2h_before = gm.uvm_d2h_end
     mark = gm._copy_mark() if gm.copy_on else None
+    issued = m["prefetch_issued_bytes"]
     gm._apply(dec, now)
     # The calls run on the thread's own clock from ``start`` (<= now); the write-backs the engine queued at ``now``:
     # a blocking eviction holds the thread until they end (busy from ``now``, the gap before is the thread's idle).
-    t = start
+    t = start + host.prefetch_block_s * (m["prefetch_issued_bytes"] - issued) / gm.block_size
     if dec.discard.size:
         t += host.discard_call_s + host.discard_block_s * dec.discard.size
     if mark is not None:
