@@ -49,15 +49,17 @@ def load_profile(path: Path | None, device: str, dry_run: bool):
         return get_profile("h100-pcie"), "h100-pcie (the dryrun backend's profile)"
     from uvmprefetch.gpus import PROFILES
     if path is None:
-        # the device's hand-fitted profile where gpus.py has one (h100-sxm-cal on an H100 SXM: calibrate.py's
-        # own atan fit failed there, bench/results/gpu-20261123/README.md), else the literature numbers
+        # the device's hand-fitted profile where gpus.py has one (h100-sxm on an H100 SXM: calibrate.py's own atan
+        # fit failed there), else the literature numbers
         name = calibrate.base_profile_for(device)
         if PROFILES[name].calibrated:
             cal = PROFILES[name]
             return cal, f"{cal.name} (uvmprefetch/gpus.py: {cal.calibrated})"
         return get_profile(name), f"{name} (UNCALIBRATED: no --profile given)"
-    if not Path(path).exists() and str(path) in PROFILES:  # a profile fitted by hand, e.g. h100-sxm-cal
-        return get_profile(str(path)), f"{path} (uvmprefetch/gpus.py: {PROFILES[str(path)].calibrated or 'literature'})"
+    from uvmprefetch.gpus import ALIASES
+    if not Path(path).exists() and (str(path) in PROFILES or str(path) in ALIASES):  # a profile by name, e.g. h100-sxm
+        g = get_profile(str(path))
+        return g, f"{g.name} (uvmprefetch/gpus.py: {g.calibrated or 'literature'})"
     try:
         cal = json.loads(Path(path).read_text())
         base = get_profile(cal["base_profile"])
