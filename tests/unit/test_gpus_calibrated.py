@@ -68,3 +68,32 @@ def test_plain_names_are_calibrated_and_lit_names_the_literature():
     for name in ("a100-pcie", "v100-pcie", "gh200-c2c"):  # not measured: literature under both names
         assert not PROFILES[name].calibrated
         assert PROFILES[name] == PROFILES[f"{name}-lit"].with_overrides(name=name)
+
+
+def test_the_lit_profile_replays_exactly_as_the_literature_default_did():
+    """GIVEN the shipped trace WHEN it is replayed on ``h100-pcie-lit`` with no host model THEN every figure is what
+    the literature profile gave when it was the default ``h100-pcie`` (its definition, written out here: datasheet
+    compute, 52 GB/s both ways, 45 us per 256-entry fault batch, no copy path), for every baseline policy; and the
+    calibrated default does differ. (``bench/baselines/replay.json`` keeps that run's tables under
+    ``h100-pcie-lit host=free``.)"""
+    import dataclasses
+
+    from uvmprefetch.gpus import GB, GiB, TFLOPS, GpuProfile
+    from uvmprefetch.sim.replay import replay
+    from uvmprefetch.trace.format import load
+    old = GpuProfile(name="h100-pcie", memory_bytes=80 * GiB, hbm_bw=2.0e12,
+                     flops={"fp32": 51 * TFLOPS, "tf32": 378 * TFLOPS, "bf16": 756 * TFLOPS, "fp16": 756 * TFLOPS},
+                     link_htod_bw=52 * GB, link_dtoh_bw=52 * GB)
+    lit = PROFILES["h100-pcie-lit"]
+    skip = {"name", "sources"}
+    assert {f.name: getattr(lit, f.name) for f in dataclasses.fields(lit) if f.name not in skip} == \
+        {f.name: getattr(old, f.name) for f in dataclasses.fields(old) if f.name not in skip}
+    (path,) = sorted((REPO / "traces").glob("*.uvmt"))[:1]
+    t = load(path)
+    keys = ("time_s", "faults", "bytes_htod", "bytes_dtoh", "iteration_times_s", "prefetch_issued_bytes")
+    for pol in ("demand", "oracle", "deepum", "uvmprefetch"):
+        a = replay(t, pol, lit, oversub=1.5, evict="auto")
+        b = replay(t, pol, old, oversub=1.5, evict="auto")
+        assert {k: a[k] for k in keys} == {k: b[k] for k in keys}, pol
+    cal = replay(t, "demand", "h100-pcie", oversub=1.5)
+    assert cal["time_s"] > 1.5 * replay(t, "demand", lit, oversub=1.5)["time_s"]
