@@ -101,8 +101,9 @@ def replay(trace: Trace, policy: Policy | str, gpu: GpuProfile | str = "h100-pci
         address space for a trace it recorded, so the replay sees the live run's blocks; the caching-allocator
         model otherwise), ``"caching"`` or ``"first-fit"``. Ignored when ``layout`` is given.
     host
-        The host clock: a ``HostModel``, a preset name (``"live-sync"``), ``"k=v,..."``, or None (default: the
-        host never limits; ``docs/simulator.md`` "Host clock").
+        The host clock: a ``HostModel``, a preset name (``"live"``: the runtime's threads, the command line's
+        default; ``"live-sync"``: the synchronous runtime; ``"free"``), ``"k=v,..."``, or None (default: the host
+        never limits; ``docs/simulator.md`` "Host clock").
     evict
         The eviction paths: an ``EvictModel``, ``"uvm"`` (None, the default: UVM's eviction only, as the live runtime
         today), ``"copy"``, ``"auto"`` or ``"mode:k=v,..."`` (``docs/simulator.md`` "Eviction paths").
