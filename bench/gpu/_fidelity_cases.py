@@ -34,16 +34,6 @@ POLICY = {"demand": "demand", "uvmprefetch": "uvmprefetch", "deepum": "deepum"}
 RECORD_ITERS = 4
 
 
-def board_profile(device: str) -> str:
-    """The gpus.py profile of the board a device entry was measured on."""
-    d = device.lower()
-    if "h200" in d:
-        return "h200"
-    if "h100" in d:
-        return "h100-pcie" if "pcie" in d else "h100-sxm"
-    raise ValueError(f"no profile for device {device!r}")
-
-
 def why_not(case: dict) -> str | None:
     """Why ``case`` cannot be replayed, or None."""
     if case.get("s_per_iter_median") is None:
@@ -113,9 +103,10 @@ def predict(case: dict, trace, gpu: str, host: str = "live-sync") -> dict:
 def run_cases(data: dict, cache: Path, host: str = "live-sync", only: str | None = None, record=None,
               log=print) -> dict:
     """``fidelity`` for every case of ``data`` (gpu.json's content, changed in place); returns {device: [names]}."""
+    from calibrate import base_profile_for
     done: dict = {}
     for device, entry in data.items():
-        gpu = board_profile(device)
+        gpu = base_profile_for(device)  # (the board that was measured: its calibrated profile)
         for case in entry.get("cases", []):
             if only and not re.search(only, case["name"]):
                 continue

@@ -6,31 +6,17 @@ Notation (``h100-pcie-lit``, 2 MiB blocks): ``d`` = 1 ms per launch, ``T`` = one
 Tensor A is block 0, B block 1. Launches 0-2 touch A, launch 3 reads B; a policy prefetches B at launch 1.
 """
 
-import math
-
 import numpy as np
 import pytest
+from test_sim_golden import GPU, LAT, TF, D, MiB, T
 
 from uvmprefetch.errors import ConfigError
-from uvmprefetch.gpus import get_profile
 from uvmprefetch.policy.base import Decision, Policy
 from uvmprefetch.sim.host import HOST_PRESETS, HostModel, host_name, parse_host
 from uvmprefetch.sim.replay import replay
 from uvmprefetch.trace import READ, WRITE, TraceBuilder
 
-MiB = 1 << 20
-GPU = get_profile("h100-pcie-lit")
-A = 52e9
-LAT = 45e-6
-D = 1e-3
-
-
-def bw(n):
-    return A * 2 / math.pi * math.atan(0.0729 * n / 1024)
-
-
-T = 2 * MiB / bw(2 * MiB)
-F = LAT + 32 * (64 * 1024) / bw(64 * 1024)
+F = LAT + TF  # one cold block faulted in: one batch, 32 granules of 64 KiB
 
 
 class PrefetchAt(Policy):
@@ -47,14 +33,18 @@ class PrefetchAt(Policy):
         return None
 
 
-def a_then_b():
+def two_tensors(steps):
+    """Tensors A and B of one block each; ``steps`` is a string of launches: ``A`` A written, ``a`` A read,
+    ``b`` B read, each ``d`` long."""
     b = TraceBuilder()
-    a, bb = b.alloc(2 * MiB, "activation"), b.alloc(2 * MiB, "activation")
-    b.launch("w", [(a, 0, 2 * MiB, WRITE)], duration=D)
-    b.launch("r1", [(a, 0, 2 * MiB, READ)], duration=D)
-    b.launch("r2", [(a, 0, 2 * MiB, READ)], duration=D)
-    b.launch("rb", [(bb, 0, 2 * MiB, READ)], duration=D)
+    ts = {"a": b.alloc(2 * MiB, "activation"), "b": b.alloc(2 * MiB, "activation")}
+    for i, c in enumerate(steps):
+        b.launch(f"{c}{i}", [(ts[c.lower()], 0, 2 * MiB, WRITE if c.isupper() else READ)], duration=D)
     return b.build()
+
+
+def a_then_b():
+    return two_tensors("Aaab")
 
 
 def run(host, policy=None, cap=4):
@@ -111,15 +101,8 @@ def test_a_slow_planner_decides_too_late_and_b_faults():
 
 
 def b_then_a_again():
-    """A written by launch 0; launch 1 reads B; launch 2 reads B; launch 3 reads A."""
-    b = TraceBuilder()
-    a, bb = b.alloc(2 * MiB, "activation"), b.alloc(2 * MiB, "activation")
-    b.launch("w", [(a, 0, 2 * MiB, WRITE)], duration=D)
-    b.launch("rb1", [(bb, 0, 2 * MiB, READ)], duration=D)
-    b.launch("rb2", [(bb, 0, 2 * MiB, READ)], duration=D)
-    b.launch("ra", [(a, 0, 2 * MiB, READ)], duration=D)
-    b.launch("rb3", [(bb, 0, 2 * MiB, READ)], duration=D)
-    return b.build()
+    """A written by launch 0; launches 1-2 read B; launch 3 reads A; launch 4 reads B."""
+    return two_tensors("Abbab")
 
 
 class EvictA(Policy):
