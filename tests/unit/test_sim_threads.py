@@ -222,3 +222,17 @@ def test_prefetch_calls_hold_their_thread():
     assert sync["host_stall_s"] == pytest.approx(D - F, rel=1e-9)
     mv = run(HostModel(planner=True, mover=True, prefetch_block_s=2 * D))
     assert mv["time_s"] == pytest.approx(F + 4 * D, rel=1e-12) and mv["mover_busy_s"] == pytest.approx(2 * D)
+
+
+def test_the_live_defaults_compose_with_the_copy_path():
+    """GIVEN the shipped trace WHEN replayed with the ``live`` host and ``--evict copy`` on the calibrated profile,
+    with the engine's invariants checked after every launch THEN the copy path's calls are charged to the mover (at
+    least 5 us per copy or repopulate call and per discard call) and the training thread is never held."""
+    from pathlib import Path
+
+    from uvmprefetch.trace.format import load
+    path = sorted((Path(__file__).resolve().parents[2] / "traces").glob("gpt2*.uvmt"))[0]
+    r = replay(load(path), "uvmprefetch", "h100-pcie", oversub=1.5, host="live", evict="copy", check=True)
+    assert r["copy_path"] and r["copy_evictions"] > 0
+    calls = r["copy_calls"] + r["repopulate_calls"] + r["discard_calls"]
+    assert r["mover_busy_s"] >= 5e-6 * calls * (1 - 1e-9) and r["host_blocked_s"] == 0.0

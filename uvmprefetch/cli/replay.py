@@ -219,11 +219,17 @@ def _fmt(v, unit: str = "") -> str:
 def format_result(r: dict) -> str:
     """A short human-readable summary of one replay result."""
     from ..units import format_size
+
+    def host_name(h):
+        from ..sim.host import HostModel
+        from ..sim.host import host_name as name
+        return name(HostModel(**h) if h else None)
     lines = [
         f"trace      {r.get('trace', '-')}  ({r['n_launches']} launches, {r['iterations']} iterations)",
         f"gpu        {r['gpu']}  capacity {format_size(r['capacity_bytes'])}  footprint "
         f"{format_size(r['footprint_bytes'])}  oversub {r['oversub']:.3f}  block {format_size(r['block_size'])}",
-        f"policy     {r['policy']}  (allocator model {r.get('allocator', '-')})",
+        f"policy     {r['policy']}  (allocator model {r.get('allocator', '-')}; host model "
+        f"{host_name(r.get('host'))})",
         f"time       {r['time_s'] * 1e3:.3f} ms  (ideal {r['ideal_s'] * 1e3:.3f} ms, slowdown {r['slowdown']:.3f}x, "
         f"steady state {_fmt(r['steady_slowdown'])}x)",
         f"stall      {r['stall_s'] * 1e3:.3f} ms  (faults {r['fault_stall_s'] * 1e3:.3f} ms, late prefetch "
@@ -246,6 +252,9 @@ def format_result(r: dict) -> str:
     if r.get("host"):
         lines.append(f"host       GPU idle waiting for the host {r['host_stall_s'] * 1e3:.3f} ms; decisions "
                      f"{r['host_decision_s'] * 1e3:.3f} ms; host held by evictions {r['host_blocked_s'] * 1e3:.3f} ms")
+        if r["host"].get("planner"):
+            lines.append(f"threads    mover busy {r['mover_busy_s'] * 1e3:.3f} ms; decisions waiting at most "
+                         f"{r['planner_pending_max']}")
     its = r.get("iteration_times_s") or []
     if its:
         cols = [f"{t * 1e3:.3f}" for t in its]
