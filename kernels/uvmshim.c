@@ -9,7 +9,7 @@
  *   - cudaFree is forwarded (it frees managed memory too) and the shim's byte count goes down;
  *   - every cudaLaunchKernel / cudaLaunchKernelExC it sees is recorded in a lock-free ring that the Python
  *     side reads through ctypes (uvmshim_ring_read). cuBLAS/cuDNN launch through driver entry points and are
- *     not seen here (DESIGN.md section 3): CUPTI is the way to see those.
+ *     not seen here (docs/design.md §3): CUPTI is the way to see those.
  *
  * Rules: no CUDA headers are needed to build (the few types are declared below, pinned to the CUDA 13
  * cuda_runtime_api.h / driver_types.h); every intercepted symbol is listed once in UVMSHIM_HOOKS; the real
@@ -22,7 +22,7 @@
  *   UVMPREFETCH_MANAGED_LIMIT most managed bytes to hand out, fixed at the first allocation:
  *                             host (default) what host memory can back (see HOST_RESERVE below), or the
  *                             GPU's free memory - 5 % where that is more; gpu-free the GPU's free memory - 5 %
- *                             (no oversubscription: the rule for shared GPUs, DESIGN.md section 5); or a
+ *                             (no oversubscription: the rule for shared GPUs, docs/design.md §5); or a
  *                             byte count with an optional unit (512MiB, 20GiB, 1.5GB, 3e9). An invalid value
  *                             ends the program at load time with one line and exit code 2.
  *   UVMPREFETCH_SHIM_SYSROOT  folder put in front of /proc and /sys when the shim reads host memory and

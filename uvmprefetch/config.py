@@ -1,4 +1,4 @@
-"""The ``UVMPREFETCH_*`` environment variables (DESIGN.md §4), parsed and validated in one place.
+"""The ``UVMPREFETCH_*`` environment variables (docs/design.md §4), parsed and validated in one place.
 
 The start-up hook, ``uvmprefetch run`` and ``uvmprefetch.enable()`` all go through ``from_env`` /
 ``RuntimeConfig``, so an invalid value is reported the same way everywhere: one ``ConfigError`` that names the

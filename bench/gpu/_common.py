@@ -1,13 +1,13 @@
 """Plumbing shared by the ``bench/gpu`` validation scripts.
 
-Every script follows the same shape (DESIGN.md §5): parse arguments, refuse cleanly without a GPU unless
+Every script follows the same shape (docs/design.md §5): parse arguments, refuse cleanly without a GPU unless
 ``--dry-run``, measure, *check* the measurements against their targets, write one JSON file (device name,
 driver, torch version, date, the raw numbers, the checks) and print a Markdown table last, so that the tail
 of a device call's output holds the answer.
 
 Training runs happen in child processes (``train_worker.py``) so that each mode (plain PyTorch, managed
 memory without prefetch, ``deepum``, ``uvmprefetch``) starts from a clean CUDA context and the runtime is
-switched on exactly as a user would switch it on: by environment variables (DESIGN.md §4).
+switched on exactly as a user would switch it on: by environment variables (docs/design.md §4).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ WORKER = HERE / "train_worker.py"
 EXIT_NO_GPU = 5  # uvmprefetch.errors.DeviceError.exit_code
 EXIT_CHECK_FAILED = 1
 
-# Every UVMPREFETCH_* variable of DESIGN.md §4: cleared before a child starts so that only the mode under test
+# Every UVMPREFETCH_* variable of docs/design.md §4: cleared before a child starts so that only the mode under test
 # decides what is switched on (a stray UVMPREFETCH=1 in the caller's shell would otherwise turn the "plain"
 # baseline into a managed run).
 RUNTIME_VARS = ("UVMPREFETCH", "UVMPREFETCH_BUDGET", "UVMPREFETCH_POLICY", "UVMPREFETCH_WINDOW",
@@ -45,7 +45,7 @@ RUNTIME_VARS = ("UVMPREFETCH", "UVMPREFETCH_BUDGET", "UVMPREFETCH_POLICY", "UVMP
                 "UVMPREFETCH_MOVER", "UVMPREFETCH_DISCARD", "UVMPREFETCH_DISCARD_AUDIT", "UVMPREFETCH_MANAGED_LIMIT",
                 "UVMPREFETCH_OBSERVER", "UVMPREFETCH_TEST_FAIL")
 
-# The shared-GPU rule (DESIGN.md section 5): the GPUs these scripts run on are shared, and asking one for more
+# The shared-GPU rule (docs/design.md §5): the GPUs these scripts run on are shared, and asking one for more
 # managed memory than it has free can hang it. So every child process gets the shim's old cap, the GPU's free
 # memory - 5 % (the product's default is what host memory can back), and memory pressure comes from
 # UVMPREFETCH_BUDGET. Every process these scripts and tests/gpu start gets its environment from child_env
@@ -489,7 +489,7 @@ def working_set_bytes(res: dict) -> int:
 def sized_working_set(name: str, ref: dict, dry_run: bool, hint: str = "") -> int:
     """The working set measured by a reference run (``working_set_bytes``); one line and exit 1 when the run
     failed, reported no figure, or (on a GPU) needs more than 90 % of the free memory: managed memory must stay
-    under free memory (DESIGN.md §5)."""
+    under free memory (docs/design.md §5)."""
     ok, why = run_ok(ref)
     if not ok:
         fail(name, f"the reference run failed ({why}): the workload must fit the GPU to measure its working "
@@ -508,7 +508,7 @@ def check_fits_free(name: str, ws: int, dry_run: bool) -> None:
     free = environment(False).get("gpu_free_bytes_at_start", 0)
     if ws > 0.9 * free:
         fail(name, f"working set {ws / 2**30:.1f} GiB exceeds 90 % of the {free / 2**30:.1f} GiB free: managed "
-                   "memory must stay under free memory (DESIGN.md §5)", 1)
+                   "memory must stay under free memory (docs/design.md §5)", 1)
 
 
 def geomean(xs: list[float]) -> float:

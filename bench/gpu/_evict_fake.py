@@ -31,7 +31,7 @@ import numpy as np
 
 from _evict_cuda import MB2, word_sum
 
-# What the fake GPU does (bytes/s, seconds). Round numbers near the H100/H200 calibrations (DESIGN.md §6) so
+# What the fake GPU does (bytes/s, seconds). Round numbers near the H100/H200 calibrations (docs/design.md §3) so
 # that the dry run's table reads like a GPU's; a dry run checks that the script measures these back.
 TRUTH = {
     "copy_d2h_bw": 52e9, "copy_h2d_bw": 54e9, "copy_latency_s": 6e-6,

@@ -21,7 +21,7 @@ after another, each under its own time limit:
 Every figure is the median over repetitions of both the GPU time (events before and after the call) and the
 time the call held the calling thread. Everything the script allocates on the GPU (a managed arena, a plain
 device buffer of the same size, a few bytes for the kernel) stays under ``--max-fraction`` of the memory free
-at start (DESIGN.md §5); sizes above that are skipped and reported. A part whose call the driver lacks is
+at start (docs/design.md §5); sizes above that are skipped and reported. A part whose call the driver lacks is
 skipped with the reason. Results: a table printed last, ``evict_microbench.json``, and ``microbench`` entries
 in ``bench/baselines/gpu.json``. ``--dry-run`` runs the same code over a fake CUDA driver (``_evict_fake.py``)
 and checks that its arithmetic gives the fake's known costs back.

@@ -4,7 +4,7 @@ A plain PyTorch run measures the training working set (peak bytes reserved by th
 under the runtime is the managed allocation). For each ratio (default 1.5 and 2) the budget is
 ``working set / ratio``: the runtime keeps GPU-resident managed memory under it by evicting to the host, so
 the GPU is oversubscribed by that ratio while the total managed allocation (the working set) stays below the
-card's free memory (DESIGN.md §5; the script refuses a working set above 90 % of the free memory).
+card's free memory (docs/design.md §5; the script refuses a working set above 90 % of the free memory).
 
 Each (ratio, mode) trains ``--iters`` iterations in its own process; iteration time is the median of the
 steady-state iterations (after ``--warmup``, which covers the prefetcher's learning). Headline: speed-up of
@@ -74,7 +74,7 @@ def main(argv=None) -> int:
     skipped = []
     # Mode by mode, every ratio of a mode before the next mode: the headline (uvmprefetch over managed) is
     # complete before deepum starts. On the H100 deepum took ~25 s an iteration; run ratio by ratio, its 1.5x
-    # run used the time uvmprefetch@2x needed (bench/results/gpu-20261123b/).
+    # run used the time uvmprefetch@2x needed.
     for mode in modes:
         for ratio in ratios:
             budget = int(ws / ratio)

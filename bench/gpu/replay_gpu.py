@@ -9,7 +9,7 @@ launches' durations), host time per launch, and faults and bytes each way where 
 next to them the simulator's prediction for the same run (the same scaled trace, layout, durations, policy and
 budget, without discards as the cuda backend's default, the host clock of ``--host``) and the error.
 
-The arena never exceeds ``--max-fraction`` of the GPU memory free at start (the shared-GPU rule, DESIGN.md §5):
+The arena never exceeds ``--max-fraction`` of the GPU memory free at start (the shared-GPU rule, docs/design.md §5):
 a trace that does not fit at ``--scale`` is halved again until it does, and the result says so
 (``uvmprefetch.trace.scale``: sizes, access ranges, FLOPs and durations shrink together). ``--dry-run`` replays
 the shipped small trace on the CPU through the same loop and the same runtime over a fake CUDA driver

@@ -3,8 +3,10 @@
 # Every part but dry-run and summary first installs this checkout into the current Python (pip install -e .):
 # run them on the device machine, never on a machine whose Python others use.
 #
-#   bench/gpu/run_all.sh next      # the next GPU session's first command: its measurements, most decisive
-#                                  # first, each step under its own limit (below; ~4 min today, at most ~9)
+#   bench/gpu/run_all.sh next      # the next GPU session's first command: the eviction microbenchmark, then the
+#                                  # C++ observer's cost (each step under its own limit; at most ~7 min)
+#   bench/gpu/run_all.sh next2     # its second command, at once: discards, then torchrun on one rank (<= ~5 min)
+#   bench/gpu/run_all.sh replay    # any standard trace replayed with touch kernels (replay_gpu.py; <= ~4 min)
 #   bench/gpu/run_all.sh part1     # calibrate + tests/gpu + correctness           (~6 min, at most ~9)
 #   bench/gpu/run_all.sh part2     # 1.5x: oversub --trace (managed, uvmprefetch, deepum) + fidelity --from
 #                                  # oversub, without and with the live-sync host clock (~8 min, at most ~9.5)
@@ -38,7 +40,7 @@ PART=${1:-}
 RES=${RES:-$PWD/gpu-${PART:-none}-$(date -u +%Y%m%d-%H%M%S)}
 cd "$(dirname "$0")/../.." || exit 2
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-# The shared-GPU rule (DESIGN.md section 5): never more managed memory than the card has free; pressure comes from
+# The shared-GPU rule (docs/design.md §5): never more managed memory than the card has free; pressure comes from
 # UVMPREFETCH_BUDGET. The scripts set it for every child they start (_common.child_env); this covers the rest.
 export UVMPREFETCH_MANAGED_LIMIT=gpu-free
 PY=${PYTHON:-python3}
@@ -131,18 +133,45 @@ keep_next() {
 
 case "$PART" in
 next)
-    # One device command (<= 10 min) for the next GPU session. A new measurement goes in as one more
-    # `step NAME LIMIT ...` + `keep_next FILE` pair, ordered by value; keep the limits' sum under ~9 min.
+    # The next GPU session's FIRST command (~5.5 min, <= 8; a 15-minute lease = a start of a few minutes, this, then
+    # `next2` at once while the machine is warm). Ordered by value; each step under its own limit, a cut step
+    # keeps what finished. Keep the limits' sum (+ ~30 s of setup) under ~480 s.
     setup
     NEXT=$RES/next
     mkdir -p "$NEXT"
-    # 1. issue 33 step 1: copy-out + discard + copy-in against UVM eviction, remote access (~1 min, at most ~5)
-    step evict-microbench 330 "$PY" bench/gpu/evict_microbench.py --out "$NEXT" --time-limit 280
+    # 1. issue 33 step 1, the measurements that decide copy-out eviction: copy-out + discard + copy-in against
+    #    UVM eviction, remote access (~1 min on an H100)
+    step evict-microbench 130 "$PY" bench/gpu/evict_microbench.py --out "$NEXT" --time-limit 110
     keep_next evict_microbench.json
-    # 2. issue 38: the four standard traces replayed with touch kernels at 1/8 of their size, 1.5x, demand and
+    # 2. issue 31, the C++ observer, planner and mover threads: GPT-2 medium fits (overhead, losses bit-equal),
+    #    GPT-2 large at 1.5x (host us per launch, no eviction call on the training thread); the policy's Numba
+    #    kernels compile first (~60 s on a fresh machine)
+    numba_warm
+    step runtime-cost 200 "$PY" bench/gpu/runtime_cost.py --rounds 1 --fits-iters 10 --over-iters 4 \
+        --time-limit 180 --out "$NEXT"
+    keep_next runtime_cost.json
+    ;;
+next2)
+    # The SECOND command of a 15-minute lease (<= 5 min), right after `next`: issue 32's discards (losses with
+    # discards bit-equal to the run without, D2H per iteration), then issue 35's one-rank torchrun check.
+    setup
+    NEXT=$RES/next
+    mkdir -p "$NEXT"
+    numba_warm
+    step discards 160 "$PY" bench/gpu/discards.py --ratios 1.5 --iters 5 --warmup 2 --timeout 70 --deadline 150 \
+        --out "$NEXT"
+    keep_next discards.json
+    step distributed 110 "$PY" bench/gpu/distributed.py --deadline 100 --out "$NEXT"
+    keep_next distributed.json
+    ;;
+replay)
+    # issue 38: the four standard traces replayed with touch kernels at 1/8 of their size, 1.5x, demand and
     #    uvmprefetch under the live runtime, each with the simulator's prediction (~2.5 min, at most 3.5: it
     #    records the traces, ~30 s, and compiles the policy, ~1 min on a fresh machine, first; no case starts
     #    after 150 s, so the smaller traces go first). Written into $OUT after every case: a cut keeps them.
+    setup
+    NEXT=$RES/next
+    mkdir -p "$NEXT"
     step replay-gpu 210 "$PY" bench/gpu/replay_gpu.py resnet-152 bert-large vit-large gpt2-large --scale 1/8 \
         --oversub 1.5 --policies demand,uvmprefetch --time-limit 150 --case-timeout 45 --out "${OUT:-$NEXT}"
     keep_next replay_gpu.json

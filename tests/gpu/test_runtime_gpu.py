@@ -58,7 +58,7 @@ def test_prefetch_and_discard_calls(tmp_path):
 
 def test_discard_guard_refuses_memory_an_unobserved_allocation_holds(tmp_path):
     # GIVEN discards on, a tensor that died, and its memory handed out by the caching allocator with no op the
-    # runtime sees (as cuBLAS takes its workspace: bench/results/gpu-20261127/)
+    # runtime sees (as cuBLAS takes its workspace, found on an H200: CHANGELOG.md)
     d = probe(tmp_path, "guard", UVMPREFETCH_DISCARD="1")
     if not d["guard"]:
         pytest.skip("no cudaMemDiscardBatchAsync on this driver: no discards, nothing to guard")

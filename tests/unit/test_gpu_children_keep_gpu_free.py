@@ -1,4 +1,4 @@
-"""The shared-GPU rule (DESIGN.md section 5) in our own GPU checks: every process that ``bench/gpu/*.py`` and
+"""The shared-GPU rule (docs/design.md §5) in our own GPU checks: every process that ``bench/gpu/*.py`` and
 ``tests/gpu/*`` start gets ``UVMPREFETCH_MANAGED_LIMIT=gpu-free`` (never more managed memory than the card has
 free; pressure comes from the budget), although the product's default lets managed memory grow to what the
 host can back.

@@ -203,7 +203,7 @@ class GrowArray:
         if n > self._a.shape[0]:
             # (a zero fill comes from np.zeros, whose large buffers the OS zeroes page by page as they are first
             # written: the growth then writes only the kept entries; np.full wrote the whole doubled buffer, the
-            # policy's largest one-launch stall: 26-60 ms on GPT-2 large at 2x, bench/results/decision-budget-*)
+            # policy's largest one-launch stall: 26-60 ms on GPT-2 large at 2x, measured by bench/decision_budget.py)
             m = max(n, 2 * self._a.shape[0])
             if self._fill == 0:
                 a = np.zeros(m, dtype=self._a.dtype)

@@ -1,6 +1,6 @@
 """The run report: one JSON object at ``UVMPREFETCH_REPORT`` and a short human summary on stderr.
 
-Field names follow the replay result (DESIGN.md §4) where they mean the same thing, so a live run and its
+Field names follow the replay result (docs/design.md §4) where they mean the same thing, so a live run and its
 replay compare key by key: ``policy``, ``gpu``, ``capacity_bytes``, ``faults``, ``bytes_htod``,
 ``bytes_dtoh``, ``prefetch_issued_bytes``, ``prefetch_useful_bytes``, ``accuracy``, ``coverage``. Live-only
 fields: ``backend``, ``budget_bytes``, ``memory`` (cuda: the managed limit and the budget in force, and why),
