@@ -236,3 +236,32 @@ def test_the_live_defaults_compose_with_the_copy_path():
     assert r["copy_path"] and r["copy_evictions"] > 0
     calls = r["copy_calls"] + r["repopulate_calls"] + r["discard_calls"]
     assert r["mover_busy_s"] >= 5e-6 * calls * (1 - 1e-9) and r["host_blocked_s"] == 0.0
+
+
+def test_a_measured_decision_leaves_out_numba_compilation():
+    """GIVEN a policy whose first decision compiles a Numba function (tens of ms or more) WHEN its decisions are
+    measured (``measure_decision``, as ``live-sync``) THEN the decision time charged excludes the compilation: the
+    time the call took, less what Numba reported compiling, is what the host pays."""
+    import time
+
+    import numba
+
+    class Compiles(Policy):
+        name = "compiles"
+
+        def on_launch(self, info, state):
+            if info.index == 0:
+                t0 = time.perf_counter()
+
+                @numba.njit(cache=False)
+                def f(x):
+                    return x * 2 + 1
+
+                f(np.arange(3))
+                self.took = time.perf_counter() - t0
+            return None
+
+    pol = Compiles()
+    r = replay(a_then_b(), pol, GPU, capacity_bytes=8 * MiB, host=HostModel(measure_decision=True))
+    assert pol.took > 0.02  # the compilation happened inside the measured call
+    assert r["host_decision_s"] < 0.25 * pol.took
