@@ -62,7 +62,11 @@ def load_profile(path: Path | None, device: str, dry_run: bool):
         return g, f"{g.name} (uvmprefetch/gpus.py: {g.calibrated or 'literature'})"
     try:
         cal = json.loads(Path(path).read_text())
-        base = get_profile(cal["base_profile"])
+        # calibrate.py fits the literature's fault model: its overrides apply to the card's NAME-lit profile (files
+        # written before the profiles were renamed name the card alone)
+        from uvmprefetch.gpus import card_name
+        lit = card_name(cal["base_profile"]) + "-lit"
+        base = get_profile(lit if lit in PROFILES else cal["base_profile"])
         return base.with_overrides(**cal["profile_overrides"]), f"{base.name} calibrated by {path}"
     except (OSError, ValueError, KeyError) as e:
         C.fail(NAME, f"--profile {path}: not a calibrate.py result ({type(e).__name__}: {e})")

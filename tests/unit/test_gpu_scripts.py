@@ -272,7 +272,7 @@ def test_fidelity_profile_by_name_or_calibration(tmp_path):
         g, desc = fidelity.load_profile(Path(name), "NVIDIA H100 80GB HBM3", False)
         assert g.name == "h100-sxm" and g.fault_batch_size == 17 and "2026-11-23" in desc
     g, desc = fidelity.load_profile(REPO / "tests" / "data" / "calibrate-h100.json", "NVIDIA H100 80GB HBM3", False)
-    assert g.name == "h100-sxm" and "calibrated by" in desc
+    assert g.name == "h100-sxm-lit" and g.fault_batch_size == 256 and "calibrated by" in desc
     with pytest.raises(SystemExit):
         fidelity.load_profile(tmp_path / "nope.json", "NVIDIA H100 80GB HBM3", False)
     # without --profile: the device's hand-fitted profile where gpus.py has one, else the literature one, said so
