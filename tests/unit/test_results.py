@@ -105,7 +105,7 @@ def test_committed_baselines_hold_the_quoted_settings():
     schema of ``bench/gpu/baseline.py`` (a field not measured is null, never missing)."""
     base = REPO / "bench" / "baselines"
     replay = results.read_object(base / "replay.json")
-    for key in ("h100-pcie", "h100-pcie-cal no-discard host=live-sync"):
+    for key in ("h100-pcie host=live evict=auto", "h100-pcie no-discard host=live", "h100-pcie-lit host=free"):
         geo = replay[key]["geomean"]
         assert {"demand", "uvmprefetch", "oracle", "deepum"} <= set(geo)
         assert all(math.isfinite(v) and v >= 1 - 1e-9 for v in geo["uvmprefetch"]["slowdown"].values() if v)
@@ -117,5 +117,8 @@ def test_committed_baselines_hold_the_quoted_settings():
         assert all(entry[k] for k in B.ENTRY_FIELDS)
         for c in entry["cases"]:
             assert set(B.CASE_FIELDS) <= set(c), (dev, c["name"])
+            # every case says how the simulator predicts it (bench/gpu/fidelity.py --cases), or why it cannot
+            f = c.get("fidelity")
+            assert f and (f.get("why") if not f["replayed"] else math.isfinite(f["error"])), (dev, c["name"])
     for name in ("policy_cost", "decision_budget", "ablation", "observe_overhead", "iteration_marks"):
         assert results.read_object(base / f"{name}.json"), name
