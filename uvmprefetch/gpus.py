@@ -1,9 +1,9 @@
 """GPU profiles: the numbers the roofline duration model (trace/) and the simulator (sim/) use.
 
-Every number carries its source. A plain name (``h100-pcie``, the default; ``h100-sxm``; ``h200``) is the card with the
-unified-memory costs measured on it by ``bench/gpu/calibrate.py`` (the ``calibrated`` field says which run); ``NAME-lit``
-is the same card with the literature's link and fault numbers (DESIGN.md §3), for comparison with papers. Cards not
-measured yet (``a100-pcie``, ``v100-pcie``, ``gh200-c2c``) carry the literature numbers under both names.
+Every number carries its source. A plain name (``h100-pcie``, the default; ``h100-sxm``; ``h200``) is the card with
+the unified-memory costs measured on it by ``bench/gpu/calibrate.py`` (the ``calibrated`` field says which run);
+``NAME-lit`` is the same card with the literature's link and fault numbers (DESIGN.md §3), for comparison with
+papers. Cards not measured yet (``a100-pcie``, ``v100-pcie``, ``gh200-c2c``) carry the literature numbers under both names.
 """
 
 from __future__ import annotations
@@ -201,7 +201,8 @@ for _base in ("h100-pcie", "h100-sxm"):
 PROFILES["h200"] = dataclasses.replace(
     PROFILES["h200-lit"], name="h200", link_htod_bw=49 * GB, link_dtoh_bw=9 * GB,
     fault_batch_size=17, fault_batch_latency_s=280e-6, **COPY_PATH,
-    sources=PROFILES["h200-lit"].sources + "; link and fault costs measured on an H200 (tests/data/calibrate-h200.json)",
+    sources=PROFILES["h200-lit"].sources + "; link and fault costs measured on an H200 "
+                                          "(tests/data/calibrate-h200.json)",
     calibrated="2026-11-27 bench/gpu/calibrate.py on NVIDIA H200 (driver 580.159.04), fitted by hand",
 )
 

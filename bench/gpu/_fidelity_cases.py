@@ -9,8 +9,8 @@ UVM's eviction only (``evict=uvm``). One trace per (model, board) serves all its
 The recording runs AdamW one parameter at a time (``foreach=False``), as the live runs did (``--foreach off``).
 What differs from the live run: PyTorch's caching allocator is the simulator's model of it, so the replay's
 footprint is not the live one; the capacity is therefore set by the case's oversubscription (working set / budget,
-as the live run was sized), not by its budget in bytes. A case without a measured time (``s_per_iter_median`` null) or without a budget it
-could exceed gets ``{"replayed": false, "why": ...}``.
+as the live run was sized), not by its budget in bytes. A case without a measured time (``s_per_iter_median``
+null) or without a budget it could exceed gets ``{"replayed": false, "why": ...}``.
 
 Each replayed case gets ``fidelity``: the predicted and measured seconds per iteration (steady state: the median of
 the iterations from ``steady_from_iteration`` on, at most the trace's last), the error, bytes each way per iteration

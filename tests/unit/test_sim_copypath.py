@@ -1,7 +1,8 @@
 """The copy path (``--evict copy|auto``, ``sim/copypath.py``): golden cases derived by hand, eligibility, mirror
 memory, the host's costs, and the engine's invariants under random decisions.
 
-Notation (``h100-pcie``, the calibrated default, 2 MiB blocks; the UVMSmart curve bw(n) = a * 2/pi * atan(0.0729 * n / 1024)):
+Notation (``h100-pcie``, the calibrated default, 2 MiB blocks; the UVMSmart curve
+bw(n) = a * 2/pi * atan(0.0729 * n / 1024)):
 
 - ``TD`` = 2 MiB / bw(2 MiB) at a = 7.5e9 (UVM's eviction of one block, 280.8177 us); ``TH`` the same at
   a = 50e9 (one prefetched block, 42.1227 us);

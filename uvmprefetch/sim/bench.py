@@ -391,5 +391,6 @@ def header(meta: dict) -> str:
                                                         " (nobody has measured this card yet)"))
     hn = meta.get("host_name") or "free"
     ev = (meta.get("evict") or {}).get("mode", "uvm")
-    return (f"Profile {meta['gpu']}: {prof}. Host model {hn}: {_HOST_WORDS.get(hn, 'custom: ' + str(meta.get('host')))}. "
+    words = _HOST_WORDS.get(hn, f"custom: {meta.get('host')}")
+    return (f"Profile {meta['gpu']}: {prof}. Host model {hn}: {words}. "
             f"Eviction {ev}; discards {'on' if meta.get('discards', True) else 'off'}.")

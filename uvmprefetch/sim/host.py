@@ -31,8 +31,9 @@ class HostModel:
     its loss, ``loss.item()``), so no lead the host built up in one iteration carries into the next.
 
     ``prefetch_block_s``: per block a decision's prefetches queue (``cudaMemPrefetchAsync`` to the GPU holds its
-    caller while the driver maps the range). ``discard_call_s``: per discard call a decision issues (a batched discard of dead blocks: one call per decision
-    that discards; with ``discard_block_s`` per block: issue 32's discards move no bytes and cost their caller this).
+    caller while the driver maps the range). ``discard_call_s``: per discard call a decision issues (a batched discard
+    of dead blocks: one call per decision that discards; with ``discard_block_s`` per block: discards of dead data
+    move no bytes and cost their caller this).
 
     The runtime's threads (``live``): ``planner``: the decision (``decision_s``, the measured time) runs on a planner
     thread with a clock of its own; the training thread pays ``launch_s`` only. ``planner_lag``: the planner takes up
