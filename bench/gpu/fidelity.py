@@ -16,7 +16,8 @@ Runs come from ``--from RUN/oversub.json`` (an ``oversub.py --trace`` result: no
 are made here (``--config``, ``--ratios``, ``--modes``). ``--cases`` needs no GPU: it replays every case of
 ``bench/baselines/gpu.json`` from a trace re-recorded on the CPU and writes each one's ``fidelity`` field there
 (``_fidelity_cases.py`` says how; docs/simulator.md "Fidelity" has the figures). In ``--dry-run`` the "measured"
-side is the dryrun backend's simulated GPU driven live, so the check is that the live runtime path and the offline replay agree.
+side is the dryrun backend's simulated GPU driven live, so the check is that the live runtime path and the offline
+replay agree.
 """
 
 from __future__ import annotations
