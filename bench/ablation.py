@@ -198,7 +198,7 @@ def main() -> int:
                 worst = max((x["iterations_to_recover"] for x in rec if x["iterations_to_recover"] is not None),
                             default=None)
                 miss = sum(x["iterations_to_recover"] is None for x in rec)
-                rtxt = "n/a (data-dependent every step)" if n == "moe" else \
+                rtxt = "n/a (data-dependent every step)" if n == "moe" else "n/a (no change)" if not ch else \
                     f"max {worst}" + (f", {miss} never" if miss else "")
                 lines.append(f"| {n} | {ov:g} | {u['time_s'] / d['time_s']:.3f} | "
                              f"{u['time_s'] / o['time_s']:.3f} | {u['time_s'] / du['time_s']:.3f} | {rtxt} |")

@@ -30,6 +30,8 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 
 #include <atomic>
+#include <chrono>
+#include <thread>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
@@ -64,6 +66,7 @@ std::atomic<bool> g_enabled{false};
 std::atomic<bool> g_attached{false};
 std::atomic<uint64_t> g_seen{0};
 std::atomic<uint64_t> g_last_dropped_seq{0};
+std::atomic<int64_t> g_inflight{0};  // callbacks between numbering their event and pushing it
 char g_error[512] = "";
 
 void set_error(const char* what, const char* detail) {
@@ -117,8 +120,9 @@ uint32_t pool_flag(const T& e) {
 // and remembers the largest dropped sequence number (events after it are known to follow every drop).
 void on_trace(const Entry& e) noexcept {
     if (!g_enabled.load(std::memory_order_relaxed)) return;
+    g_inflight.fetch_add(1);  // (seq_cst: before the number is taken, so uvm_alloc_tracker_quiesce sees it)
     uvm::AllocEvent ev;
-    ev.seq = uvm::next_seq();
+    ev.seq = uvm::seq_counter().fetch_add(1, std::memory_order_seq_cst);  // (ordered after the count above)
     ev.addr = static_cast<uint64_t>(e.addr_);
     ev.size = static_cast<uint64_t>(e.size_);
     ev.stream = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(e.stream_));
@@ -131,6 +135,7 @@ void on_trace(const Entry& e) noexcept {
                !g_last_dropped_seq.compare_exchange_weak(prev, ev.seq, std::memory_order_relaxed)) {
         }
     }
+    g_inflight.fetch_sub(1);
 }
 
 }  // namespace
@@ -214,6 +219,24 @@ int uvm_alloc_tracker_barrier(int device) {
     } catch (...) {
         set_error("getDeviceStats failed", "unknown exception");
         return -1;
+    }
+}
+
+// Wait, without any lock, until every event numbered before the call is pushed (or dropped): a callback
+// counts itself in flight before it numbers its event, so once the count is seen at zero after this call's own
+// number was taken, every earlier-numbered event is in the ring. Unlike the barrier it never waits for the
+// allocator's lock, which a thread may hold while it waits for the GPU (an event synchronize when the allocator
+// frees cached blocks) -- and the GPU may be waiting for the caller (the discard gate). 0, or -1 when the count
+// did not reach zero within `timeout_us` microseconds (the caller then knows nothing new).
+int uvm_alloc_tracker_quiesce(int timeout_us) {
+    (void)uvm::seq_counter().fetch_add(1, std::memory_order_seq_cst);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(timeout_us);
+    for (int spin = 0;; ++spin) {
+        if (g_inflight.load() == 0) return 0;
+        if ((spin & 63) == 63) {
+            if (std::chrono::steady_clock::now() > until) return -1;
+            std::this_thread::yield();
+        }
     }
 }
 

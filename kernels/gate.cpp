@@ -13,10 +13,19 @@
 // without locks: a slot's key (block number + 1) is published after its value, and a value is one 64-bit word
 // (the event pointer, 8-byte aligned, with the state in its low 3 bits), so a reader never sees a torn pair.
 // libcudart is resolved at run time with dlsym, so this builds without CUDA headers.
+//
+// The copy path (runtime/copyout.py) adds one state, kMirrored: the block's data is in a pinned host mirror and its
+// GPU pages are (being) discarded, so a kernel that touched it now would read garbage where a fault would have been
+// correct. An op over such a block *demands* it: the block goes into the demand ring and the op's thread waits
+// (releasing the GIL if it holds it, so the mover thread can run) until the mover has issued the block's copy-in
+// and set it kToGpu with the copy's event; then the op's stream waits on that event as for any move to the GPU.
 #include <dlfcn.h>
+#include <sched.h>
+#include <time.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -34,6 +43,7 @@ enum BlockState : uint64_t {
     kToHost = 3,    // an eviction is in flight (event): never waited on
     kOnHost = 4,    // evicted
     kDiscard = 5,   // a discard is in flight (event): a later op must wait (it may reuse the memory)
+    kMirrored = 6,  // copied out to a host mirror and discarded: an op demands its copy-in and waits for it
 };
 
 using WaitFn = int (*)(void* stream, void* event, unsigned flags);      // cudaStreamWaitEvent
@@ -56,6 +66,18 @@ std::atomic<RecordFn> g_record{nullptr};
 std::atomic<QueryFn> g_query{nullptr};
 std::atomic<CapturingFn> g_capturing{nullptr};
 std::atomic<uint64_t> g_wait_errors{0}, g_full{0};
+
+// Demands for copy-ins (kMirrored blocks an op needs): a ring of block numbers, written by op threads, read by the
+// mover (uvmgate_take_demands). A block may be listed more than once; the reader skips what is no longer mirrored.
+constexpr size_t kDemands = 4096;
+std::atomic<uint64_t> g_demand[kDemands];
+std::atomic<uint64_t> g_demand_head{0}, g_demand_tail{0}, g_demanded{0}, g_demand_wait_ns{0};
+using GilCheckFn = int (*)();          // PyGILState_Check
+using SaveFn = void* (*)();            // PyEval_SaveThread
+using RestoreFn = void (*)(void*);     // PyEval_RestoreThread
+std::atomic<GilCheckFn> g_gil_check{nullptr};
+std::atomic<SaveFn> g_gil_save{nullptr};
+std::atomic<RestoreFn> g_gil_restore{nullptr};
 
 // GPU progress: every `g_every`-th observed op records an event on its stream after its kernels; the planner asks
 // how far the GPU got (uvmgate_completed_seq) without a sync. Producers (op threads) reserve a slot, consumers
@@ -91,11 +113,72 @@ Slot* find(uint64_t block, bool insert) {
     return nullptr;
 }
 
+// Ops between their gate check and their end callback, per thread (`in` counts checks started, `out` ops ended or
+// blocked on a demand): a copy-out marks its blocks kMirrored, then waits (uvmgate_quiesce) until every op that
+// was past the gate then has queued its kernels, and only then orders itself after the compute stream. An op
+// whose check comes after the mark sees it and demands; one blocked on a demand counts as out, and checks all its
+// blocks again when it resumes (a block it passed before may have been marked meanwhile).
+constexpr size_t kThreads = 256;
+struct OpCount {
+    std::atomic<uint64_t> in{0}, out{0};
+};
+OpCount g_ops[kThreads];
+std::atomic<size_t> g_nthreads{0};
+thread_local OpCount* t_ops_count = nullptr;
+thread_local bool t_ops_init = false;
+
+OpCount* my_count() {
+    if (!t_ops_init) {
+        t_ops_init = true;
+        const size_t i = g_nthreads.fetch_add(1);
+        t_ops_count = i < kThreads ? &g_ops[i] : nullptr;
+    }
+    return t_ops_count;
+}
+
+void op_in() {
+    if (OpCount* c = my_count()) c->in.fetch_add(1, std::memory_order_seq_cst);
+    std::atomic_thread_fence(std::memory_order_seq_cst);  // the count is visible before the table is read
+}
+
+void op_out() {
+    if (OpCount* c = my_count()) c->out.fetch_add(1, std::memory_order_release);
+}
+
+void demand(uint64_t block) {
+    uint64_t slot = g_demand_head.load(std::memory_order_relaxed);
+    while (slot - g_demand_tail.load(std::memory_order_acquire) >= kDemands) sched_yield();  // reader behind
+    while (!g_demand_head.compare_exchange_weak(slot, slot + 1, std::memory_order_acq_rel)) {
+        if (slot - g_demand_tail.load(std::memory_order_acquire) >= kDemands) sched_yield();
+    }
+    g_demand[slot % kDemands].store(block + 1, std::memory_order_release);
+    g_demanded.fetch_add(1, std::memory_order_relaxed);
+}
+
+// Wait until `s` leaves kMirrored (the mover issued the copy-in, or restored the block and switched the path off),
+// without the GIL: the mover thread that serves the demand is a Python thread.
+uint64_t wait_unmirrored(Slot* s) {
+    uint64_t v = s->val.load(std::memory_order_acquire);
+    if ((v & 7) != kMirrored) return v;
+    const auto t0 = std::chrono::steady_clock::now();
+    GilCheckFn check = g_gil_check.load(std::memory_order_relaxed);
+    SaveFn save = g_gil_save.load(std::memory_order_relaxed);
+    RestoreFn restore = g_gil_restore.load(std::memory_order_relaxed);
+    void* ts = (check && save && restore && check()) ? save() : nullptr;
+    const timespec pause{0, 50000};  // 50 us: the mover looks for demands every ~2 ms
+    while (((v = s->val.load(std::memory_order_acquire)) & 7) == kMirrored) nanosleep(&pause, nullptr);
+    if (ts != nullptr) restore(ts);
+    g_demand_wait_ns.fetch_add(uint64_t((std::chrono::steady_clock::now() - t0).count()), std::memory_order_relaxed);
+    return v;
+}
+
 }  // namespace
 
 namespace uvm {
 
 bool gate_armed() { return g_used.load(std::memory_order_relaxed) != 0; }
+
+void gate_op_end() { op_out(); }
 
 void gate_check(const uint64_t* starts, const uint64_t* lengths, size_t n, void* stream, GateResult& out) {
     const int shift = g_shift.load(std::memory_order_relaxed);
@@ -111,10 +194,21 @@ void gate_check(const uint64_t* starts, const uint64_t* lengths, size_t n, void*
     blocks.erase(std::unique(blocks.begin(), blocks.end()), blocks.end());
     void* waited[8];
     size_t nw = 0;
+    op_in();
+restart:
     for (uint64_t b : blocks) {
         Slot* s = find(b, false);
         if (s == nullptr) continue;
-        const uint64_t v = s->val.load(std::memory_order_acquire);
+        uint64_t v = s->val.load(std::memory_order_acquire);
+        if ((v & 7) == kMirrored) {  // copied out: never run on it before its copy-in is queued
+            op_out();  // blocked: a copy-out waiting for ops past the gate must not wait for this one
+            demand(b);
+            wait_unmirrored(s);
+            op_in();
+            out = GateResult{};  // every block again: one passed before may have been marked meanwhile
+            nw = 0;
+            goto restart;
+        }
         const uint64_t state = v & 7;
         void* ev = reinterpret_cast<void*>(v & ~uint64_t(7));
         if (state == kToHost || state == kOnHost) {
@@ -245,6 +339,70 @@ UVM_EXPORT void uvmgate_get(const uint64_t* blocks, size_t n, uint64_t* out) {
     }
 }
 
+// The mover: up to `max` demanded block numbers (copy-ins ops wait for), oldest first; returns how many.
+UVM_EXPORT size_t uvmgate_take_demands(uint64_t* out, size_t max) {
+    size_t n = 0;
+    uint64_t tail = g_demand_tail.load(std::memory_order_relaxed);
+    const uint64_t head = g_demand_head.load(std::memory_order_acquire);
+    while (tail < head && n < max) {
+        const uint64_t b = g_demand[tail % kDemands].exchange(0, std::memory_order_acq_rel);
+        if (b == 0) break;  // reserved, not written yet
+        out[n++] = b - 1;
+        ++tail;
+        g_demand_tail.store(tail, std::memory_order_release);
+    }
+    return n;
+}
+
+// Let waiting ops release the GIL (the mover is a Python thread): resolve the three C-API calls in this process.
+// Returns 1 when found (a Python process), 0 otherwise (ops then wait holding nothing: no Python to starve).
+UVM_EXPORT int uvmgate_use_gil() {
+    auto check = reinterpret_cast<GilCheckFn>(dlsym(RTLD_DEFAULT, "PyGILState_Check"));
+    auto save = reinterpret_cast<SaveFn>(dlsym(RTLD_DEFAULT, "PyEval_SaveThread"));
+    auto restore = reinterpret_cast<RestoreFn>(dlsym(RTLD_DEFAULT, "PyEval_RestoreThread"));
+    if (!check || !save || !restore) return 0;
+    g_gil_check.store(check);
+    g_gil_save.store(save);
+    g_gil_restore.store(restore);
+    return 1;
+}
+
+// The mover, after marking blocks kMirrored: wait until every op that was past its gate check has reached its end
+// callback (its kernels are queued). Returns 0; -1 after `timeout_ms`, or when more threads ran ops than are
+// counted (then the caller must not rely on it).
+UVM_EXPORT int uvmgate_quiesce(int timeout_ms) {
+    std::atomic_thread_fence(std::memory_order_seq_cst);  // the marks are visible before the counts are read
+    const size_t n = g_nthreads.load(std::memory_order_seq_cst);
+    if (n > kThreads) return -1;
+    uint64_t snap[kThreads];
+    for (size_t i = 0; i < n; ++i) snap[i] = g_ops[i].in.load(std::memory_order_seq_cst);
+    const auto t_end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    const timespec pause{0, 20000};
+    for (size_t i = 0; i < n; ++i) {
+        while (g_ops[i].out.load(std::memory_order_acquire) < snap[i]) {
+            if (std::chrono::steady_clock::now() > t_end) return -1;
+            nanosleep(&pause, nullptr);
+        }
+    }
+    return 0;
+}
+
+// [blocks demanded by ops, ns ops spent waiting for copy-ins to be queued]
+UVM_EXPORT void uvmgate_demand_counters(uint64_t* out) {
+    out[0] = g_demanded.load();
+    out[1] = g_demand_wait_ns.load();
+}
+
+// An op's start and end callbacks apart (tests): the gate check, then later its end.
+UVM_EXPORT void uvmgate_begin(const uint64_t* starts, const uint64_t* lengths, size_t n, void* stream, uint32_t* out) {
+    uvm::GateResult r;
+    uvm::gate_check(starts, lengths, n, stream, r);
+    out[0] = r.late;
+    out[1] = r.fault;
+    out[2] = r.waits;
+}
+UVM_EXPORT void uvmgate_end() { uvm::gate_op_end(); }
+
 // counters: [blocks known, table-full refusals, cudaStreamWaitEvent errors, wait function found,
 //            progress marks skipped]
 UVM_EXPORT void uvmgate_counters(uint64_t* out) {
@@ -260,6 +418,7 @@ UVM_EXPORT void uvmgate_check(const uint64_t* starts, const uint64_t* lengths, s
                               uint32_t* out) {
     uvm::GateResult r;
     uvm::gate_check(starts, lengths, n, stream, r);
+    uvm::gate_op_end();
     out[0] = r.late;
     out[1] = r.fault;
     out[2] = r.waits;

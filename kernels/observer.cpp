@@ -266,6 +266,7 @@ struct Pending {
     int device = -1;
     void* stream = nullptr;  // CUDA: the op's stream
     uvm::GateResult gate;
+    bool gated = false;  // gate_check ran for this op: its end is reported (gate_op_end)
     std::vector<int64_t> key;
     std::vector<Range> ranges;
     std::vector<std::vector<int64_t>> in_shapes;  // tensor inputs by schema position (FLOPs)
@@ -438,6 +439,7 @@ void begin(Pending& p, const at::RecordFunction& fn) {
             lens.push_back(r.len);
         }
         uvm::gate_check(starts.data(), lens.data(), starts.size(), p.stream, p.gate);
+        p.gated = true;
     }
 }
 
@@ -660,6 +662,10 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     Pending& p = t_p;
     if (p.owner != &fn) return;
     p.owner = nullptr;
+    if (p.gated) {  // the op's kernels are queued: a copy-out waiting for ops past the gate may go on
+        p.gated = false;
+        uvm::gate_op_end();
+    }
     if (!p.record || g_state.load(std::memory_order_relaxed) != kActive) return;
     if (std::uncaught_exceptions() > 0) return;  // the op raised: the dispatch mode never sees it return
     try {
@@ -729,6 +735,10 @@ UVM_EXPORT void uvmobs_set_rules(const char* no_kernel, const char* skip_namespa
 }
 
 UVM_EXPORT int uvmobs_set_active(int on);
+
+// Is this thread inside an op the observer records (between its start and end callbacks)? The shim asks at each
+// kernel launch while the copy path holds mirrors: a launch outside such an op is one nobody observed.
+UVM_EXPORT int uvmobs_thread_in_op() { return t_p.owner != nullptr && t_p.record; }
 
 // Register the callbacks (once) for `device_type` (0 CPU, 1 CUDA); `active`: full observation, else dormant.
 UVM_EXPORT int uvmobs_start(int device_type, int active) {

@@ -48,6 +48,7 @@ struct GateResult {
 };
 bool gate_armed();  // any block state known at all (else the gate costs one atomic load)
 void gate_check(const uint64_t* starts, const uint64_t* lengths, size_t n, void* stream, GateResult& out);
+void gate_op_end();  // the op gate_check passed has queued its kernels (its end callback)
 
 bool stream_capturing(void* stream);               // cudaStreamIsCapturing: ops in a graph capture are not planned
 void progress_note(uint64_t seq, void* stream);    // every k-th op: an event after its kernels (GPU progress)

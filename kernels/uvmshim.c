@@ -9,7 +9,9 @@
  *   - cudaFree is forwarded (it frees managed memory too) and the shim's byte count goes down;
  *   - every cudaLaunchKernel / cudaLaunchKernelExC it sees is recorded in a lock-free ring that the Python
  *     side reads through ctypes (uvmshim_ring_read). cuBLAS/cuDNN launch through driver entry points and are
- *     not seen here (docs/design.md §3): CUPTI is the way to see those.
+ *     not seen here (docs/design.md §3): CUPTI is the way to see those;
+ *   - while the copy path holds host mirrors, a launch outside every observed op and any cudaGraphLaunch call
+ *     back into the runtime before they are forwarded (runtime/copyout.py).
  *
  * Rules: no CUDA headers are needed to build (the few types are declared below, pinned to the CUDA 13
  * cuda_runtime_api.h / driver_types.h); every intercepted symbol is listed once in UVMSHIM_HOOKS; the real
@@ -80,7 +82,8 @@ enum {
       (const void *func, dim3 gridDim, dim3 blockDim, void **args, size_t sharedMem, cudaStream_t stream), \
       (func, gridDim, blockDim, args, sharedMem, stream))                                                 \
     X(cudaLaunchKernelExC, cudaError_t, (const cudaLaunchConfig_t *config, const void *func, void **args), \
-      (config, func, args))
+      (config, func, args))                                                                               \
+    X(cudaGraphLaunch, cudaError_t, (void *graphExec, cudaStream_t stream), (graphExec, stream))
 
 /* Functions we call but do not intercept. */
 #define UVMSHIM_CALLS(X)                                                                                  \
@@ -662,9 +665,35 @@ cudaError_t cudaFree(void *devPtr) {
     return err;
 }
 
+/* The copy path (runtime/copyout.py): while a managed range is mirrored on the host and discarded on the GPU, a
+ * kernel no observed op launched could read it. `in_op` (the C++ observer's uvmobs_thread_in_op: is this thread
+ * inside an op it records?) tells the launches apart; the first launch outside one calls `on_unattributed` (Python:
+ * copy every mirror back, switch the path off) before the kernel is queued. Checked only while mirrors exist. */
+static int (*_Atomic g_in_op)(void);
+static void (*_Atomic g_on_unattributed)(void);
+static atomic_int g_mirrors;
+static atomic_ullong g_unattributed;
+
+void uvmshim_set_attribution(int (*in_op)(void), void (*on_unattributed)(void)) {
+    atomic_store(&g_in_op, in_op);
+    atomic_store(&g_on_unattributed, on_unattributed);
+}
+void uvmshim_set_mirrors(int on) { atomic_store(&g_mirrors, on); }
+uint64_t uvmshim_unattributed(void) { return atomic_load(&g_unattributed); }
+
+static void check_attribution(int never_observed) {
+    if (!atomic_load_explicit(&g_mirrors, memory_order_relaxed)) return;
+    int (*in_op)(void) = atomic_load(&g_in_op);
+    if (in_op == NULL || (!never_observed && in_op())) return;
+    atomic_fetch_add(&g_unattributed, 1);
+    void (*cb)(void) = atomic_load(&g_on_unattributed);
+    if (cb != NULL) cb();
+}
+
 cudaError_t cudaLaunchKernel(const void *func, dim3 gridDim, dim3 blockDim, void **args, size_t sharedMem,
                              cudaStream_t stream) {
     ensure();
+    check_attribution(0);
     if (!real_cudaLaunchKernel) {
         log_once(0, "libcudart not found (set UVMPREFETCH_CUDART): cudaLaunchKernel fails");
         return cudaErrorUnknown;
@@ -676,6 +705,7 @@ cudaError_t cudaLaunchKernel(const void *func, dim3 gridDim, dim3 blockDim, void
 
 cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t *config, const void *func, void **args) {
     ensure();
+    check_attribution(0);
     if (!real_cudaLaunchKernelExC) {
         log_once(0, "libcudart not found (set UVMPREFETCH_CUDART): cudaLaunchKernelExC fails");
         return cudaErrorUnknown;
@@ -684,6 +714,18 @@ cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t *config, const void *fu
     if (config)
         ring_push(func, config->gridDim, config->blockDim, config->dynamicSmemBytes, config->stream, err);
     return err;
+}
+
+/* A CUDA graph's replay runs kernels captured earlier, none of them seen by an op as it runs: with mirrors, never
+ * attributed (CUDA graphs and the copy path do not mix). */
+cudaError_t cudaGraphLaunch(void *graphExec, cudaStream_t stream) {
+    ensure();
+    if (!real_cudaGraphLaunch) {
+        log_once(0, "libcudart not found (set UVMPREFETCH_CUDART): cudaGraphLaunch fails");
+        return cudaErrorUnknown;
+    }
+    check_attribution(1);
+    return real_cudaGraphLaunch(graphExec, stream);
 }
 
 /* ---- the API the Python side reads through ctypes (uvmprefetch/runtime/shim.py mirrors these) ---- */

@@ -38,16 +38,22 @@ VARIABLES: dict[str, str] = {
                             "dispatch mode), native (stop when the C++ observer cannot be used) or python",
     "UVMPREFETCH_DISCARD": "0/false/off (default: a policy's discards of dead blocks are issued as evictions, "
                            "which keep the data; dryrun models the same) or 1/true/on (cuda: "
-                           "cudaMemDiscardBatchAsync where the caching allocator holds nothing; experimental: GPT-2 "
-                           "large runs on an H100 and an H200 ended with a NaN loss with it on, before that check; "
-                           "dryrun: dead blocks are dropped for free)",
-    "UVMPREFETCH_DISCARD_AUDIT": "0/false/off (default: with UVMPREFETCH_DISCARD=1 the caching allocator is "
-                                 "snapshotted when its counts disagree with the runtime's) or 1/true/on (a "
-                                 "snapshot before every discarding launch: strict, ~3 ms each on GPT-2 large)",
+                           "cudaMemDiscardBatchAsync of blocks the caching allocator itself reports free, with the "
+                           "C++ observer; experimental: not yet shown safe on a GPU; dryrun: dead blocks are "
+                           "dropped for free)",
+    "UVMPREFETCH_DISCARD_AUDIT": "0/false/off (default) or 1/true/on (with UVMPREFETCH_DISCARD=1: every discard "
+                                 "is also checked against a torch.cuda.memory_snapshot(), ~3 ms each on GPT-2 "
+                                 "large; a disagreement is refused, counted and printed: a debugging check)",
+    "UVMPREFETCH_EVICT": "uvm (default: every eviction is UVM's, cudaMemPrefetchAsync to the host) or auto (cuda: "
+                         "the policy may evict fully observed blocks by copy-out into pinned host mirrors + discard; "
+                         "experimental, not yet run on a GPU; dryrun: the simulated GPU's copy path)",
+    "UVMPREFETCH_HOST_LIMIT": f"pinned host memory for the copy path's mirrors: {SIZE_FORMS}; or a percentage of the "
+                              f"host memory available at start: 25% (default); 0 = no mirrors",
 }
 MOVERS = ("thread", "sync")
 OBSERVERS = ("auto", "native", "python")
 LIMIT_MODES = ("host", "gpu-free")
+EVICT_MODES = ("uvm", "auto")  # the live runtime's; the simulator's --evict also has copy (sim/copypath.py)
 
 
 @dataclass(frozen=True)
@@ -104,6 +110,41 @@ class Budget:
 
 
 @dataclass(frozen=True)
+class HostLimit:
+    """Pinned host memory the copy path may hold for mirrors (``UVMPREFETCH_HOST_LIMIT``): ``nbytes``, or a
+    ``fraction`` of the host memory available when the runtime starts (``MemAvailable``)."""
+
+    nbytes: int | None = None
+    fraction: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.nbytes is None) == (self.fraction is None):
+            raise ConfigError("host limit: give exactly one of a byte count or a fraction")
+        if self.nbytes is not None and self.nbytes < 0:
+            raise ConfigError(f"host limit: {self.nbytes} bytes must be >= 0")
+        if self.fraction is not None and not 0 < self.fraction <= 1:
+            raise ConfigError(f"host limit: fraction {self.fraction} must be in (0, 1]")
+
+    def resolve(self, available_bytes: int) -> int:
+        """Bytes allowed on a host with ``available_bytes`` available."""
+        return int(self.nbytes) if self.nbytes is not None else int(self.fraction * available_bytes)
+
+    def env_value(self) -> str:
+        return str(self.nbytes) if self.nbytes is not None else f"{self.fraction * 100:g}%"
+
+    def __str__(self) -> str:
+        if self.nbytes is not None:
+            from .units import format_size
+            return format_size(self.nbytes)
+        return f"{self.fraction:.0%} of available host memory"
+
+
+# A quarter of MemAvailable: pinned pages cannot be swapped or reclaimed, and the rest of host memory still backs
+# what UVM evicts (every block the copy path does not take) and the program itself; beyond it evictions take UVM.
+DEFAULT_HOST_LIMIT = HostLimit(fraction=0.25)
+
+
+@dataclass(frozen=True)
 class RuntimeConfig:
     """Everything the live runtime reads from the environment, validated.
 
@@ -122,15 +163,19 @@ class RuntimeConfig:
     gpu: str = "h100-pcie"
     mover: str = "sync"
     discard: bool = False  # issue discards (else dead blocks are evicted: slower, never loses data); dryrun alike
-    discard_audit: bool = False  # cuda: a snapshot before every discarding launch (runtime/discard_guard.py)
+    discard_audit: bool = False  # cuda: each discard also checked against a torch.cuda.memory_snapshot() rebuild
     observer: str = "auto"  # which observer sees the ops: runtime/native_observer.py or runtime/observe.py
     managed_limit: ManagedLimit = ManagedLimit()  # read by the shim itself; here validated and reported
+    evict: str = "uvm"  # auto: the copy path beside UVM's eviction (runtime/copyout.py)
+    host_limit: HostLimit = DEFAULT_HOST_LIMIT  # pinned mirror memory of the copy path
 
     def __post_init__(self) -> None:
         if self.observer not in OBSERVERS:
             raise _bad("UVMPREFETCH_OBSERVER", self.observer)
         if self.mover not in MOVERS:
             raise _bad("UVMPREFETCH_MOVER", self.mover)
+        if self.evict not in EVICT_MODES:
+            raise _bad("UVMPREFETCH_EVICT", self.evict)
         if self.backend not in BACKENDS:
             raise _bad("UVMPREFETCH_BACKEND", self.backend)
         if self.log not in LOG_LEVELS:
@@ -145,7 +190,8 @@ class RuntimeConfig:
                "UVMPREFETCH_WINDOW": "auto" if self.window is None else str(self.window),
                "UVMPREFETCH_MOVER": self.mover, "UVMPREFETCH_DISCARD": "1" if self.discard else "0",
                "UVMPREFETCH_DISCARD_AUDIT": "1" if self.discard_audit else "0", "UVMPREFETCH_OBSERVER": self.observer,
-               "UVMPREFETCH_MANAGED_LIMIT": self.managed_limit.env_value()}
+               "UVMPREFETCH_MANAGED_LIMIT": self.managed_limit.env_value(), "UVMPREFETCH_EVICT": self.evict,
+               "UVMPREFETCH_HOST_LIMIT": self.host_limit.env_value()}
         if self.budget is not None:
             env["UVMPREFETCH_BUDGET"] = (str(self.budget.nbytes) if self.budget.nbytes is not None
                                          else repr(self.budget.fraction))
@@ -171,6 +217,14 @@ def parse_bool(var: str, text: str) -> bool:
     raise _bad(var, text)
 
 
+def _percent(t: str) -> float:
+    """``"30%"`` -> 0.3; ValueError unless in (0 %, 100 %]."""
+    frac = float(t[:-1]) / 100.0
+    if not 0 < frac <= 1:
+        raise ValueError
+    return frac
+
+
 def parse_budget(text: str, var: str = "UVMPREFETCH_BUDGET") -> Budget:
     """``"20GiB"`` -> bytes; ``"0.5"`` or ``"50%"`` -> a fraction of device memory.
 
@@ -184,10 +238,7 @@ def parse_budget(text: str, var: str = "UVMPREFETCH_BUDGET") -> Budget:
     t = str(text).strip()
     try:
         if t.endswith("%"):
-            frac = float(t[:-1]) / 100.0
-            if not 0 < frac <= 1:
-                raise ValueError
-            return Budget(fraction=frac)
+            return Budget(fraction=_percent(t))
         try:
             num = float(t)
         except ValueError:
@@ -196,6 +247,34 @@ def parse_budget(text: str, var: str = "UVMPREFETCH_BUDGET") -> Budget:
             return Budget(fraction=num)
         if num > 1 and num.is_integer():
             return Budget(nbytes=int(num))
+        raise ValueError
+    except (ValueError, ConfigError):
+        raise _bad(var, text) from None
+
+
+def parse_host_limit(text: str, var: str = "UVMPREFETCH_HOST_LIMIT") -> HostLimit:
+    """``""`` -> the default (25 % of available host memory); ``"40GiB"`` or a bare byte count -> bytes (``0``: no
+    mirrors, every eviction is UVM's); ``"30%"`` -> a percentage of the host memory available at start.
+
+    Raises
+    ------
+    ConfigError
+        Naming ``var`` and the accepted forms.
+    """
+    t = str(text).strip()
+    if not t:
+        return DEFAULT_HOST_LIMIT
+    try:
+        if t.endswith("%"):
+            return HostLimit(fraction=_percent(t))
+        if t == "0":
+            return HostLimit(nbytes=0)
+        try:
+            num = float(t)
+        except ValueError:
+            return HostLimit(nbytes=parse_size(t, var))
+        if num > 0 and num.is_integer():
+            return HostLimit(nbytes=int(num))
         raise ValueError
     except (ValueError, ConfigError):
         raise _bad(var, text) from None
@@ -313,8 +392,8 @@ def from_env(environ=None, *, check_policy: bool = True) -> RuntimeConfig:
     if log not in LOG_LEVELS:
         raise _bad("UVMPREFETCH_LOG", get("UVMPREFETCH_LOG"))
     gpu = get("UVMPREFETCH_GPU", "h100-pcie").strip() or "h100-pcie"
-    from .gpus import PROFILES
-    if gpu not in PROFILES:
+    from .gpus import ALIASES, PROFILES
+    if gpu not in PROFILES and gpu not in ALIASES:
         raise ConfigError(f"UVMPREFETCH_GPU={gpu!r} is invalid; accepted: one of {', '.join(PROFILES)}")
     mover = get("UVMPREFETCH_MOVER", "sync").strip().lower() or "sync"
     if mover not in MOVERS:
@@ -324,7 +403,12 @@ def from_env(environ=None, *, check_policy: bool = True) -> RuntimeConfig:
     observer = get("UVMPREFETCH_OBSERVER", "auto").strip().lower() or "auto"
     if observer not in OBSERVERS:
         raise _bad("UVMPREFETCH_OBSERVER", get("UVMPREFETCH_OBSERVER"))
+    evict = get("UVMPREFETCH_EVICT", "uvm").strip().lower() or "uvm"
+    if evict not in EVICT_MODES:
+        raise _bad("UVMPREFETCH_EVICT", get("UVMPREFETCH_EVICT"))
+    host_limit = parse_host_limit(get("UVMPREFETCH_HOST_LIMIT"))
     return RuntimeConfig(enabled=enabled, backend=backend, budget=budget, policy=policy, window=window, mover=mover,
                          discard=discard, discard_audit=discard_audit, observer=observer, managed_limit=managed_limit,
+                         evict=evict, host_limit=host_limit,
                          report=_parse_path("UVMPREFETCH_REPORT", get("UVMPREFETCH_REPORT")),
                          trace=_parse_path("UVMPREFETCH_TRACE", get("UVMPREFETCH_TRACE")), log=log, gpu=gpu)

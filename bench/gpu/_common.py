@@ -43,7 +43,7 @@ EXIT_CHECK_FAILED = 1
 RUNTIME_VARS = ("UVMPREFETCH", "UVMPREFETCH_BUDGET", "UVMPREFETCH_POLICY", "UVMPREFETCH_WINDOW",
                 "UVMPREFETCH_REPORT", "UVMPREFETCH_TRACE", "UVMPREFETCH_BACKEND", "UVMPREFETCH_LOG", "UVMPREFETCH_GPU",
                 "UVMPREFETCH_MOVER", "UVMPREFETCH_DISCARD", "UVMPREFETCH_DISCARD_AUDIT", "UVMPREFETCH_MANAGED_LIMIT",
-                "UVMPREFETCH_OBSERVER", "UVMPREFETCH_TEST_FAIL")
+                "UVMPREFETCH_OBSERVER", "UVMPREFETCH_TEST_FAIL", "UVMPREFETCH_EVICT", "UVMPREFETCH_HOST_LIMIT")
 
 # The shared-GPU rule (docs/design.md §5): the GPUs these scripts run on are shared, and asking one for more
 # managed memory than it has free can hang it. So every child process gets the shim's old cap, the GPU's free
@@ -499,6 +499,61 @@ def sized_working_set(name: str, ref: dict, dry_run: bool, hint: str = "") -> in
         fail(name, "no working-set figure: the sizing run reported no peak bytes", 1)
     check_fits_free(name, ws, dry_run)
     return ws
+
+
+@dataclass
+class PairedRuns:
+    """What the scripts that compare two runtime settings per budget ratio share (discards.py, copypath.py):
+    validated ``ratios``, the ``work``-load, ``run(mode, case, **kw)`` bounded by the deadline, ``left()`` seconds,
+    the working set ``ws`` and, on a GPU, the plain run's steady s/iter ``t_plain`` (None with --working-set)."""
+
+    ratios: list
+    work: "Workload"
+    run: object
+    left: object
+    ws: int
+    t_plain: float | None
+
+
+def paired_runs(name: str, args, dry_env: dict | None = None) -> PairedRuns:
+    """Check the arguments (``add_workload_arguments``, ``add_budget_arguments``, ``--working-set``,
+    deterministic kernels unless ``--nondeterministic``), then size the working set with a plain run (an unbudgeted
+    runtime run in a dry run, with ``dry_env``) unless ``--working-set`` gives it. Bad arguments: one line, exit 2."""
+    require_gpu(args, name)
+    ratios = parse_ratios(name, args.ratios)
+    if args.iters <= args.warmup or args.iters < 2:
+        fail(name, "--iters must be at least 2 and larger than --warmup")
+    if args.working_set is not None and args.working_set <= 0:
+        fail(name, f"--working-set {args.working_set}: must be a positive number of bytes")
+    if args.timeout <= 0 or args.deadline <= 0:
+        fail(name, "--timeout and --deadline must be positive")
+    start = time.monotonic()
+    det = not getattr(args, "nondeterministic", False)
+    if args.dry_run:
+        work = tiny_workload(iters=max(3, min(args.iters, 4)), foreach="off", deterministic=det)
+    else:
+        work = Workload(args.model, args.config, args.batch, args.seq, args.iters, args.warmup, args.dtype,
+                        deterministic=det, foreach="off")
+    wdir = out_dir(args) / f"{name}-runs"
+
+    def left() -> float:
+        return args.deadline - (time.monotonic() - start)
+
+    def run(mode, case, **kw):
+        return run_training(mode, work, wdir, case, seed=args.seed, dry_run=args.dry_run,
+                            timeout=max(30.0, min(args.timeout, left())), **kw)
+
+    plain = None
+    ws = args.working_set
+    if ws is None:
+        plain = (run("uvmprefetch", "unbudgeted", extra_env=dict(dry_env or {})) if args.dry_run
+                 else run("plain", "plain"))
+        ws = sized_working_set(name, plain, args.dry_run, " or pass --working-set")
+    else:
+        check_fits_free(name, ws, args.dry_run)
+    t_plain = (steady_median(iteration_times(plain, args.dry_run)[0], 1)
+               if plain is not None and not args.dry_run else None)
+    return PairedRuns(ratios, work, run, left, ws, t_plain)
 
 
 def check_fits_free(name: str, ws: int, dry_run: bool) -> None:

@@ -14,7 +14,7 @@ Measures, on the GPU it runs on:
 The fit turns the numbers into a ``GpuProfile`` override dict (``link_htod_bw``, ``link_dtoh_bw``,
 ``fault_batch_latency_s``, ``launch_overhead_s``) for ``uvmprefetch/gpus.py`` and for ``fidelity.py``.
 Managed memory is sized from ``cudaMemGetInfo``: never more than ``--max-fraction`` of the free memory
-(DESIGN.md §5). With ``--dry-run`` a fake timing source that follows a known profile stands in for the GPU
+(docs/design.md §5). With ``--dry-run`` a fake timing source that follows a known profile stands in for the GPU
 and the check is that the fit recovers that profile.
 """
 

@@ -12,7 +12,7 @@ Report fields it reads (``docs/runtime.md``, "Report" and "Liveness from the all
 ``iterations``, ``degraded``, ``errors``, ``bytes_dtoh`` / ``bytes_htod`` (the runtime's books) and
 ``backend_result.cupti.um_bytes_dtoh`` / ``um_bytes_htod`` (measured, when CUPTI is there: preferred),
 ``backend_result.discards`` (blocks discarded), ``backend_result.liveness.{allocations_seen, discards_issued,
-discards_refused, unknown_kernels_seen, source, unknown}`` (null until the runtime reports them),
+discards_refused, unknown_kernels_seen, source, unknown}`` (cuda; the dryrun backend has none),
 ``backend_result.host_time.hook_s``, ``backend_result.mover_wait_s``, ``launches``.
 """
 
@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import math
 import sys
-import time
-from pathlib import Path
 
 import _common as C
 import baseline as B
@@ -66,42 +64,9 @@ def main(argv=None) -> int:
     p.add_argument("--nondeterministic", action="store_true",
                    help="fast kernels; the loss comparison then cannot tell lost data from kernel noise")
     args = p.parse_args(argv)
-    C.require_gpu(args, NAME)
-    ratios = C.parse_ratios(NAME, args.ratios)
-    if args.iters <= args.warmup or args.iters < 2:
-        C.fail(NAME, "--iters must be at least 2 and larger than --warmup")
-    if args.working_set is not None and args.working_set <= 0:
-        C.fail(NAME, f"--working-set {args.working_set}: must be a positive number of bytes")
-    if args.timeout <= 0 or args.deadline <= 0:
-        C.fail(NAME, "--timeout and --deadline must be positive")
-
-    start = time.monotonic()
+    pr = C.paired_runs(NAME, args)
+    ratios, work, run, left, ws, t_plain = pr.ratios, pr.work, pr.run, pr.left, pr.ws, pr.t_plain
     det = not args.nondeterministic
-    if args.dry_run:
-        work = C.tiny_workload(iters=max(3, min(args.iters, 4)), foreach="off", deterministic=det)
-    else:
-        work = C.Workload(args.model, args.config, args.batch, args.seq, args.iters, args.warmup, args.dtype,
-                          deterministic=det, foreach="off")
-    wdir = C.out_dir(args) / "discards-runs"
-
-    def left() -> float:
-        return args.deadline - (time.monotonic() - start)
-
-    def run(mode, case, **kw):
-        return C.run_training(mode, work, wdir, case, seed=args.seed, dry_run=args.dry_run,
-                              timeout=max(30.0, min(args.timeout, left())), **kw)
-
-    # The working set: a plain run's peak reserved bytes on the GPU; in a dry run an unbudgeted runtime run
-    # (the CPU has no allocator figures), whose report gives the peak managed bytes.
-    plain = None
-    ws = args.working_set
-    if ws is None:
-        plain = run("uvmprefetch", "unbudgeted") if args.dry_run else run("plain", "plain")
-        ws = C.sized_working_set(NAME, plain, args.dry_run, " or pass --working-set")
-    else:
-        C.check_fits_free(NAME, ws, args.dry_run)
-    t_plain = (C.steady_median(C.iteration_times(plain, args.dry_run)[0], 1)
-               if plain is not None and not args.dry_run else None)
 
     runs, skipped = [], []
     for ratio in ratios:
@@ -148,10 +113,12 @@ def main(argv=None) -> int:
                 checks.append(C.Check("1.5x D2H per iteration with discards", f"{d2h_it:.3g} GiB ({src})",
                                       f"<= {D2H_TARGET_GIB:g} GiB", None if args.dry_run else d2h_it <= D2H_TARGET_GIB,
                                       "dry-run: the modelled GPU's books" if args.dry_run else ""))
-            checks.append(C.Check(f"{r['case']} liveness report fields",
-                                  "present" if live else "missing (backend_result.liveness)",
-                                  "allocations_seen, discards_issued, discards_refused, unknown_kernels_seen",
-                                  None, "" if live else "the runtime does not report liveness from the allocator yet"))
+            src_live = live.get("source")
+            checks.append(C.Check(f"{r['case']} deaths from the caching allocator",
+                                  str(src_live) if live else "missing (backend_result.liveness)",
+                                  "allocator (the tracker attached)",
+                                  None if args.dry_run else src_live == "allocator",
+                                  "dry-run: the dryrun backend has no caching allocator" if args.dry_run else ""))
         cases.append({"name": f"discards/{work.model}-{work.config}/{r['ratio']:g}/{'on' if r['discard'] else 'off'}",
                       "model": f"{work.model}-{work.config}", "budget_bytes": r["budget"], "oversub": r["ratio"],
                       "policy": "uvmprefetch", "discards": r["discard"], "iterations": len(r.get("losses", [])),

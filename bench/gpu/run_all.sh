@@ -23,6 +23,9 @@
 #                                  # ~1-2 min with the setup; needs no runtime integration)
 #   bench/gpu/run_all.sh discards  # discards.py: GPT-2 large at 1.5x and 2x, discards on and off, 7 iterations
 #                                  # (~6 min, at most ~7 with the setup); needs the runtime's liveness integration
+#   bench/gpu/run_all.sh copypath  # copypath.py: GPT-2 large at 1.5x and 2x, UVMPREFETCH_EVICT=auto vs uvm, 7 iterations
+#                                  # (~8 min, at most ~9 with the setup); needs the allocator events wired into the
+#                                  # runtime (else the copy path finds no eligible block and the check says so)
 #   bench/gpu/run_all.sh alternatives     # every way to train GPT-2 large under the 1.5x budget (checkpointing,
 #                                         # offload, FSDP2 offload, managed, uvmprefetch), then 2x while its
 #                                         # deadline allows (~7.5 min, at most ~9)
@@ -236,6 +239,9 @@ runtime)
 tracker)
     setup
     step tests-gpu-tracker 240 "$PY" -m pytest -q -p no:cacheprovider tests/gpu/test_alloc_tracker_gpu.py -rs
+    # the session's allocator feed and the gated discard call (tests/gpu/_probe.py "liveness", "move")
+    step tests-gpu-feed 180 "$PY" -m pytest -q -p no:cacheprovider tests/gpu/test_runtime_gpu.py -rs \
+        -k "unobserved_allocation or prefetch_and_discard"
     save
     ;;
 discards)
@@ -247,6 +253,17 @@ discards)
     step discards 380 "$PY" bench/gpu/discards.py --iters 7 --warmup 2 --timeout 150 --deadline 340 \
         --out "$RES/discards"
     [ -n "${OUT:-}" ] && cp "$RES/discards/discards.json" bench/baselines/gpu.json "$OUT/" 2>/dev/null
+    save
+    ;;
+copypath)
+    # the copy path (docs/runtime.md "The copy path"): losses with UVMPREFETCH_EVICT=auto must be bit-equal to
+    # UVM's eviction only; s/iter against plain; cases into bench/baselines/gpu.json
+    setup
+    mkdir -p "$RES/copypath"
+    numba_warm
+    step copypath 500 "$PY" bench/gpu/copypath.py --iters 7 --warmup 2 --timeout 150 --deadline 480 \
+        --out "$RES/copypath"
+    [ -n "${OUT:-}" ] && cp "$RES/copypath/copypath.json" bench/baselines/gpu.json "$OUT/" 2>/dev/null
     save
     ;;
 part2 | part2b)
@@ -318,11 +335,12 @@ dry-run)
     step fidelity 300 "$PY" bench/gpu/fidelity.py --dry-run --from "$RES/oversub.json"
     step distributed 300 "$PY" bench/gpu/distributed.py --dry-run
     step alternatives 600 "$PY" bench/gpu/alternatives.py --dry-run
+    step copypath 300 "$PY" bench/gpu/copypath.py --dry-run
     step runtime-cost 600 "$PY" bench/gpu/runtime_cost.py --dry-run --rounds 1 --time-limit 580
     "$PY" bench/gpu/summarize.py --dry-run | tail -n 12
     ;;
 *)
-    echo "usage: bench/gpu/run_all.sh next|part1|part2|part2b|part3|discard|discard2|discard3|dist|runtime|tracker|discards|alternatives|alternatives-2x|fidelity|summary|dry-run" >&2
+    echo "usage: bench/gpu/run_all.sh next|part1|part2|part2b|part3|discard|discard2|discard3|dist|runtime|tracker|discards|copypath|alternatives|alternatives-2x|fidelity|summary|dry-run" >&2
     exit 2
     ;;
 esac

@@ -60,48 +60,41 @@ def main(what):
             moved = mv.mark_moves()
             del dead
             # ordered after the queued kernels and that eviction, before the next kernels
-            d = mv.discard([(p, n)], after=moved)
+            d = mv.discard([[(p, n)]], after=moved)
             z = torch.full((1 << 22,), 3.0, device="cuda")  # reuses the discarded memory
             mv.prefetch([(p, n)], to_device=True, after=d)  # a move of it after the discard
             out["discard_reuse_ok"] = z.data_ptr() == p and z.sum().item() == 3.0 * (1 << 22)
         out["cuda_calls"] = mv.calls
-    elif what == "guard":  # with UVMPREFETCH_DISCARD=1: the discard guard against an allocation no op touched
-        import time
-
+    elif what == "liveness":  # with UVMPREFETCH_DISCARD=1: deaths from the caching allocator's own events
         import numpy as np
         be = s.backend
-        out["guard"] = be.guard is not None
-        x = torch.ones(1 << 22, device="cuda")  # 16 MiB, seen by the runtime
-        p, n = x.data_ptr(), x.numel() * 4
-        ids = be.block_ids(p, n)
-        del x
-        torch.zeros(1, device="cuda")  # the next observed op drains the death: the blocks count dead
-        whole = ids[1:-1] if p % be.block_size else ids[:-1]  # blocks x covered completely
-        out["dead_after_free"] = bool(be.dead[whole].all())
-        others = []  # the same memory, handed out with no op the runtime sees (best fit: the first try, as a rule)
-        raw = torch.cuda.caching_allocator_alloc(n)
-        while raw != p and len(others) < 8:
-            others.append(raw)
+        out["feed"], out["why"] = be.feed is not None, be.liveness_why
+        if be.feed is not None:
+            bs = be.block_size
+            x = torch.ones(1 << 22, device="cuda")  # 16 MiB
+            p, n = x.data_ptr(), x.numel() * 4
+            nums = np.arange(-(-p // bs), (p + n) // bs, dtype=np.int64)  # the blocks x covers completely
+            del x
+            torch.cuda.synchronize()
+            be.feed.pump()
+            dead = be.feed.liveness.dead_mask
+            out["dead_after_free"] = bool(nums.size and dead(nums).all())
+            others = []  # the same memory, handed out with no op the runtime sees (as cuBLAS takes its workspace)
             raw = torch.cuda.caching_allocator_alloc(n)
-        for o in others:
-            torch.cuda.caching_allocator_delete(o)
-        cudart.cudaMemset(raw, 7, n)
-        out["raw_reuses_memory"] = raw == p
-        keep, _ = be._safe_discards(whole, np.zeros(0, dtype=np.int64), -1)
-        out["refused_while_live"] = keep.size == 0 and be.guard.refused_blocks >= whole.size
-        torch.cuda.synchronize()
-        torch.cuda.caching_allocator_delete(raw)
-        be.dead[whole] = True  # as a later free would set them
-        keep, _ = be._safe_discards(whole, np.zeros(0, dtype=np.int64), -1)
-        out["allowed_once_freed"] = keep.size == whole.size
-        t0 = time.perf_counter()
-        for _ in range(100):
-            be.guard.stats()
-        out["stats_us"] = (time.perf_counter() - t0) * 1e4
-        t0 = time.perf_counter()
-        be.guard.snapshot()
-        out["snapshot_ms"] = (time.perf_counter() - t0) * 1e3
-        out["result"] = be.guard.result()
+            while raw != p and len(others) < 8:
+                others.append(raw)
+                raw = torch.cuda.caching_allocator_alloc(n)
+            for o in others:
+                torch.cuda.caching_allocator_delete(o)
+            cudart.cudaMemset(raw, 7, n)
+            out["raw_reuses_memory"] = raw == p
+            be.feed.pump()
+            out["live_while_raw"] = not dead(nums).any()
+            torch.cuda.synchronize()
+            torch.cuda.caching_allocator_delete(raw)
+            be.feed.pump()
+            out["dead_once_freed"] = bool(dead(nums).all())
+            out["stats"] = be.feed.stats()
     elif what == "host_backing":  # does the driver keep a page's host copy once the page is back on the GPU?
         mv = s.backend.mover
         free, _ = torch.cuda.mem_get_info()

@@ -33,7 +33,7 @@ CXX = shutil.which("g++") or shutil.which("c++")
 ENTRY_POINTS = ("uvm_alloc_tracker_attach", "uvm_alloc_tracker_enable", "uvm_alloc_tracker_drain",
                 "uvm_alloc_tracker_dropped", "uvm_alloc_tracker_seen", "uvm_alloc_tracker_next_seq",
                 "uvm_alloc_tracker_barrier", "uvm_alloc_tracker_error", "uvm_alloc_tracker_built_for",
-                "uvm_alloc_tracker_record_size", "uvm_alloc_tracker_capacity")
+                "uvm_alloc_tracker_record_size", "uvm_alloc_tracker_capacity", "uvm_alloc_tracker_quiesce")
 
 needs_cxx = pytest.mark.skipif(CXX is None, reason="needs a C++ compiler")
 
@@ -100,3 +100,52 @@ def test_tracker_compiles_and_links_against_a_cuda_torch(tmp_path):
     assert got["drained"] == 0 and got["dropped"] == 0 and got["last_dropped"] == 0 and got["seen"] == 0
     # torch.cuda was never initialised in that process (with or without a GPU): nothing to attach to yet
     assert got["attach"] == -1 and "not initialised" in got["error"], got
+
+
+_IN_OBSERVER = """
+import ctypes, json, os, sys
+from uvmprefetch.runtime import native
+path = native.build(native.OBSERVER)
+lib = ctypes.CDLL(str(path))
+lib.uvm_alloc_tracker_next_seq.restype = lib.uvmobs_mark.restype = ctypes.c_uint64
+lib.uvmobs_mark.argtypes = [ctypes.c_uint32, ctypes.c_uint64]
+lib.uvm_alloc_tracker_error.restype = lib.uvm_alloc_tracker_built_for.restype = ctypes.c_char_p
+seqs = [lib.uvm_alloc_tracker_next_seq(), lib.uvmobs_mark(0, 0), lib.uvm_alloc_tracker_next_seq()]
+print(json.dumps({"path": str(path), "seqs": seqs, "quiesce": lib.uvm_alloc_tracker_quiesce(1000),
+                  "attach": lib.uvm_alloc_tracker_attach(), "error": lib.uvm_alloc_tracker_error().decode(),
+                  "built_for": lib.uvm_alloc_tracker_built_for().decode()}))
+"""
+
+
+def test_the_observer_library_carries_the_tracker_where_a_cuda_torch_is_installed(tmp_path):
+    """GIVEN a CUDA torch (``UVMPREFETCH_CUDA_PYTHON``), WHEN the runtime's own builder builds the C++ observer's
+    library there, THEN ``alloc_tracker.cpp`` is compiled into it (its entry points exported), its events and the
+    observer's ops are numbered from one sequence, the lock-free quiesce returns at once when no event is in
+    flight, and attaching before CUDA is initialised is refused with the reason."""
+    py, info = cuda_torch([sys.executable, os.environ.get("UVMPREFETCH_CUDA_PYTHON")])
+    env = dict(os.environ, UVMPREFETCH_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(HERE.parents[1]))
+    r = subprocess.run([py, "-c", _IN_OBSERVER], capture_output=True, text=True, timeout=900, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    syms = subprocess.run(["nm", "-D", "--defined-only", got["path"]], capture_output=True, text=True).stdout
+    missing = [f for f in ENTRY_POINTS if f" T {f}" not in syms]
+    assert not missing, f"the observer library lacks {missing}"
+    assert " T uvmobs_start" in syms
+    a, b, c = got["seqs"]
+    assert a < b < c, got  # one counter for the allocator's events and the observer's records
+    assert got["quiesce"] == 0 and got["built_for"] == info["version"]
+    assert got["attach"] == -1 and "not initialised" in got["error"], got
+
+
+def test_doctor_says_whether_the_tracker_is_in_the_observer_library(monkeypatch, tmp_path):
+    """``uvmprefetch doctor`` runs to the end (no observer built yet included) and says whether discards can
+    have the allocator's events here: with a CPU-only torch they cannot, and it names why."""
+    from uvmprefetch.cli import doctor
+    monkeypatch.setenv("UVMPREFETCH_CACHE_DIR", str(tmp_path / "cache"))  # (nothing built there)
+    got = {c["name"]: c for c in doctor.checks()}
+    t = got["allocator tracker"]
+    assert not t["required"]
+    import torch
+    if torch.version.cuda is None:
+        assert not t["ok"] and "libc10_cuda.so" in t["detail"] and "discards nothing" in t["detail"]
+    assert "not built yet" in got["observer"]["detail"] or got["observer"]["ok"] is False

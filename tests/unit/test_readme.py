@@ -16,7 +16,7 @@ BASE = REPO / "bench" / "baselines"
 
 # the settings of bench/baselines/replay.json the README's simulator table quotes, with their labels
 SIM_SETTINGS = (("h100-pcie host=live evict=auto", "default: H100's costs, runtime threads, copy path, discards"),
-                ("h100-pcie no-discard host=live", "as the runtime ships: UVM's eviction, no discards"),
+                ("h100-pcie no-discard host=live", "the runtime's defaults: UVM's eviction, no discards"),
                 ("h100-pcie-lit host=free", "literature profile (`h100-pcie-lit`), free host"))
 SIM_POLICIES = ("demand", "deepum", "uvmprefetch", "oracle")
 SIM_OVERSUB = ("1.5", "2", "3")

@@ -108,11 +108,35 @@ def test_mixed_precision_uses_flash_attention_and_bf16_peaks():
     ("bert", dict(seq=32), "aten::_scaled_dot_product_efficient_attention"),
     ("resnet", dict(image_size=32), "aten::convolution_backward"),
     ("vit", dict(image_size=32), "aten::_scaled_dot_product_efficient_attention_backward"),
+    ("t5", dict(seq=32), "aten::_scaled_dot_product_efficient_attention_backward"),
 ])
 def test_zoo_families_record(model, kw, kernel):
     t = record_model(model, "tiny", batch=2, iters=2, **kw)
     validate(t)
     assert t.iterations == 2 and kernel in t.names
+
+
+def test_encoder_decoder_reads_the_encoder_output_in_every_decoder_layer_forward_and_backward():
+    # GIVEN T5 (2 encoder and 2 decoder layers, d_model 64) on a 32-token source; the target defaults to a quarter
+    t = record_model("t5", "tiny", batch=2, seq=32, iters=2)
+    assert (t.meta["seq"], t.meta["target_seq"]) == (32, 8)
+    assert record_model("t5", "tiny", batch=2, seq=32, target_seq=16, iters=1).meta["target_seq"] == 16
+    # WHEN the reads of each activation in the steady iteration are counted by phase
+    steady = np.flatnonzero(t.launch_iter == 1)
+    reads = collections.defaultdict(collections.Counter)
+    for i in steady:
+        for j in range(t.acc_ptr[i], t.acc_ptr[i + 1]):
+            if t.acc_mode[j] == READ and t.alloc_kind[t.acc_alloc[j]] == KIND["activation"]:
+                reads[int(t.acc_alloc[j])][int(t.launch_phase[i])] += 1
+    # THEN one source-sized activation (the encoder's output) is read by the key and value projections of both
+    # decoder layers' cross-attention in the forward pass, and again by their weight gradients in the backward pass
+    source = 2 * 32 * 64 * 4
+    cross = [a for a, c in reads.items() if t.alloc_size[a] == source and c[PHASE["forward"]] == 2 * 2
+             and c[PHASE["backward"]] == 2 * 2]
+    assert len(cross) == 1
+    # ... and the decoder's own activations are target-sized (a quarter of the source's)
+    decoder = [a for a, c in reads.items() if t.alloc_size[a] == source // 4]
+    assert decoder
 
 
 def test_view_offsets_frees_and_modes():

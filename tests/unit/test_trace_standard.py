@@ -6,11 +6,22 @@ import pytest
 from uvmprefetch.errors import ConfigError
 from uvmprefetch.trace import load
 from uvmprefetch.trace import standard as S
+from uvmprefetch.trace.models import ENCDEC, check_args
 
 
 def test_set_covers_the_published_workloads():
-    assert {"gpt2-large", "bert-large", "resnet-152"} <= set(S.STANDARD)
+    assert {"gpt2-large", "bert-large", "resnet-152", "vit-large", "t5-base"} <= set(S.STANDARD)
     assert all(kw["iters"] >= 3 for kw in S.STANDARD.values())
+    assert any(kw["model"] in ENCDEC for kw in S.STANDARD.values())  # an encoder-decoder's cross-attention reuse
+
+
+@pytest.mark.parametrize("name", list(S.STANDARD))
+def test_every_entry_is_a_valid_recording(name):
+    kw = dict(S.STANDARD[name])
+    model, config = kw.pop("model"), kw.pop("config")
+    check_args(model, config, batch=kw.pop("batch"), seq=kw.pop("seq", None), image_size=kw.pop("image_size", None),
+               iters=kw.pop("iters"), dtype=kw.pop("dtype", "fp32"), target_seq=kw.pop("target_seq", None))
+    assert not kw, f"{name}: arguments record_model's checks do not cover: {kw}"
 
 
 def test_cache_records_once_and_names_by_hash(tmp_path, monkeypatch):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 
 NAME = "doctor"
@@ -56,6 +57,7 @@ def checks() -> list[dict]:
         required=False)
     add("shim", *_shim())
     add("observer", *_observer(), required=False)
+    add("allocator tracker", *_tracker(), required=False)
     add("managed limit", *_managed_limit(d.total_bytes or 0), required=False)
     add("budget", *_budget(d.total_bytes or 0), required=False)
     try:
@@ -162,6 +164,20 @@ def _observer() -> tuple[bool, str]:
         return False, "Python dispatch mode (the C++ observer needs `make` to build)"
     return True, (f"C++ (RecordFunction), not built yet: the first run builds it for torch {facts['torch']} "
                   f"({facts['compiler'].split()[-1] if facts['compiler'] else 'c++'}) into {folder_for(OBSERVER, key)}")
+
+
+def _tracker() -> tuple[bool, str]:
+    """Whether the observer library carries the CUDA caching allocator's tracker (discards need it), and why not."""
+    from ..runtime.native import OBSERVER, NativeBuildError, build_key
+    try:
+        _, facts = build_key(OBSERVER)
+    except (NativeBuildError, ImportError, OSError) as e:
+        return False, f"not built (the observer library cannot be built: {e}); UVMPREFETCH_DISCARD=1 discards nothing"
+    if facts.get("cuda_include"):
+        return True, (f"compiled into the observer library for torch {facts['torch']} (CUDA headers: "
+                      f"{facts['cuda_include']}); attached at start-up with UVMPREFETCH_DISCARD=1")
+    return False, (f"not built: torch {facts['torch']} has no libc10_cuda.so or no CUDA runtime headers were found; "
+                   "UVMPREFETCH_DISCARD=1 discards nothing")
 
 
 def _hook_installed() -> str:

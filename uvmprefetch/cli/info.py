@@ -33,7 +33,8 @@ def run(args) -> int:
         return 0
     m = s["meta"]
     what = m.get("name") or m.get("script") or "trace"
-    shape = ", ".join(f"{k} {m[k]}" for k in ("batch", "seq", "image_size", "dtype") if m.get(k) is not None)
+    shape = ", ".join(f"{k} {m[k]}" for k in ("batch", "seq", "target_seq", "image_size", "dtype")
+                      if m.get(k) is not None)
     print(f"{args.trace}: {what}" + (f" ({shape})" if shape else "") +
           (f", {m['params'] / 1e6:.1f}M parameters" if m.get("params") else ""))
     print(f"  events       {s['launches']} launches ({s['launches_per_iteration']} in steady iteration "

@@ -14,9 +14,11 @@ examples:
   uvmprefetch record --model gpt2 --config large --batch 8 --seq 1024 --iters 2 -o gpt2l.uvmt
   uvmprefetch record --model bert --config large --batch 16 --seq 512 --dtype bf16 -o bertl.uvmt
   uvmprefetch record --model resnet --config 152 --batch 64 --image-size 224 -o r152.uvmt
+  uvmprefetch record --model t5 --config base --batch 32 --seq 512 --target-seq 128 -o t5b.uvmt
   uvmprefetch record --script train.py --iters 3 -o mine.uvmt -- --lr 3e-4 --data ./data
 
-models: gpt2 (tiny small medium large xl), bert (tiny base large), resnet (tiny 50 101 152), vit (tiny base large)
+models: gpt2 (tiny small medium large xl), bert (tiny base large), resnet (tiny 50 101 152), vit (tiny base large),
+        t5 (tiny small base large)
 """
 
 
@@ -29,7 +31,10 @@ def add_arguments(p) -> None:
     p.add_argument("--config", metavar="NAME", help="model size (see below); default: the family's smallest "
                                                     "published size")
     p.add_argument("--batch", type=int, default=None, metavar="N", help="batch size (default 8)")
-    p.add_argument("--seq", type=int, metavar="N", help="sequence length (text models; gpt2 1024, bert 512)")
+    p.add_argument("--seq", type=int, metavar="N",
+                   help="sequence length (text models; gpt2 1024, bert 512; t5: the source, 512)")
+    p.add_argument("--target-seq", type=int, metavar="N",
+                   help="target length of an encoder-decoder (t5; default a quarter of --seq)")
     p.add_argument("--image-size", type=int, metavar="N", help="image side (image models; default 224)")
     p.add_argument("--iters", type=int, default=2, metavar="N",
                    help="optimizer steps to record (default 2; the first is not steady state)")
@@ -43,7 +48,7 @@ def add_arguments(p) -> None:
     p.add_argument("script_args", nargs="*", metavar="-- ARGS", help="arguments for --script, after --")
 
 
-_FIRST = {"gpt2": "small", "bert": "base", "resnet": "50", "vit": "base"}
+_FIRST = {"gpt2": "small", "bert": "base", "resnet": "50", "vit": "base", "t5": "small"}
 
 
 def run(args) -> int:
@@ -60,7 +65,7 @@ def run(args) -> int:
     progress = not args.no_progress and sys.stderr.isatty()
     t0 = time.perf_counter()
     if args.script:
-        for flag in ("config", "batch", "seq", "image_size"):
+        for flag in ("config", "batch", "seq", "target_seq", "image_size"):
             if getattr(args, flag) is not None:
                 raise ConfigError(f"--{flag.replace('_', '-')} applies to --model, not --script "
                                   "(pass the script's own options after --)")
@@ -75,7 +80,7 @@ def run(args) -> int:
         from ..trace.models import record_model
         trace = record_model(args.model, args.config or _FIRST[args.model], batch=8 if args.batch is None
                              else args.batch, seq=args.seq, image_size=args.image_size, iters=args.iters,
-                             dtype=args.dtype, gpu=args.gpu, progress=progress)
+                             dtype=args.dtype, gpu=args.gpu, progress=progress, target_seq=args.target_seq)
     elapsed = time.perf_counter() - t0
     trace.meta["record_s"] = round(elapsed, 3)
     out = args.output or f"{trace.meta.get('name', 'trace')}.uvmt"

@@ -10,25 +10,22 @@ moves blocks with cuda-python (``cuda.bindings.runtime``, CUDA 13 ``cudaMemLocat
   with the C++ observer (this backend's hooks then run on the planner thread) or with
   ``UVMPREFETCH_MOVER=thread``, else from the thread that runs the hooks;
 - discards (dead data, no write-back) are off by default: a Decision's discards are issued as evictions,
-  which free the same room and keep the data. With ``UVMPREFETCH_DISCARD=1`` they use
-  ``cudaMemDiscardBatchAsync`` on a second stream, only for blocks the runtime saw freed and no launch touched
-  since, ordered (``Mover.discard``): after every queued kernel (one may still read the dead tensor) and
-  before every later one (it may reuse the memory), since the hook runs after its launch is queued and cannot
-  put a wait before the next; and, per block, after the moves of the same blocks already issued and before
-  any later move of them (CUDA: a prefetch that runs during a discard of the same range is undefined
-  behaviour). Moves of other blocks are not ordered with it: a discard no longer makes the compute stream
-  wait for every queued prefetch, which had kept a GPT-2 large run at 1.5x from finishing 4 iterations in
-  120 s (bench/results/gpu-20261124/, section 5). And, per block, only where no live allocation of the
-  caching allocator lies (``DiscardGuard``, discard_guard.py): on an H200 (bench/results/gpu-20261127/) a run
-  with that stream order still ended with a NaN loss, and a strict check found a 32 MiB allocation no
-  observed op had touched (a library workspace) in blocks the runtime counted dead. Off by default because of
-  those NaN losses (the H100's too: bench/results/gpu-20261123c/); the guard is not yet run on a GPU. The
-  discards also held the training thread longer than the write-backs they saved;
+  which free the same room and keep the data. With ``UVMPREFETCH_DISCARD=1`` (and the batch API) deaths come
+  from the CUDA caching allocator itself (``alloc_feed.py``: its trace tracker's events into ``Liveness``): a
+  block is a candidate only while every allocation that overlapped it is FREE_COMPLETED and nothing reused it
+  (its ticket). An allocation no observed op touches (a cuBLAS workspace, which lay in blocks the dispatcher's
+  ops alone made look dead and whose discard lost data on an H100 and an H200) keeps its blocks live. The
+  mover issues each batch in order (``Mover.discard``): after the queued kernels, with the compute stream
+  gated, the tickets checked again against every allocator event so far, then ``cudaMemDiscardBatchAsync``
+  on a second stream after the moves of the same blocks, then the gate opened; later moves of those blocks
+  wait for it (CUDA: a prefetch during a discard of the same range is undefined behaviour; ``cuda_discards.py``).
+  Off by default
+  until a GPU run shows the losses bit-equal (``bench/gpu/discards.py``);
 - the budget (``Residency``) evicts the least recently migrated blocks, never those of the running launch
   or of launches still queued on the GPU (``GpuProgress``).
 
 The launch hook's host seconds, by stage, are in the report (``host_time``, ``HostTime``): on the H100 the
-eviction and discard calls held the training thread (bench/results/gpu-20261123b/README.md).
+eviction and discard calls held the training thread when the Python observer ran them there.
 
 Any CUDA error raises ``CudaCallError``; the session logs it once and switches the prefetcher off, leaving
 plain managed memory (still correct: the driver pages on demand).
@@ -47,8 +44,8 @@ import numpy as np
 from ..errors import DeviceError
 from ..gpus import PROFILES
 from ..policy.base import EMPTY, Advice, LaunchInfo, Policy, PolicyContext
-from .discard_guard import DiscardGuard
 from .mover import CudaCallError, MoverError, MoveThread, Mover, StreamMarks  # noqa: F401 - re-exported
+from .cuda_discards import AllocatorDiscards
 from .memory import plan_memory
 from .residency import Residency
 
@@ -94,7 +91,7 @@ class HostTime:
                 "note": "host seconds inside the launch hook, by stage, over the whole run"}
 
 
-class CudaBackend:
+class CudaBackend(AllocatorDiscards):
     """The live GPU backend (see the module docstring).
 
     Raises
@@ -109,6 +106,10 @@ class CudaBackend:
     device_type = "cuda"
     _native_lib = None  # the C++ observer, when it runs (attach_native)
     _gate = None  # (late, fault) dense ids the gate saw for the next launch (note_gate)
+    copy = None  # the copy path (copyout.py), started with the C++ observer under UVMPREFETCH_EVICT=auto
+    copy_status = "off (UVMPREFETCH_EVICT=uvm)"
+    feed = None  # the caching allocator's events (alloc_feed.py): with UVMPREFETCH_DISCARD=1 or UVMPREFETCH_EVICT=auto
+    _copy_books, _copy_books_why = False, "the allocator's events are not attached"
 
     def __init__(self, cfg, policy: Policy, *, shim=None) -> None:
         from .device import require_cuda
@@ -149,18 +150,7 @@ class CudaBackend:
             self.mover.start_thread(max(self.capacity_bytes // 16, 64 * BLOCK_SIZE))
         self.driver = drv
         self.policy = policy
-        # Discards only with UVMPREFETCH_DISCARD=1 and the batch API; otherwise a Decision's discards are issued
-        # as evictions (same room freed, the data kept). Either way only blocks the runtime itself saw freed and
-        # no launch touched since (``dead``) may be discarded: a policy's stale dead flag never loses data.
-        self.discard_on = bool(cfg.discard and self.mover.can_discard)
-        # every discard checked against the caching allocator (discard_guard.py): a library's workspace that no
-        # observed op touched lay in blocks the runtime counted dead (H200, 2026-11-27); strict with
-        # UVMPREFETCH_DISCARD_AUDIT=1
-        self.guard = DiscardGuard(strict=cfg.discard_audit) if self.discard_on else None
-        self.dead = np.zeros(self.max_blocks, dtype=bool)
-        self._marks_for(self.max_blocks)
-        self.discards_as_evictions = 0
-        self.refused_discards = 0
+        self._attach_feed(cfg)
         self._ids: dict[int, int] = {}
         self._addr = np.zeros(self.max_blocks, dtype=np.int64)  # dense id -> block address
         self._segments: list[tuple[int, int]] = []
@@ -189,7 +179,7 @@ class CudaBackend:
             self.cupti_status = why
         policy.on_start(PolicyContext(block_size=self.block_size, capacity_blocks=cap_blocks,
                                       max_blocks=self.max_blocks, gpu=self.gpu, live=True,
-                                      discards=self.discard_on))
+                                      discards=self.discard_on, copy_path=cfg.evict == "auto"))
 
     def attach_native(self, lib) -> None:
         """Run under the C++ observer (``native_observer.py``): the hooks run on the planner thread, every move
@@ -209,11 +199,36 @@ class CudaBackend:
         self.mover.thread.idle = self.mover.gate.settle
         self._capturing = lambda: False
         self._native_lib = lib
+        if self._cfg.evict == "auto":
+            from . import copyout
+            self.copy, self.copy_status = copyout.start(self, lib, self._cfg)
+            if self.copy is not None:
+                self.mover.thread.service = self.copy.serve
+            if self._cfg.log in ("info", "debug") or self.copy is None:
+                print(f"uvmprefetch: copy path {self.copy_status}", file=sys.stderr)
+
+    def allocator_complete(self, ok: bool, why: str = "") -> None:
+        """Whether the allocator's events cover every live allocation (its tracker attached before the first one, or
+        a snapshot fed as events): until then no block is eligible for the copy path."""
+        if self.copy is not None:
+            self.copy.book.set_complete(ok, why)
+
+    def allocator_events(self, events: np.ndarray) -> None:
+        """The caching allocator's events (``liveness.EVENT_DTYPE``), in sequence order: the copy path's book of
+        which allocations are fully observed. The book is whole only while the feed has covered every allocation
+        since start (attached before the first one, never a gap): after a gap it stays incomplete for the run."""
+        if self.copy is None:
+            return
+        if self._copy_books and self.feed is not None and self.feed.liveness.unknown is not None:
+            self._copy_books = False
+            self._copy_books_why = f"the allocator's events have a hole: {self.feed.liveness.unknown}"
+        self.copy.book.set_complete(self._copy_books, "" if self._copy_books else self._copy_books_why)
+        self.copy.book.feed(events[events["device"] >= 0] if len(events) else events)
 
     def gap(self) -> None:
-        """The observer dropped records (a full ring): launches may have reused blocks counted dead, so none of
-        them may be discarded any more (each becomes dead again only by a death seen after the gap)."""
-        self.dead[:] = False
+        """The observer dropped records (a full ring): the policy's view has a hole; no block reported dead before it
+        is discarded after it (each needs a death seen after the gap; the allocator's own ring has its own)."""
+        self.ticket[:] = 0
 
     def thread_init(self) -> None:
         """On the planner thread, before its first launch: this backend's device is its current device (events and
@@ -297,16 +312,37 @@ class CudaBackend:
                 j += 1
         return [(p, s) for p, s in out]
 
+    def _mapped(self, blocks: np.ndarray) -> np.ndarray:
+        """A bool per block id: part of it lies in a live managed allocation (a move of it moves something)."""
+        self._refresh_segments()
+        starts, segs, bs = self._seg_starts, self._segments, self.block_size
+        out = np.zeros(blocks.shape[0], dtype=bool)
+        for k, a in enumerate(self._addr[blocks].tolist()):
+            j = bisect.bisect_right(starts, a + bs - 1) - 1  # the last allocation starting inside or before
+            out[k] = j >= 0 and segs[j][0] + segs[j][1] > a  # (allocations do not overlap)
+        return out
+
     # ------------------------------------------------------------------------------------ hooks
-    def free(self, blocks: np.ndarray) -> None:
-        """Blocks no live tensor touches any more, numbered ``address // block_size`` as the session's
-        tracker numbers them; mapped here to the dense ids of ``block_ids`` (a block no launch touched has
-        none, and nothing to free)."""
+    def _dense(self, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(dense ids, positions in ``blocks``) of the block numbers (``address // block_size``) that have an id (a
+        block no launch touched has none: nothing to tell)."""
         get = self._ids.get
-        ids = [i for i in map(get, blocks.tolist()) if i is not None]
-        if ids:
-            dense = np.asarray(ids, dtype=np.int64)
-            self.dead[dense] = True
+        pairs = [(i, k) for k, i in enumerate(map(get, blocks.tolist())) if i is not None]
+        if not pairs:
+            return EMPTY, EMPTY
+        a = np.asarray(pairs, dtype=np.int64)
+        return a[:, 0], a[:, 1]
+
+    def free(self, blocks: np.ndarray) -> None:
+        """Blocks no live tensor the observer saw touches any more (the session's storage tracker: the Python
+        observer's finalizers), numbered ``address // block_size``. The policy is told; they never become discard
+        candidates (an allocation no op touched may lie there). With the allocator feed its deaths replace these."""
+        if self.feed is not None:
+            return
+        dense, _ = self._dense(blocks)
+        if dense.size and self.copy is not None:
+            self.copy.forget(dense)
+        if dense.size:
             self.res.free(dense)
             self.policy.on_free(dense)
 
@@ -342,7 +378,7 @@ class CudaBackend:
             res.in_flight[gate[0]] = False
         t1 = clock()
         if info.blocks.size:
-            self.dead[info.blocks] = False  # in use again (the allocator handed the memory out)
+            self.ticket[info.blocks] = 0  # in use again (the allocator handed the memory out)
         # Launches still queued on the GPU keep their blocks. The mask is a pass over every block: built only
         # when something is to leave (most launches when the model fits: none), the queue polled every launch.
         self.progress.poll()
@@ -353,7 +389,7 @@ class CudaBackend:
             if mask is None:
                 mask = self.progress.protected_mask(info.blocks, poll=False)
             return mask
-        discard, evict, pf = res.plan(dec, protected)
+        discard, evict, pf = res.plan(dec, protected, self._mapped)
         if discard.size:
             discard, evict = self._safe_discards(discard, evict, info.index)
         res.apply(discard, evict, EMPTY)  # books first: what the Decision frees counts for the budget
@@ -364,16 +400,26 @@ class CudaBackend:
         t2 = clock()
         mv = self.mover
         out = np.union1d(evict, victims)
+        if self.copy is not None and out.size:  # the copy path takes what it can; the rest leaves by UVM
+            out = self._copy_out(out, dec)
         on = self.discard_on  # each block's last move and discard (see Mover); no discard is left when off
         if discard.size:
-            self._disc_mark[discard] = mv.discard(self.ranges(discard), after=int(self._move_mark[discard].max()))
+            self._issue_discards(discard)
         t3 = clock()
         mv.prefetch(self.ranges(out), to_device=False, after=self._after_discards(out) if on else 0)
         t4 = clock()
         if dec is not None:
             for blocks, advice in dec.advise:
-                mv.advise(self.ranges(np.asarray(blocks, dtype=np.int64)), Advice(advice))
+                blocks = np.asarray(blocks, dtype=np.int64)
+                if self.copy is not None and advice == Advice.PREFER_HOST:
+                    self.copy.advise_host(blocks)  # read on the host from now on: mirrors back first, never copied
+                mv.advise(self.ranges(blocks), Advice(advice))
         t5 = clock()
+        if self.copy is not None and pf.size and self.copy.mirrors:
+            back = self.copy.mirrored(pf)
+            if back.any():
+                self.copy.bring_in(pf[back])  # copy-ins, in the policy's order, on the same stream
+                pf = pf[~back]
         # the policy's order: soonest-needed first
         mv.prefetch(self.ranges(pf, keep_order=True), to_device=True, after=self._after_discards(pf) if on else 0)
         if on and (out.size or pf.size):
@@ -391,38 +437,23 @@ class CudaBackend:
         self.progress.record(info.index, info.blocks)
         self.host.add(t0, t1, t2, t3, t4, t5, t6, clock())
 
-    def _marks_for(self, n: int) -> None:
-        """Per block id: the number of the last ``Mover.mark_moves`` after a move of it, and of the last discard
-        of it (0: none); read only with discards on."""
-        self._move_mark = np.zeros(n, dtype=np.int64)
-        self._disc_mark = np.zeros(n, dtype=np.int64)
-
-    def _after_discards(self, blocks: np.ndarray) -> int:
-        """The last discard of any of ``blocks`` (a move of them must wait for it), 0 for none."""
-        return int(self._disc_mark[blocks].max()) if blocks.size else 0
-
-    def _safe_discards(self, discard: np.ndarray, evict: np.ndarray, launch: int = -1) -> tuple[np.ndarray, np.ndarray]:
-        """The discards to issue, and the evictions with the rest: with discards off every one becomes an
-        eviction; with them on, those the runtime does not know dead (freed, untouched since) do, and those the
-        guard finds a live allocation of the caching allocator in (no longer counted dead)."""
-        ok = self.dead[discard] if self.discard_on else np.zeros(discard.shape[0], dtype=bool)
-        if self.guard is not None and ok.any():
-            cand = np.flatnonzero(ok)
-            fine = self.guard.check(discard[cand], self._addr[discard[cand]], self.block_size, launch)
-            if not fine.all():
-                ok[cand[~fine]] = False
-                self.dead[discard[cand[~fine]]] = False
-        rest = discard[~ok]
-        if rest.size:
-            if self.discard_on:
-                self.refused_discards += int(rest.size)
-            else:
-                self.discards_as_evictions += int(rest.size)
-            evict = np.union1d(evict, rest[self.res.resident[rest]])
-        return discard[ok], evict
+    def _copy_out(self, out: np.ndarray, dec) -> np.ndarray:
+        """The evictions ``out`` the copy path does not take (copyout.py): the policy's choice per block, as the
+        simulator applies it under ``--evict auto``."""
+        from .copyout import copy_wanted
+        from ..policy.base import EvictPath
+        default = getattr(self.policy, "evict_path", EvictPath.COPY) == EvictPath.COPY
+        if dec is not None and dec.evict_path.size:
+            want = copy_wanted(out, np.asarray(dec.evict, dtype=np.int64), dec.evict_path, default)
+        else:
+            want = np.full(out.shape[0], default)
+        self.copy.book.upto = self.progress.seq
+        return self.copy.evict(out, self._addr[out], want)
 
     def end_iteration(self, k: int) -> None:
         import torch
+        if self.feed is not None:  # incomplete books (an overflow, a late attach) are rebuilt here
+            self.feed.quiescent(lambda: torch.cuda.memory_snapshot())
         ev = torch.cuda.Event(enable_timing=True)
         ev.record()
         self.iter_events.append(ev)
@@ -461,15 +492,20 @@ class CudaBackend:
                  mover_wait_s=self.mover.thread.waited_s if self.mover.thread is not None else 0.0,
                  batch_prefetch=self.mover.batch, discard_api=self.mover.can_discard, cuda_calls=self.mover.calls,
                  discards_issued=self.discard_on, discards_as_evictions=self.discards_as_evictions,
-                 refused_discards=self.refused_discards,
-                 discard_guard=self.guard.result() if self.guard is not None else None,
+                 refused_discards=sum(self.refused.values()), liveness=self.liveness_result(),
                  captured_launches_skipped=self.captured_launches, host_time=self.host.result(),
+                 copy_path=self.copy.result() if self.copy is not None else {"on": False, "status": self.copy_status},
                  driver_version=self.driver.version, gpu_iter_s_between_steps=times,
                  note="faults: CUPTI GPU page-fault groups (null without cupti-python); expected_faults counts "
                       "blocks launches used that the books did not hold resident")
         return r
 
     def close(self) -> None:
+        if self.copy is not None:
+            self.mover.synchronize()
+            self.copy.close()  # the mirrors back into their ranges: the program may go on using them
+        if self.feed is not None:
+            self.feed.lib.lib.uvm_alloc_tracker_enable(0)  # (torch has no detach: the callback stays, and returns)
         self.mover.synchronize()
         if self.mover.thread is not None:
             self.mover.thread.close()

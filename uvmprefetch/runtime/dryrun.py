@@ -53,8 +53,16 @@ class DryrunBackend:
         # Virtual addresses grow with the peak of live bytes (first fit reuses holes); host memory bounds it.
         self.max_blocks = max(_host_memory_bytes(), 4 * self.capacity_bytes) // self.block_size + 1
         self.discards = bool(cfg.discard)
+        # UVMPREFETCH_EVICT=auto: the simulated GPU's copy path (sim/copypath.py), on a profile that has one, with
+        # the mirror cap of UVMPREFETCH_HOST_LIMIT resolved against this host
+        self.evict = None
+        if getattr(cfg, "evict", "uvm") == "auto" and self.gpu.copy_path:
+            from ..sim.copypath import EvictModel
+            from .copyout import _host_available
+            cap = cfg.host_limit.resolve(_host_available()) // self.block_size * self.block_size
+            self.evict = EvictModel(mode="auto", mirror_bytes=cap) if cap else None  # 0 would mean unbounded there
         self.model = GpuModel(self.gpu, self.capacity_bytes, self.block_size, self.max_blocks, policy,
-                              discards=self.discards)
+                              discards=self.discards, evict=self.evict)
         self.last: dict = {}
 
     def block_ids(self, start: int, length: int) -> np.ndarray:
@@ -101,6 +109,7 @@ class DryrunBackend:
         r["oversub"] = fp / cap if cap else None
         r["gpu"] = self.gpu.name
         r["discards_issued"] = self.discards  # the key the cuda backend reports: a replay needs it to agree
+        r["evict"] = self.evict.mode if self.evict is not None else "uvm"
         return r
 
     def close(self) -> None:

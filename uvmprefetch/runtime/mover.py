@@ -39,7 +39,7 @@ class MoverError(CudaCallError):
 class MoveThread:
     """Issues prefetches and evictions from a thread of its own, in the order they were submitted.
 
-    Opt-in (``UVMPREFETCH_MOVER=thread``). On the H100 (driver 580.159.04, bench/results/gpu-20261123b/)
+    Opt-in with the Python observer (``UVMPREFETCH_MOVER=thread``). On the H100 (driver 580.159.04)
     ``cudaMemPrefetchAsync`` to the host held the calling thread for much of the migration: GPT-2 large at
     1.5x under ``demand`` spent 17 of its 53 s inside the launch hook's eviction calls, on the thread that
     launches the kernels. cuda-bindings releases the GIL around its C calls, so here the training thread only
@@ -64,6 +64,7 @@ class MoveThread:
         self._set_device = set_device
         self._device = device
         self.idle = None  # called on the thread between calls and every 2 ms while calls wait (GateBook.settle)
+        self.service = None  # the same, also after an error: ops wait for what it serves (CopyOut.serve)
         self.calls = 0
         spec = os.environ.get("UVMPREFETCH_TEST_FAIL", "")  # tests: mover[:N] fails the call after the N-th (default 5)
         name, _, n = spec.partition(":")
@@ -115,7 +116,7 @@ class MoveThread:
         while True:
             with self._cv:
                 while not self._q and not self._closed:
-                    if self.idle is None:
+                    if self.idle is None and self.service is None:
                         self._cv.wait()
                     else:
                         self._cv.wait(0.002)
@@ -142,6 +143,11 @@ class MoveThread:
                     self._cv.notify_all()
 
     def _idle(self) -> None:
+        if self.service is not None:
+            try:
+                self.service()
+            except Exception as e:  # noqa: BLE001 - kept, raised on the submitting thread
+                self.error = self.error or e
         if self.idle is not None and self.error is None:
             try:
                 self.idle()
@@ -198,6 +204,7 @@ class Mover:
     thread: MoveThread | None = None  # set by start_thread(): prefetches and evictions off the training thread
     on_main: dict | None = None  # move calls made on the main thread, by direction (where they ran, for the report)
     gate: "GateBook | None" = None  # set with the C++ observer: the pre-op gate learns every move
+    gate_word: "StreamGate | None" = None  # the discards' gate on the compute stream (``stream_gate``)
 
     def __init__(self, device: int, batch_api: bool, batch_prefetch: bool = False) -> None:
         import torch
@@ -211,7 +218,7 @@ class Mover:
         self.dev_loc = self._loc(cudart.cudaMemLocationType.cudaMemLocationTypeDevice, device)
         self.host_loc = self._loc(cudart.cudaMemLocationType.cudaMemLocationTypeHost, 0)
         # Prefetches and evictions go one cudaMemPrefetchAsync per range by default: on the H100 (driver
-        # 580.159.04, bench/results/calibrate.json) one call took 9 us of host time, while the batch call took
+        # 580.159.04, bench/gpu/calibrate.py) one call took 9 us of host time, while the batch call took
         # 28-37 us per range (8-256 ranges). Discards need the batch API (there is no single-range discard).
         self.batch = batch_prefetch and batch_api and hasattr(cudart, "cudaMemPrefetchBatchAsync")
         self.can_discard = batch_api and hasattr(cudart, "cudaMemDiscardBatchAsync")
@@ -295,29 +302,68 @@ class Mover:
         self.thread.submit(0, record)
         return self.moves.n
 
-    def discard(self, ranges: list[tuple[int, int]], after: int = 0) -> int:
-        """Discard ``ranges``; returns the discard's mark (0 if nothing was issued). CUDA makes any read, write
-        *or prefetch* of a range that runs while it is discarded undefined behaviour
-        (``cuMemDiscardBatchAsync``), so the discard runs after every kernel queued so far and before every
-        later one (the compute stream), and after move mark ``after`` (the last move of these blocks; 0: none).
-        Later moves of these blocks wait for the returned mark (``prefetch(..., after=)``); other moves are not
-        ordered with it."""
-        if not ranges or not self.can_discard:
+    def discard(self, items: list[list[tuple[int, int]]], after: int = 0, check=None) -> int:
+        """Discard blocks (``items``: each block's managed ranges); returns the discard's mark (0 if nothing was
+        issued), which a later move of these blocks waits for (``prefetch(..., after=)``).
+
+        CUDA makes any read, write *or prefetch* of a range that runs while it is discarded undefined behaviour
+        (``cuMemDiscardBatchAsync``), and the memory of a dead block may be handed out again at any moment by the
+        caching allocator on the training thread. So, on the mover thread (``_discard_now``): (a) an event ``E``
+        on the compute stream, after every kernel queued so far (one may still read the dead data); (b) a gate
+        on the compute stream (``StreamGate``): the kernels queued after it wait; (c) ``check()``: which blocks
+        are still dead, with every allocator event numbered before now seen (an ALLOC before the gate may belong
+        to a kernel queued before it: that block is refused); (d) on the discard stream: wait for ``E`` and for
+        move mark ``after`` (the last move of these blocks), discard what ``check`` kept, record the mark, open
+        the gate. Refused blocks are evicted instead (the books already count them gone; their data is kept).
+        The gate is opened whatever happens (from the host, once the discard stream is idle, if a call failed)."""
+        if not items or not self.can_discard:
             return 0
-        compute = self.torch.cuda.current_stream(self.device)
-        self.discard_stream.wait_stream(compute)  # after every queued kernel that may still read the data
-        entry = self.moves.pending(after) if after else None
-        if entry is not None:
-            if not entry[1]:
-                self.thread.drain()  # the mover thread records it after the moves still queued there
-            self.discard_stream.wait_event(entry[0])  # after the moves of these blocks already issued
-        self._check(self.rt.cudaMemDiscardBatchAsync([p for p, _ in ranges], [s for _, s in ranges], len(ranges), 0,
-                                                     self.discard_stream.cuda_stream), "cudaMemDiscardBatchAsync")
         ev = self.torch.cuda.Event()
-        ev.record(self.discard_stream)
-        self.discards.add(ev)
-        compute.wait_event(ev)  # before any later kernel that reuses the memory
+        move = self.moves.pending(after) if after else None
+        entry = self.discards.add(ev, recorded=False)
+        if self.thread is not None:
+            self.thread.submit(0, self._discard_now, items, move, check, entry)
+        else:
+            self._discard_now(items, move, check, entry)
         return self.discards.n
+
+    def _discard_now(self, items, move, check, entry) -> None:
+        compute = self.torch.cuda.current_stream(self.device)
+        e = self.torch.cuda.Event()
+        e.record(compute)  # (a)
+        gate = self.stream_gate()
+        k = None
+        opened = False
+        try:
+            k = gate.close(compute.cuda_stream)  # (b)
+            keep = np.ones(len(items), dtype=bool) if check is None else np.asarray(check(), dtype=bool)  # (c)
+            self.discard_stream.wait_event(e)  # (d)
+            if move is not None:
+                self.discard_stream.wait_event(move[0])  # (recorded: its job ran before this one)
+            ranges = [r for it, ok in zip(items, keep) if ok for r in it]
+            if ranges:
+                self._check(self.rt.cudaMemDiscardBatchAsync([p for p, _ in ranges], [s for _, s in ranges],
+                                                             len(ranges), 0, self.discard_stream.cuda_stream),
+                            "cudaMemDiscardBatchAsync")
+            entry[0].record(self.discard_stream)
+            entry[1] = True
+            gate.open_after(self.discard_stream.cuda_stream, k)
+            opened = True
+            refused = [r for it, ok in zip(items, keep) if not ok for r in it]
+            if refused:
+                self._prefetch_now(refused, to_device=False)
+        finally:
+            if not opened:
+                entry[1] = True  # (an unrecorded event reads as complete: nothing waits for a discard not made)
+                if k is not None:
+                    self.discard_stream.synchronize()
+                    gate.open_now(k)
+
+    def stream_gate(self) -> "StreamGate":
+        """The gate the discards close on the compute stream (made on first use)."""
+        if self.gate_word is None:
+            self.gate_word = StreamGate(self.rt)
+        return self.gate_word
 
     def advise(self, ranges: list[tuple[int, int]], advice: Advice) -> None:
         rt = self.rt
@@ -339,6 +385,58 @@ class Mover:
             self.thread.drain()
         self.stream.synchronize()
         self.discard_stream.synchronize()
+
+
+class StreamGate:
+    """A 32-bit word in mapped pinned host memory that a stream can be made to wait on: ``close(stream)`` enqueues
+    ``cuStreamWaitValue32(stream, word, k, GEQ)`` (the stream's later work waits until the word reaches ``k``),
+    ``open_after(stream, k)`` enqueues ``cuStreamWriteValue32`` of ``k`` on another stream (it opens once that
+    stream's earlier work is done), ``open_now(k)`` writes it from the host. Stream memory operations cannot
+    use managed memory (CUDA driver API), hence pinned host memory.
+
+    C signatures (CUDA 13 ``cuda.h``)::
+
+        CUresult cuStreamWaitValue32(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
+        CUresult cuStreamWriteValue32(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
+        cudaError_t cudaHostAlloc(void** pHost, size_t size, unsigned int flags)
+        cudaError_t cudaHostGetDevicePointer(void** pDevice, void* pHost, unsigned int flags)
+    """
+
+    def __init__(self, rt, drv=None) -> None:
+        import ctypes
+        if drv is None:
+            from cuda.bindings import driver as drv
+        self.rt, self.drv = rt, drv
+        err, host = rt.cudaHostAlloc(4, rt.cudaHostAllocMapped)
+        if err != rt.cudaError_t.cudaSuccess:
+            raise CudaCallError(f"cudaHostAlloc of the discard gate's word failed: {err}")
+        err, dev = rt.cudaHostGetDevicePointer(host, 0)
+        if err != rt.cudaError_t.cudaSuccess:
+            raise CudaCallError(f"cudaHostGetDevicePointer of the discard gate's word failed: {err}")
+        self.host, self.dev = int(host), int(dev)
+        self.word = ctypes.c_uint32.from_address(self.host)
+        self.word.value = 0
+        self.k = 0
+
+    def _call(self, res, what: str) -> None:
+        err = res[0] if isinstance(res, tuple) else res
+        if err != self.drv.CUresult.CUDA_SUCCESS:
+            raise CudaCallError(f"{what} failed: {err}")
+
+    def close(self, stream: int) -> int:
+        self.k += 1
+        d = self.drv
+        self._call(d.cuStreamWaitValue32(d.CUstream(stream), d.CUdeviceptr(self.dev), self.k,
+                                         d.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ), "cuStreamWaitValue32")
+        return self.k
+
+    def open_after(self, stream: int, k: int) -> None:
+        d = self.drv
+        self._call(d.cuStreamWriteValue32(d.CUstream(stream), d.CUdeviceptr(self.dev), k, 0), "cuStreamWriteValue32")
+
+    def open_now(self, k: int) -> None:
+        if self.word.value < k:
+            self.word.value = k
 
 
 class GateBook:

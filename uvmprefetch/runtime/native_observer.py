@@ -89,14 +89,37 @@ class ObserverLib:
             "uvmgate_completed_seq": (ctypes.c_uint64, []),
             "uvmgate_set_progress_every": (None, [ctypes.c_int]),
             "uvmgate_note": (None, [ctypes.c_uint64, ctypes.c_void_p]),
+            "uvmgate_take_demands": (ctypes.c_size_t, [_u64p, ctypes.c_size_t]),
+            "uvmgate_use_gil": (ctypes.c_int, []),
+            "uvmgate_demand_counters": (None, [_u64p]),
+            "uvmgate_quiesce": (ctypes.c_int, [ctypes.c_int]),
+            "uvmgate_begin": (None, [_u64p, _u64p, ctypes.c_size_t, ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint32)]),
+            "uvmgate_end": (None, []),
         }
         for name, (res, args) in sig.items():
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = res, args
         self.torch_version = lib.uvmobs_torch_version().decode()
+        # the CUDA caching allocator's tracker (alloc_tracker.cpp), compiled in where a CUDA torch was found
+        self.has_tracker = hasattr(lib, "uvm_alloc_tracker_attach")
+        if self.has_tracker:
+            for name, (res, args) in {
+                "uvm_alloc_tracker_attach": (ctypes.c_int, []),
+                "uvm_alloc_tracker_enable": (None, [ctypes.c_int]),
+                "uvm_alloc_tracker_drain": (ctypes.c_size_t, [ctypes.c_void_p, ctypes.c_size_t]),
+                "uvm_alloc_tracker_dropped": (ctypes.c_uint64, [_u64p]),
+                "uvm_alloc_tracker_barrier": (ctypes.c_int, [ctypes.c_int]),
+                "uvm_alloc_tracker_next_seq": (ctypes.c_uint64, []),
+                "uvm_alloc_tracker_quiesce": (ctypes.c_int, [ctypes.c_int]),
+                "uvm_alloc_tracker_error": (ctypes.c_char_p, []),
+                "uvm_alloc_tracker_built_for": (ctypes.c_char_p, []),
+            }.items():
+                fn = getattr(lib, name)
+                fn.restype, fn.argtypes = res, args
         self._names: list[str] = []
         self._op_buf = np.zeros(1 << 15, dtype=OP_DTYPE)
         self._alloc_buf = np.zeros(1 << 14, dtype=ALLOC_DTYPE)
+        self._cuda_buf = np.zeros(1 << 14, dtype=ALLOC_DTYPE)  # (drained by the planner or the mover thread)
 
     # ------------------------------------------------------------------------------------------ control
     def start(self, device_type: str, active: bool) -> None:
@@ -157,6 +180,36 @@ class ObserverLib:
             if n < len(buf):
                 break
         return parts[0] if len(parts) == 1 else (np.concatenate(parts) if parts else buf[:0].copy())
+
+    # ------------------------------------------------------------------------------------------ the allocator tracker
+    def tracker_attach(self) -> str:
+        """Attach the CUDA caching allocator's tracker ('' on success, else why not)."""
+        if not self.has_tracker:
+            return "this observer library has no allocator tracker"
+        return "" if self.lib.uvm_alloc_tracker_attach() == 0 else (self.tracker_error() or "attach failed")
+
+    def tracker_error(self) -> str:
+        return (self.lib.uvm_alloc_tracker_error() or b"").decode(errors="replace")
+
+    def tracker_built_for(self) -> str:
+        return (self.lib.uvm_alloc_tracker_built_for() or b"").decode()
+
+    def tracker_dropped(self) -> int:
+        return int(self.lib.uvm_alloc_tracker_dropped(None))
+
+    def tracker_next_seq(self) -> int:
+        return int(self.lib.uvm_alloc_tracker_next_seq())
+
+    def tracker_quiesce(self, timeout_us: int = 2000) -> int:
+        """0 once every allocator event numbered before the call is in the ring (no lock taken); -1 on timeout."""
+        return int(self.lib.uvm_alloc_tracker_quiesce(int(timeout_us)))
+
+    def tracker_barrier(self, device: int) -> int:
+        return int(self.lib.uvm_alloc_tracker_barrier(int(device)))
+
+    def drain_cuda_allocs(self) -> np.ndarray:
+        """Every CUDA caching allocator event published so far (a copy, oldest first)."""
+        return self._drain(self.lib.uvm_alloc_tracker_drain, self._cuda_buf)
 
     def alloc_stats(self) -> dict:
         out = (ctypes.c_uint64 * 5)()

@@ -83,6 +83,11 @@ class Planner:
         self._fail_after = _fail_after("planner")
         self._note_seq = getattr(session.backend, "note_seq", None)
         self._note_gate = getattr(session.backend, "note_gate", None)
+        # cuda: the caching allocator's events (alloc_feed.py): merged with the ops below; their deaths reach the
+        # backend right before the first op numbered after them
+        self._feed = getattr(session.backend, "feed", None)
+        self._deaths = getattr(session.backend, "deaths_before", None) if self._feed is not None else None
+        self._feed_allocs = getattr(session.backend, "allocator_events", None)  # the copy path's book (cuda)
         self._thread = threading.Thread(target=self._run, name="uvmprefetch-planner", daemon=True)
 
     # ------------------------------------------------------------------------------------------ lifecycle
@@ -145,7 +150,7 @@ class Planner:
     def _batch(self) -> bool:
         """Drain and plan one batch; False when both rings were empty."""
         ops = self._whole_runs(self.lib.drain_ops())
-        allocs = self.lib.drain_allocs()
+        allocs = self._drain_allocs()
         if self.lib.state() == no.STATE_FAILED:
             self.s.fail("observer", RuntimeError(self.lib.error() or "failed"))
             return False
@@ -160,6 +165,17 @@ class Planner:
         self.batches += 1
         self.records += len(ops) + len(allocs)
         return True
+
+    def _drain_allocs(self) -> np.ndarray:
+        """The allocator events since the last batch: the CPU allocator's (dryrun) and the CUDA caching allocator's
+        (cuda, fed to the backend's liveness as they are drained)."""
+        allocs = self.lib.drain_allocs()
+        if self._feed is None:
+            return allocs
+        cuda = self._feed.take_events()
+        if self.dormant:
+            self._deaths(1 << 62)  # (no op to order them by while dormant: none is recorded; hand them out now)
+        return cuda if not len(allocs) else np.concatenate([allocs, cuda]) if len(cuda) else allocs
 
     def _whole_runs(self, ops: np.ndarray) -> np.ndarray:
         """The drained records up to the last whole op run; a run whose producer was still writing its last
@@ -201,7 +217,10 @@ class Planner:
             self._carry, events = events[cut:].copy(), events[:cut]
         else:
             self._carry = events[:0]
-        ev_seq, ev_addr, ev_act = events["seq"].tolist(), events["addr"].tolist(), events["action"].tolist()
+        if self._feed_allocs is not None and len(events):
+            self._feed_allocs(events)
+        ev_seq, ev_addr = events["seq"].tolist(), events["addr"].tolist()
+        ev_act = (events["action"] & 0xFF).tolist()  # (without the private-pool flag)
         j = 0
         tracker = self.s.tracker
         a, b, c, d = (ops[k].tolist() for k in "abcd")
@@ -213,6 +232,8 @@ class Planner:
                 if ev_act[j] == no.FREE_COMPLETED or ev_act[j] == no.ALLOC:  # an ALLOC over a live one: a missed free
                     tracker.kill(ev_addr[j])
                 j += 1
+            if self._deaths is not None:
+                self._deaths(seq)
             kind = c[i] >> 56
             if kind == no.MARK:
                 self._mark(c[i] & 0xFFFFFFFF, b[i])

@@ -45,7 +45,8 @@ class Residency:
         self.now = 0.0
         self.m = dict(expected_faults=0, bytes_htod=0, bytes_dtoh=0, prefetch_issued_bytes=0,
                       prefetch_useful_bytes=0, budget_evictions=0, policy_evictions=0, discards=0,
-                      dropped_evictions=0, peak_resident_blocks=0, over_budget_launches=0, evicted_unused=0)
+                      dropped_evictions=0, peak_resident_blocks=0, over_budget_launches=0, evicted_unused=0,
+                      unnumbered_prefetches=0, unmapped_prefetches=0)
 
     @property
     def used_blocks(self) -> int:
@@ -61,7 +62,7 @@ class Residency:
                 self.mig_seq[changed] = self._seq
                 self.m["peak_resident_blocks"] = max(self.m["peak_resident_blocks"], self.n_resident)
 
-    def plan(self, dec: Decision | None, protected) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def plan(self, dec: Decision | None, protected, movable=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Filter a policy's Decision: ``(discard, evict, prefetch)`` block arrays to act on.
 
         ``protected`` (here and in ``victims``): block ids, or a bool mask over all blocks, or a callable that
@@ -71,6 +72,12 @@ class Residency:
         Evictions and discards of ``protected`` blocks (the running and queued launches) are dropped, as the
         hook contract says; evictions of non-resident blocks and prefetches of resident ones are skipped;
         prefetches are cut where they would exceed the capacity (the budget wins over the policy).
+
+        A prefetch the mover cannot make never enters the books (they would hold a block on the GPU that is not,
+        and later give its id to a real block): ids not numbered yet (``>= n_ids``: a policy may extrapolate ids
+        the backend has not assigned, the ``uvmprefetch`` policy's layer stride does) and, with ``movable`` (a
+        callable: bool per block), blocks outside every live managed allocation. Both are counted
+        (``unnumbered_prefetches``, ``unmapped_prefetches``).
         """
         if dec is None or dec.is_empty():
             return EMPTY, EMPTY, EMPTY
@@ -86,7 +93,16 @@ class Residency:
         if pf.size:
             _, first = np.unique(pf, return_index=True)
             pf = pf[np.sort(first)]  # unique, order kept: soonest-needed first
+            known = pf < self.n_ids
+            if not known.all():
+                self.m["unnumbered_prefetches"] += int((~known).sum())
+                pf = pf[known]
             pf = pf[~self.resident[pf]]
+            if movable is not None and pf.size:
+                ok = movable(pf)
+                if not ok.all():
+                    self.m["unmapped_prefetches"] += int((~ok).sum())
+                    pf = pf[ok]
             gone = np.union1d(discard[self.resident[discard]], evict).size
             room = self.capacity_blocks - (self.n_resident - gone)
             pf = pf[:max(room, 0)]
@@ -160,6 +176,11 @@ class Residency:
 
     def free(self, blocks: np.ndarray) -> None:
         """Blocks no live tensor uses: their residency is kept (the driver only drops them when discarded)."""
+        self.pf_pending[blocks] = False
+
+    def release(self, blocks: np.ndarray) -> None:
+        """Blocks whose memory went back to the driver (``empty_cache``): nothing of them is resident any more."""
+        self._set(blocks, False)
         self.pf_pending[blocks] = False
 
     def result(self) -> dict:

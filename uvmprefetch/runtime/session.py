@@ -76,11 +76,8 @@ def build_policy(cfg: RuntimeConfig) -> Policy:
 
 
 def native_unsupported(cfg: RuntimeConfig) -> str:
-    """Why the C++ observer cannot serve ``cfg`` ('' when it can)."""
-    if cfg.backend == "cuda" and cfg.discard:
-        # discards need exact deaths of the caching allocator's blocks: the allocator tracker (issue 9) joins the
-        # observer library for that; until then the Python observer's finalizers provide them
-        return "UVMPREFETCH_DISCARD=1 needs tensor deaths, which the C++ observer does not see on a GPU yet"
+    """Why the C++ observer cannot serve ``cfg`` ('' when it can: every configuration today; discards on the cuda
+    backend need it, for the caching allocator's events)."""
     return ""
 
 
@@ -142,10 +139,8 @@ class Session:
         self.backend = backend if backend is not None else make_backend(cfg, self.policy)
         self.block_size = self.backend.block_size
         self.tracker = StorageTracker(self.block_size, virtual=self.backend.virtual_addresses)
-        guard = getattr(self.backend, "guard", None)  # discards (cuda): what the runtime knows is live
-        if guard is not None:
-            tr = self.tracker
-            guard.explained, guard.is_known, guard.known = tr.counts, tr.holds, tr.describe
+        if hasattr(self.backend, "copy_status"):  # the copy path (cuda): an allocation is observed once an op touched it
+            self.backend.observed = self.tracker.live.__contains__
         self.device_type = self.backend.device_type
         self.gpu = getattr(self.backend, "gpu", None)
         self.active = False
@@ -430,7 +425,7 @@ class Session:
         builder = self.builder
         if flops and builder is not None:
             # as the recorder does: a replay on another profile re-estimates from FLOPs in this dtype
-            # (without it every bf16 matmul of a live trace counted as fp32: bench/results/gpu-20261123b)
+            # (without it every bf16 matmul of a live trace counted as fp32)
             builder.note_flop_dtype(dtype)
         duration = estimate(flops, nbytes, dtype, self.gpu) if self.gpu is not None else 0.0
         info = LaunchInfo(index=self.index, exec_id=exec_id, name=nid, phase=PHASE[phase], iteration=self.iteration,

@@ -1,6 +1,11 @@
 """The model zoo of ``uvmprefetch record --model``: published architectures from ``transformers``' own classes,
 built from a config with random weights (never a hub download), trained with AdamW.
 
+Decoder-only (GPT-2), encoder-only (BERT, ViT), convolutional (ResNet) and encoder-decoder (T5): an
+encoder-decoder reads a ``--seq``-token source and writes a ``--target-seq``-token target (default a quarter of the
+source, as in summarisation); every decoder layer's cross-attention reads the encoder's output, in the forward pass
+and again in the backward pass.
+
 ``record_model`` records ``iters`` training iterations (forward, backward, ``AdamW.step``) of one of them.
 """
 
@@ -35,6 +40,12 @@ CONFIGS: dict[str, dict[str, dict]] = {
         "152": dict(depths=[3, 8, 36, 3]),
         "tiny": dict(depths=[1, 1, 1, 1], hidden_sizes=[32, 64, 128, 256], embedding_size=16),
     },
+    "t5": {  # T5 v1 (ReLU feed-forward, relative position bias); encoder and decoder each num_layers deep
+        "small": dict(d_model=512, num_layers=6, num_heads=8, d_ff=2048, d_kv=64),
+        "base": dict(d_model=768, num_layers=12, num_heads=12, d_ff=3072, d_kv=64),
+        "large": dict(d_model=1024, num_layers=24, num_heads=16, d_ff=4096, d_kv=64),
+        "tiny": dict(d_model=64, num_layers=2, num_heads=4, d_ff=128, d_kv=16, vocab_size=512),
+    },
     "vit": {
         "base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
         "large": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096),
@@ -42,13 +53,21 @@ CONFIGS: dict[str, dict[str, dict]] = {
                      image_size=32, patch_size=8),
     },
 }
-TEXT = {"gpt2": 1024, "bert": 512}  # default --seq
+TEXT = {"gpt2": 1024, "bert": 512, "t5": 512}  # default --seq (an encoder-decoder's source)
+ENCDEC = ("t5",)  # default --target-seq: a quarter of the source
 IMAGE = {"resnet": 224, "vit": 224}  # default --image-size
 DTYPES = ("fp32", "bf16", "fp16")
 
 
+def target_len(model: str, seq: int | None, target_seq: int | None) -> int | None:
+    """The target length of an encoder-decoder (``target_seq``, else a quarter of the source); None for others."""
+    if model not in ENCDEC:
+        return None
+    return target_seq or max(1, (seq or TEXT[model]) // 4)
+
+
 def check_args(model: str, config: str, *, batch: int, seq: int | None, image_size: int | None, iters: int,
-               dtype: str) -> None:
+               dtype: str, target_seq: int | None = None) -> None:
     """Validate ``record_model``'s arguments.
 
     Raises
@@ -71,13 +90,19 @@ def check_args(model: str, config: str, *, batch: int, seq: int | None, image_si
             raise ConfigError(f"--image-size does not apply to {model} (a text model): use --seq")
         if seq is not None and seq < 1:
             raise ConfigError(f"--seq must be a positive integer, got {seq}")
-        limit = _hf_config(model, str(config)).max_position_embeddings if model == "bert" else \
-            _hf_config(model, str(config)).n_positions
-        if seq is not None and seq > limit:
-            raise ConfigError(f"--seq {seq} exceeds {model}-{config}'s {limit} positions")
+        if target_seq is not None and model not in ENCDEC:
+            raise ConfigError(f"--target-seq applies to encoder-decoder models ({', '.join(ENCDEC)}), not {model}")
+        if target_seq is not None and target_seq < 1:
+            raise ConfigError(f"--target-seq must be a positive integer, got {target_seq}")
+        cfg = _hf_config(model, str(config))
+        limit = cfg.n_positions if model == "gpt2" else getattr(cfg, "max_position_embeddings", None)
+        for flag, n in (("--seq", seq), ("--target-seq", target_seq)):
+            if n is not None and limit is not None and n > limit:  # (T5's relative positions have no limit)
+                raise ConfigError(f"{flag} {n} exceeds {model}-{config}'s {limit} positions")
     else:
-        if seq is not None:
-            raise ConfigError(f"--seq does not apply to {model} (an image model): use --image-size")
+        for flag, n in (("--seq", seq), ("--target-seq", target_seq)):
+            if n is not None:
+                raise ConfigError(f"{flag} does not apply to {model} (an image model): use --image-size")
         if image_size is not None and (image_size < 32 or (model == "vit" and image_size % 16)):
             raise ConfigError(f"--image-size {image_size}: must be >= 32" + (" and a multiple of 16" if model == "vit"
                                                                           else ""))
@@ -91,6 +116,8 @@ def _hf_config(model: str, config: str):
         return tf.GPT2Config(**kw)
     if model == "bert":
         return tf.BertConfig(**kw)
+    if model == "t5":
+        return tf.T5Config(decoder_start_token_id=0, pad_token_id=0, eos_token_id=1, **kw)  # (as published)
     if model == "resnet":
         kw.setdefault("layer_type", "bottleneck")
         return tf.ResNetConfig(num_labels=1000, **kw)
@@ -104,22 +131,28 @@ def build_model(model: str, config: str, device: str = "meta"):
     import transformers as tf
 
     cfg = _hf_config(model, str(config))
-    if model in ("gpt2", "bert", "vit"):
+    if model != "resnet":
         cfg._attn_implementation = "sdpa"
     cls = {"gpt2": tf.GPT2LMHeadModel, "bert": tf.BertForMaskedLM, "resnet": tf.ResNetForImageClassification,
-           "vit": tf.ViTForImageClassification}[model]
+           "vit": tf.ViTForImageClassification, "t5": tf.T5ForConditionalGeneration}[model]
     torch.manual_seed(0)
     with torch.device(device):
         m = cls(cfg)
     return m.train()
 
 
-def make_batch(model: str, net, *, batch: int, seq: int | None, image_size: int | None, device: str) -> dict:
+def make_batch(model: str, net, *, batch: int, seq: int | None, image_size: int | None, device: str,
+               target_seq: int | None = None) -> dict:
     """Random inputs and labels for one training step (created on ``device``, as a data loader's batch
-    would be after its host-to-device copy)."""
+    would be after its host-to-device copy). An encoder-decoder gets a source and target labels; the model
+    makes its decoder inputs from the labels (shifted right)."""
     import torch
 
     cfg = net.config
+    if model in ENCDEC:
+        return {"input_ids": torch.randint(0, cfg.vocab_size, (batch, seq or TEXT[model]), device=device),
+                "labels": torch.randint(0, cfg.vocab_size, (batch, target_len(model, seq, target_seq)),
+                                        device=device)}
     if model == "gpt2":
         ids = torch.randint(0, cfg.vocab_size, (batch, seq or TEXT[model]), device=device)
         return {"input_ids": ids, "labels": ids}
@@ -179,7 +212,7 @@ def autocast_like(dtype: str):
 
 def record_model(model: str, config: str, *, batch: int, seq: int | None = None, image_size: int | None = None,
                  iters: int = 2, dtype: str = "fp32", gpu: str = DEFAULT_GPU, device: str = "meta",
-                 progress: bool = False, lr: float = 1e-4, foreach: bool = True):
+                 progress: bool = False, lr: float = 1e-4, target_seq: int | None = None, foreach: bool = True):
     """Record ``iters`` training iterations (forward, backward, AdamW step) of a zoo model.
 
     Parameters
@@ -189,7 +222,10 @@ def record_model(model: str, config: str, *, batch: int, seq: int | None = None,
     batch : int
         Batch size.
     seq, image_size : int, optional
-        Sequence length (text models) or image side (image models); defaults per family.
+        Sequence length (text models; an encoder-decoder's source) or image side (image models); defaults per
+        family.
+    target_seq : int, optional
+        An encoder-decoder's target length (default: a quarter of the source).
     iters : int
         Training iterations to record (the first is not steady state: optimizer state appears in it).
     dtype : str
@@ -222,7 +258,8 @@ def record_model(model: str, config: str, *, batch: int, seq: int | None = None,
 
     from .recorder import Recorder
 
-    check_args(model, str(config), batch=batch, seq=seq, image_size=image_size, iters=iters, dtype=dtype)
+    check_args(model, str(config), batch=batch, seq=seq, image_size=image_size, iters=iters, dtype=dtype,
+               target_seq=target_seq)
     get_profile(gpu)
     if device not in ("meta", "cpu", "cuda"):
         raise ConfigError(f"device {device!r}: record_model runs on meta, cpu or cuda")
@@ -230,7 +267,7 @@ def record_model(model: str, config: str, *, batch: int, seq: int | None = None,
     opt = torch.optim.AdamW(net.parameters(), lr=lr, foreach=bool(foreach))  # foreach: PyTorch's default on CUDA
     params = list(net.parameters())
     meta = {"model": model, "config": str(config), "name": f"{model}-{config}", "batch": batch,
-            "seq": (seq or TEXT[model]) if model in TEXT else None,
+            "seq": (seq or TEXT[model]) if model in TEXT else None, "target_seq": target_len(model, seq, target_seq),
             "image_size": (image_size or (net.config.image_size if model == "vit" else IMAGE[model]))
             if model in IMAGE else None, "dtype": dtype,
             "optimizer": "AdamW(foreach)" if foreach else "AdamW(for-loop)",
@@ -245,7 +282,8 @@ def record_model(model: str, config: str, *, batch: int, seq: int | None = None,
             rec.register(params, "param")
             rec.register(list(net.buffers()), "param")
             for _ in range(iters):
-                inputs = make_batch(model, net, batch=batch, seq=seq, image_size=image_size, device=device)
+                inputs = make_batch(model, net, batch=batch, seq=seq, image_size=image_size, device=device,
+                                    target_seq=target_seq)
                 rec.tag(inputs.values(), "input")
                 with autocast_like(dtype) if dtype != "fp32" else contextlib.nullcontext():
                     loss = net(**inputs).loss

@@ -1,4 +1,5 @@
-"""Traces whose access pattern *changes* during the run: the robustness cases of the prefetcher (issue 4).
+"""The robustness cases of the prefetcher: traces whose access pattern *changes* during the run, and one whose
+reuse the standard traces' architectures lack.
 
 Each builder makes a layered training loop (weights, gradients, AdamW state, activations that live from
 forward to backward) with a per-iteration *schedule*, so that what a prefetcher learned in one iteration
@@ -9,6 +10,12 @@ is wrong, or only partly right, in the next:
 - ``batch_change``: the batch size (activation size) changes once, mid-run.
 - ``moe``: mixture-of-experts layers; each step routes to a data-dependent (seeded random) subset of
   experts, so the same kernels touch different weights from step to step.
+
+And one whose pattern does not change but whose reuse the others lack:
+
+- ``encoder_decoder``: an encoder over a long source, a decoder over a short target whose every layer's
+  cross-attention reads the encoder's output, in the forward pass and again in the backward pass, where each
+  layer adds to the gradient of the encoder's output (T5, BART, Whisper-style training).
 
 They are synthetic (``TraceBuilder``), with execution ids from kernel name + access sizes (DeepUM's
 definition: the same kernel with other shapes is another execution id). Durations follow a roofline:
@@ -81,13 +88,18 @@ class _Loop:
             g = gx
         b.free(g)
         b.free(acts[0])
+        self.adamw([(i, e) for i in range(L) for e in experts_used[i]])
+
+    def adamw(self, used: list[tuple[int, int]]) -> None:
+        """The optimizer step over the weights ``used`` (layer, expert): AdamW's two moments, allocated at the first
+        step for every weight (as PyTorch's lazy state), read and written with the weight and its gradient."""
+        b, pb = self.b, self.pb
         if self.adam is None:
             self.adam = [[(b.alloc(pb, "optimizer"), b.alloc(pb, "optimizer")) for _ in row] for row in self.w]
-        for i in range(L):
-            for e in experts_used[i]:
-                m, v = self.adam[i][e]
-                self._launch("adamw", [(self.w[i][e], 0, pb, READ | WRITE), (self.g[i][e], 0, pb, READ | WRITE),
-                                       (m, 0, pb, READ | WRITE), (v, 0, pb, READ | WRITE)], 0, 0, "optimizer")
+        for i, e in used:
+            m, v = self.adam[i][e]
+            self._launch("adamw", [(self.w[i][e], 0, pb, READ | WRITE), (self.g[i][e], 0, pb, READ | WRITE),
+                                   (m, 0, pb, READ | WRITE), (v, 0, pb, READ | WRITE)], 0, 0, "optimizer")
 
     def build(self) -> Trace:
         return self.b.build()
@@ -199,7 +211,105 @@ def moe(iterations: int = 8, experts: int = 8, top_k: int = 2, seq: int = 1024, 
     return lp.build()
 
 
+def encoder_decoder(iterations: int = 6, enc_layers: int = 6, dec_layers: int = 6, src: int = 1024, tgt: int = 256,
+                    token_bytes: int = 64 << 10, **kw) -> Trace:
+    """An encoder-decoder: ``enc_layers`` layers over a ``src``-token source, then ``dec_layers`` decoder layers over
+    a ``tgt``-token target, each a self part and a cross-attention part that reads the encoder's output (alive from
+    the encoder's last layer to the end of the backward pass). Backward: every decoder layer's cross part reads the
+    encoder's output again and adds to its gradient, which then flows into the encoder. ``layers`` is not taken (the
+    two depths are). Activations are 4x the other patterns' per token: the source's dominate, as in T5 training.
+
+    Raises
+    ------
+    ConfigError
+        On a non-positive depth or size, or fewer than 2 iterations.
+    """
+    _check_iters(iterations, 2)
+    for name, v in (("enc_layers", enc_layers), ("dec_layers", dec_layers), ("src", src), ("tgt", tgt),
+                    ("token_bytes", token_bytes)):
+        if not isinstance(v, int) or v <= 0:
+            raise ConfigError(f"encoder_decoder: {name} must be a positive integer, got {v!r}")
+    if "layers" in kw:
+        raise ConfigError("encoder_decoder: give enc_layers and dec_layers, not layers")
+    p = {**_DEF, **kw}
+    # weights: the encoder's layers, then per decoder layer its self part and its cross part
+    lp = _Loop(enc_layers + 2 * dec_layers, p["param_bytes"], 1, p["bw"], p["flops"], p["overhead"],
+               {"model": "pattern-encoder-decoder", "durations": "estimated",
+                "pattern": {"kind": "encoder_decoder", "changes": []}})
+    for it in range(iterations):
+        _encdec_step(lp, it, (enc_layers, dec_layers), src, tgt, token_bytes)
+    return lp.build()
+
+
+def _encdec_step(lp: _Loop, it: int, depth: tuple[int, int], src: int, tgt: int, token_bytes: int) -> None:
+    """One training step of ``encoder_decoder`` on ``lp``'s weights."""
+    b, pb = lp.b, lp.pb
+    ne, nd = depth
+    sb, tb = src * token_bytes, tgt * token_bytes
+    b.iteration = it
+    w = [row[0] for row in lp.w]
+    if lp.g is None:
+        lp.g = [[b.alloc(pb, "grad")] for _ in w]
+    g = [row[0] for row in lp.g]
+    self_w, cross_w = range(ne, ne + 2 * nd, 2), range(ne + 1, ne + 2 * nd, 2)
+
+    def fwd(name, wi, reads, size):
+        y = b.alloc(size, "activation")
+        lp._launch(name, [(w[wi], 0, pb, READ)] + [(x, 0, n, READ) for x, n in reads] + [(y, 0, size, WRITE)],
+                   reads[0][1] // token_bytes, pb, "forward")
+        return y
+
+    def bwd(name, wi, grad, reads, size):
+        """The weight's gradient and the input's (a new tensor of ``size``; None: not wanted)."""
+        acc = [(x, 0, n, READ) for x, n in reads]
+        tokens = reads[0][1] // token_bytes
+        lp._launch(name + "w", [(g[wi], 0, pb, READ | WRITE), grad] + acc, tokens, pb, "backward")
+        if size is None:
+            return None
+        gx = b.alloc(size, "activation")
+        lp._launch(name + "x", [(w[wi], 0, pb, READ), grad] + acc + [(gx, 0, size, WRITE)], tokens, pb, "backward")
+        return gx
+
+    x = b.alloc(sb, "input")
+    lp._launch("load_src", [(x, 0, sb, WRITE)], 0, 0, "forward")
+    enc = [x]
+    for i in range(ne):
+        enc.append(fwd("enc", i, [(enc[-1], sb)], sb))
+    out = enc[-1]  # the encoder's output: read by every decoder layer's cross-attention
+    d = b.alloc(tb, "input")
+    lp._launch("load_tgt", [(d, 0, tb, WRITE)], 0, 0, "forward")
+    dec = [d]  # the decoder's inputs and, per layer, its self part's output and its cross part's
+    for j in range(nd):
+        h = fwd("dec_self", self_w[j], [(dec[-1], tb)], tb)
+        dec += [h, fwd("dec_cross", cross_w[j], [(h, tb), (out, sb)], tb)]
+    gy = b.alloc(tb, "activation")
+    lp._launch("loss", [(dec[-1], 0, tb, READ), (gy, 0, tb, WRITE)], 0, 0, "backward")
+    g_out = b.alloc(sb, "activation")  # the gradient of the encoder's output: every cross part adds to it
+    lp._launch("zero", [(g_out, 0, sb, WRITE)], 0, 0, "backward")
+    for j in reversed(range(nd)):
+        grad = (gy, 0, tb, READ)
+        lp._launch("dec_cross_bwd_enc", [(w[cross_w[j]], 0, pb, READ), grad, (g_out, 0, sb, READ | WRITE)], tgt, pb,
+                   "backward")
+        gh = bwd("dec_cross_bwd", cross_w[j], grad, [(dec[2 * j + 1], tb), (out, sb)], tb)
+        b.free(gy)
+        b.free(dec[2 * j + 2])
+        gd = bwd("dec_self_bwd", self_w[j], (gh, 0, tb, READ), [(dec[2 * j], tb)], tb)
+        b.free(gh)
+        b.free(dec[2 * j + 1])
+        gy = gd
+    b.free(gy)
+    b.free(dec[0])
+    for i in reversed(range(ne)):
+        gx = bwd("enc_bwd", i, (g_out, 0, sb, READ), [(enc[i], sb)], sb)
+        b.free(g_out)
+        b.free(enc[i + 1])
+        g_out = gx
+    b.free(g_out)
+    b.free(enc[0])
+    lp.adamw([(i, 0) for i in range(len(w))])
+
+
 def pattern_traces() -> dict[str, Trace]:
-    """The four changing-pattern traces at their default sizes."""
+    """The robustness set at its default sizes: the four changing-pattern traces and ``encoder_decoder``."""
     return {"alternating_seq": alternating_seq(), "periodic_eval": periodic_eval(), "batch_change": batch_change(),
-            "moe": moe()}
+            "moe": moe(), "encoder_decoder": encoder_decoder()}

@@ -1,0 +1,317 @@
+"""Discards decided by the caching allocator's own events, end to end through the cuda backend on the CPU.
+
+The one fake is the event source (``alloc_model.FakeAllocator`` behind the tracker's entry points: there is no
+CUDA caching allocator on a CPU) and the mover's CUDA calls; the ``AllocatorFeed``, ``Liveness``, the backend's
+tickets and books, and the order "decision -> gate -> check -> discard" are the real ones. Each scenario is one
+the H100/H200 runs or the allocator's rules make possible; in each, no live byte is ever discarded.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from test_runtime_cuda_logic import BASE, BS, Event, Scripted, backend, blocks_allocated, die, info
+from uvmprefetch.policy.base import Decision
+
+
+class Truth:
+    """Wraps the fake mover: when the check has decided, every block it kept must be dead by the byte-level
+    truth of the fake allocator at that moment (nothing allocated in any byte of it)."""
+
+    def __init__(self, be):
+        self.be, self.bad, self.kept = be, [], 0
+        real = be.mover.discard
+
+        def discard(items, after=0, check=None):
+            def checked():
+                keep = check()
+                fa = be.feed.lib.a
+                live, ok = fa.live_bytes(), fa.discardable_bytes()
+                for it, k in zip(items, keep):
+                    if k and it:
+                        self.kept += 1
+                        blk = it[0][0] // BS
+                        if not fa.dead(blk, BS, live, ok):
+                            self.bad.append(blk)
+                return keep
+            return real(items, after, checked if check is not None else None)
+        be.mover.discard = discard
+
+
+def discarded(be):
+    return [r for k, r, *_ in be.mover.log if k == "discard"]
+
+
+def run_discard(be, block, index):
+    """A launch elsewhere (block 7) whose Decision discards ``block``."""
+    be.policy.decisions.append(Decision(discard=np.array([block])))
+    be.launch(info(index, be, BASE + 7 * BS, BS))
+
+
+def setup(n=8):
+    pol = Scripted([])
+    be = backend(pol, 16, [(BASE, 16 * BS)])
+    be.feed.lib.a.segment(16 * BS, base=BASE)
+    Event.done = 1 << 30  # the GPU has finished every launch: nothing is protected
+    be.block_ids(BASE, n * BS)
+    return be, be.feed.lib.a
+
+
+def test_a_workspace_no_op_touches_keeps_its_block_live():
+    # GIVEN block 1 holding a tensor the launches use (first half) and a library workspace no op ever touches
+    # (second half: cuBLAS takes it from the caching allocator; the runtime's ops never show it)
+    be, fa = setup()
+    first = fa.alloc(BS)  # block 0
+    t = fa.alloc(BS // 2)  # block 1, first half
+    w = fa.alloc(BS // 2)  # block 1, second half: the workspace
+    assert (first, t, w) == (BASE, BASE + BS, BASE + BS + BS // 2)
+    be.launch(info(0, be, t, BS // 2))
+    # WHEN the tensor dies and the policy discards block 1
+    die(be, t)
+    run_discard(be, 1, 1)
+    # THEN it is evicted (data kept), never discarded: the workspace holds it
+    assert discarded(be) == [] and be.refused["not_dead"] == 1
+    # AND once the workspace is freed too, the block is dead and may go
+    die(be, w)
+    run_discard(be, 1, 2)
+    assert discarded(be) == [[(BASE + BS, BS)]]
+
+
+def test_a_free_completed_long_after_it_was_requested_waits_for_completion():
+    # GIVEN a tensor in block 2 freed with record_stream (FREE_REQUESTED now, FREE_COMPLETED when the other
+    # stream is done with it)
+    be, fa = setup()
+    addrs = [fa.alloc(BS) for _ in range(8)]
+    be.launch(info(0, be, addrs[2], BS))
+    fa.free(addrs[2], deferred=True)
+    be.feed.take_events()
+    be.deaths_before(1 << 62)
+    run_discard(be, 2, 1)
+    assert discarded(be) == [] and be.refused["not_dead"] == 1
+    # WHEN the free completes
+    fa.complete(addrs[2])
+    be.feed.take_events()
+    be.deaths_before(1 << 62)
+    run_discard(be, 2, 2)
+    assert discarded(be) == [[(BASE + 2 * BS, BS)]]
+
+
+def test_a_block_split_between_a_dead_and_a_live_allocation_stays():
+    be, fa = setup()
+    a = fa.alloc(BS + BS // 2)  # blocks 0 and half of 1
+    b = fa.alloc(BS + BS // 2)  # the other half of 1, and 2
+    be.launch(info(0, be, a, 3 * BS))
+    die(be, a)
+    assert be.ticket[0] and not be.ticket[1] and not be.ticket[2]
+    run_discard(be, 0, 1)
+    run_discard(be, 1, 2)
+    assert discarded(be) == [[(BASE, BS)]] and be.refused["not_dead"] == 1
+    assert b
+
+
+def test_memory_reused_after_the_decision_but_before_the_discard_is_refused():
+    # GIVEN block 3 dead, a discard decided; WHEN the allocator hands it out while the mover gates the compute
+    # stream (after the decision, before the check), THEN the check sees the ALLOC and the block is evicted
+    be, fa = setup()
+    addrs = [fa.alloc(BS) for _ in range(8)]
+    be.launch(info(0, be, addrs[3], BS))
+    die(be, addrs[3])
+    be.mover.before_check = lambda: fa.alloc(BS)  # first fit: block 3 again
+    run_discard(be, 3, 1)
+    assert discarded(be) == [] and be.refused["reused_before_issue"] == 1
+    assert ("to_host", [(BASE + 3 * BS, BS)], 0) in be.mover.log
+
+
+def test_a_segment_given_back_by_empty_cache_leaves_the_books_and_is_never_discarded():
+    be, fa = setup()
+    seg2 = fa.segment(2 * BS, base=BASE + 32 * BS)
+    x = fa.alloc(2 * BS, seg=seg2)
+    be.launch(info(0, be, x, 2 * BS))
+    ids = be.block_ids(x, 2 * BS)
+    assert be.res.resident[ids].all()
+    die(be, x)
+    assert be.ticket[ids].all()
+    fa.empty_cache()
+    be.feed.take_events()
+    be.deaths_before(1 << 62)
+    # THEN the blocks are no longer resident, their tickets are gone, the policy was told
+    assert not be.res.resident[ids].any() and not be.ticket[ids].any()
+    assert ("free", ids.tolist()) in be.policy.events
+    run_discard(be, int(ids[0]), 1)
+    assert discarded(be) == []
+
+
+def test_an_overflow_makes_every_block_live_until_a_quiescent_rebuild():
+    be, fa = setup()
+    addrs = [fa.alloc(BS) for _ in range(8)]
+    be.feed.take_events()
+    be.launch(info(0, be, addrs[4], 2 * BS))
+    # GIVEN the ring dropped an event (an ALLOC of block 5 the books never see) while block 4 died
+    fa.free(addrs[4])
+    fa.free(addrs[5])
+    n = len(fa.queue)
+    fa.alloc(BS)  # block 4 again ...
+    be.feed.lib.drop = {n}  # ... and that ALLOC is lost
+    be.feed.take_events()
+    be.deaths_before(1 << 62)
+    # THEN nothing is discarded on incomplete knowledge
+    run_discard(be, 5, 1)
+    run_discard(be, 4, 2)
+    assert discarded(be) == [] and be.liveness_result()["unknown"] == "allocator event ring overflowed"
+    # WHEN an iteration ends: the books are rebuilt from the allocator's snapshot; block 5 is dead, 4 is not
+    be.feed.quiescent(fa.snapshot)
+    be.deaths_before(1 << 62)
+    assert be.liveness_result()["unknown"] is None and be.liveness_result()["resyncs"] == 1
+    run_discard(be, 4, 3)
+    run_discard(be, 5, 4)
+    assert discarded(be) == [[(BASE + 5 * BS, BS)]]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["alloc"] * 3 + ["free"] * 2 + ["discard"] * 3 +
+                                          ["defer", "complete", "launch", "drop", "quiescent", "empty"]),
+                          st.integers(0, 15),
+                          # (mostly whole blocks: a block dies only when no allocation overlaps any byte of it)
+                          st.integers(1, 40).map(lambda n: (n % 3 + 1) * BS if n <= 34 else n * 150_001)),
+                min_size=5, max_size=60))
+def test_no_live_byte_is_ever_discarded(steps):
+    """Random allocator histories interleaved with launches and discard decisions (allocations made between a
+    decision and its check included, dropped events, rebuilds, empty_cache): every block the check lets through
+    holds no live byte at that moment, by the fake allocator's byte-level truth."""
+    be, fa = setup(16)
+    truth = Truth(be)
+    live: list[int] = []
+    pending: list[int] = []
+    k = 0
+    for op, i, size in steps:
+        if op == "alloc":
+            a = fa.alloc(size)
+            if a is not None:
+                live.append(a)
+        elif op in ("free", "defer") and live:
+            a = live.pop(i % len(live))
+            fa.free(a, deferred=op == "defer")
+            if op == "defer":
+                pending.append(a)
+        elif op == "complete" and pending:
+            fa.complete(pending.pop(i % len(pending)))
+        elif op == "launch" and live:
+            a = live[i % len(live)]
+            be.feed.take_events()
+            be.deaths_before(1 << 62)
+            be.launch(info(k, be, a, fa.allocs[a]["size"]))
+            k += 1
+        elif op == "discard":
+            be.feed.take_events()
+            be.deaths_before(1 << 62)
+            be.mover.before_check = (lambda s=size: fa.alloc(s)) if i % 3 == 0 else None
+            dead = np.flatnonzero(be.ticket)  # (mostly a block the allocator reported dead: the case that matters)
+            run_discard(be, int(dead[i % dead.size]) if dead.size and i % 4 else i % max(be.res.n_ids, 1), k)
+            k += 1
+            be.mover.before_check = None
+        elif op == "drop" and fa.queue:
+            be.feed.lib.drop = {i % len(fa.queue)}
+            be.feed.take_events()
+        elif op == "quiescent":
+            be.feed.quiescent(fa.snapshot)
+        elif op == "empty":  # a segment used, freed and given back to the driver (empty_cache)
+            spare = fa.segment(2 * BS)
+            x = fa.alloc(size, seg=spare)
+            if x is not None:
+                be.feed.take_events()
+                be.deaths_before(1 << 62)
+                be.launch(info(k, be, x, min(size, 2 * BS)))
+                k += 1
+                fa.free(x)
+            fa.release(spare)
+        live = [a for a in live if a in fa.allocs]  # (an ALLOC in before_check is not ours to free)
+    assert not truth.bad, f"blocks discarded while an allocation held a byte of them: {truth.bad}"
+
+
+class RingLib:
+    """The observer library's op ring and counters at its C boundary: hands the planner the op records it is
+    given (``kernels/uvmobs.h`` layout), nothing else."""
+
+    def __init__(self, ops):
+        from uvmprefetch.runtime import native_observer as no
+        self.no, self.ops = no, ops
+
+    def drain_ops(self):
+        ops, self.ops = self.ops, self.ops[:0]
+        return ops
+
+    def drain_allocs(self):
+        return np.zeros(0, dtype=self.no.ALLOC_DTYPE)
+
+    def state(self):
+        return self.no.STATE_ACTIVE
+
+    def counters(self):
+        return {"dropped": 0}
+
+    def alloc_stats(self):
+        return {"dropped": 0}
+
+    def op_name(self, op_id):
+        return f"aten::op{op_id}"
+
+
+def op_records(seq, op_id, ranges):
+    """One op's run of records: HEAD, HEAD2, a RANGE per (address, length) read."""
+    from uvmprefetch.runtime import native_observer as no
+    recs = np.zeros(2 + len(ranges), dtype=no.OP_DTYPE)
+    recs[0] = (seq, 1000 + op_id, op_id | no.HEAD << 56, len(ranges))
+    recs[1] = (0, 0, no.HEAD2 << 56, 0)
+    for k, (addr, n) in enumerate(ranges):
+        recs[2 + k] = (addr, 0, n | 1 << 48 | no.RANGE << 56, n)
+    return recs
+
+
+def test_the_planner_hands_each_death_to_the_policy_before_the_next_op_and_not_before_its_own():
+    """The planner merges the allocator's events with the ops by sequence number: a death reaches the policy
+    (``on_free``) after the launches numbered before it and before the first launch numbered after it."""
+    from uvmprefetch.config import RuntimeConfig
+    from uvmprefetch.runtime.planner import Planner
+    from uvmprefetch.runtime.session import Session
+    be, fa = setup()
+    a, b = fa.alloc(BS), fa.alloc(BS)  # events 1..3
+    fa.seq = 10
+    fa.free(a)  # 11, 12: A dies after op 1 (seq 10), before op 2 (seq 20)
+    fa.seq = 20
+    fa.free(b)  # 21, 22: B dies after op 2, before no op yet
+    ops = np.concatenate([op_records(10, 1, [(a, BS), (b, BS)]), op_records(20, 2, [(b, BS)])])
+    s = Session(RuntimeConfig(enabled=True, backend="dryrun"), backend=be)
+    s.active = True
+    p = Planner(s, RingLib(ops), 0)
+    assert p._batch()
+    ia, ib = be._ids[a // BS], be._ids[b // BS]
+    events = [e for e in be.policy.events if e[0] in ("launch", "free")]
+    assert events == [("launch", 0), ("free", [ia]), ("launch", 1)]
+    assert be.ticket[ia] and not be.ticket[ib]  # B's death waits for the next op
+    # WHEN the next op arrives (a new tensor in block 0: the allocator's ALLOC before it), B's death goes first
+    c = fa.alloc(BS)
+    assert c == a
+    p.lib.ops = op_records(fa.seq + 5, 3, [(c, BS)])
+    p._batch()
+    events = [e for e in be.policy.events if e[0] in ("launch", "free")]
+    assert events[3:] == [("free", [ib]), ("launch", 2)]
+    assert not be.ticket[ia] and be.ticket[ib]  # block 0 handed out again: its ticket is gone
+
+
+def test_deaths_do_not_pile_up_while_the_planner_is_dormant():
+    """While the model fits, the planner is dormant and no op is recorded: deaths have no op to wait for and are
+    handed out as they come (else a run that never wakes would hold every death of the run)."""
+    from uvmprefetch.config import RuntimeConfig
+    from uvmprefetch.runtime.planner import Planner
+    from uvmprefetch.runtime.session import Session
+    be, fa = setup()
+    s = Session(RuntimeConfig(enabled=True, backend="dryrun"), backend=be)
+    s.active = True
+    p = Planner(s, RingLib(op_records(1, 1, [])[:0]), 1 << 40)
+    assert p.dormant
+    for _ in range(50):
+        fa.free(fa.alloc(BS))
+        p._batch()
+    assert not be.feed._dead_blk and be.feed.stats()["deaths"] == 50

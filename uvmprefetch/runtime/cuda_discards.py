@@ -1,0 +1,181 @@
+"""act (live, real GPU): the cuda backend's deaths and discards, from the CUDA caching allocator's own events.
+
+``alloc_feed.py`` drains the allocator's trace tracker into ``Liveness``; the planner hands its deaths over in
+sequence order (``deaths_before``); each dead block holds a ticket (the event that killed it) until a launch
+touches it. With ``UVMPREFETCH_DISCARD=1`` a Decision's discards of ticketed blocks go to the mover
+(``Mover.discard``: the compute stream gated, the tickets checked again on the mover thread, then the discard);
+every other discard is issued as an eviction. ``docs/runtime.md`` section 11 has the order and the report fields.
+Mixed into ``CudaBackend`` (``cuda_backend.py``), whose state it reads: ``ranges``, ``_dense``, ``res``,
+``policy``, ``mover``, ``copy``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from .mover import CudaCallError
+
+
+class AllocatorDiscards:
+    """The part of ``CudaBackend`` that takes deaths from the allocator and issues (or refuses) discards."""
+
+    def _attach_feed(self, cfg) -> None:
+        """The caching allocator's events (``alloc_feed.py``), attached with UVMPREFETCH_DISCARD=1 (and the batch
+        API) or UVMPREFETCH_EVICT=auto, and the discard state: ``feed``, ``discard_on``, the copy path's book."""
+        # Discards only with UVMPREFETCH_DISCARD=1, the batch API and the caching allocator's own events
+        # (alloc_feed.py); otherwise a Decision's discards are issued as evictions (same room freed, the data
+        # kept). Only a block the allocator itself reported dead (every allocation in it FREE_COMPLETED: a library
+        # workspace no op touches lay in blocks the ops alone made look dead, and discards of them lost data on an
+        # H100 and an H200) may be discarded, and only while nothing reused it (its ticket, checked again right
+        # before the call): a policy's stale dead flag never loses data.
+        # The copy path (UVMPREFETCH_EVICT=auto) needs the same events: which allocations are live and fully observed.
+        self._cfg = cfg
+        if cfg.evict != "uvm":
+            self.copy_status = "off: needs the C++ observer"
+        self.feed, self.liveness_why = None, "UVMPREFETCH_DISCARD=0: discards are issued as evictions"
+        if cfg.discard and not self.mover.can_discard:
+            self.liveness_why = "no discards: the driver has no cudaMemDiscardBatchAsync (CUDA 13)"
+        if (cfg.discard and self.mover.can_discard) or cfg.evict == "auto":
+            from . import alloc_feed
+            say = (lambda m: print(f"uvmprefetch: {m}", file=sys.stderr)) if cfg.log != "quiet" else None
+            self.feed, self.liveness_why = alloc_feed.attach(cfg, self.device, self.block_size, say)
+            if self.feed is not None and cfg.discard:
+                try:  # the word the discards gate the compute stream with (Mover.discard), made now: fail early
+                    self.mover.stream_gate()
+                except (CudaCallError, AttributeError) as e:
+                    self.feed.lib.lib.uvm_alloc_tracker_enable(0)
+                    self.feed, self.liveness_why = None, f"the discard gate cannot be made: {e}"
+            if self.feed is None and cfg.log != "quiet":
+                print(f"uvmprefetch: {'discards stay off' if cfg.discard else 'no allocator events'}: "
+                      f"{self.liveness_why}", file=sys.stderr)
+        # (the copy path's book is whole only while the allocator's events have covered every allocation from start)
+        self._copy_books = self.feed is not None and self.feed.liveness.unknown is None
+        self._copy_books_why = ("" if self._copy_books else self.liveness_why if self.feed is None
+                                else f"the allocator's events began late: {self.feed.liveness.unknown}")
+        self.discard_on = self.feed is not None and bool(cfg.discard) and self.mover.can_discard
+        self.audit = bool(cfg.discard_audit) and self.discard_on
+        self._init_discards()
+
+    def deaths_before(self, seq: int) -> None:
+        """The planner reached the op numbered ``seq``: the allocator's deaths numbered before it reach the books,
+        the tickets (the death's number, for the check before a discard) and ``policy.on_free``; blocks given back
+        to the driver leave the books."""
+        if self.feed is None:
+            return
+        blocks, seqs, released = self.feed.deaths_before(seq)
+        if blocks.size:
+            dense, pos = self._dense(blocks)
+            if dense.size and self.copy is not None:
+                self.copy.forget(dense)  # no tensor left in them: nothing to bring back
+            if dense.size:
+                self.ticket[dense] = seqs[pos]
+                self.res.free(dense)
+                self.policy.on_free(dense)
+        if released.size:
+            dense, _ = self._dense(released)
+            if dense.size:
+                self.ticket[dense] = 0
+                self.res.release(dense)
+                self.policy.on_free(dense)
+
+    def _marks_for(self, n: int) -> None:
+        """Per block id: the number of the last ``Mover.mark_moves`` after a move of it, and of the last discard
+        of it (0: none); read only with discards on."""
+        self._move_mark = np.zeros(n, dtype=np.int64)
+        self._disc_mark = np.zeros(n, dtype=np.int64)
+
+    def _after_discards(self, blocks: np.ndarray) -> int:
+        """The last discard of any of ``blocks`` (a move of them must wait for it), 0 for none."""
+        return int(self._disc_mark[blocks].max()) if blocks.size else 0
+
+    def _init_discards(self) -> None:
+        """Per block id: the death ticket (the allocator event that killed it; 0: not dead as far as the books know)
+        and the marks that order discards with moves; the refusal counts by reason."""
+        self.ticket = np.zeros(self.max_blocks, dtype=np.int64)
+        self._marks_for(self.max_blocks)
+        self.discards_as_evictions = 0
+        self.discarded_blocks = 0
+        self.refused = {"not_dead": 0, "reused_before_issue": 0, "unknown": 0, "audit": 0}
+        self.audit_cases: list[dict] = []
+
+    def _safe_discards(self, discard: np.ndarray, evict: np.ndarray, launch: int = -1) -> tuple[np.ndarray, np.ndarray]:
+        """The discard candidates, and the evictions with the rest: with discards off every one becomes an
+        eviction; with them on, those the allocator did not report dead (no ticket) do."""
+        ok = self.ticket[discard] != 0 if self.discard_on else np.zeros(discard.shape[0], dtype=bool)
+        rest = discard[~ok]
+        if rest.size:
+            if self.discard_on:
+                self.refused["not_dead"] += int(rest.size)
+            else:
+                self.discards_as_evictions += int(rest.size)
+            evict = np.union1d(evict, rest[self.res.resident[rest]])
+        return discard[ok], evict
+
+    def _issue_discards(self, discard: np.ndarray) -> None:
+        """Hand the candidates to the mover (``Mover.discard``: the compute stream gated, then ``_check`` on the
+        mover thread, then the discard of those still dead and the gate opened); each ticket is used up."""
+        bs = self.block_size
+        items = [self.ranges(discard[k:k + 1]) for k in range(discard.size)]
+        blocks, seqs = self._addr[discard] // bs, self.ticket[discard].copy()
+        self.ticket[discard] = 0
+        self._disc_mark[discard] = self.mover.discard(items, after=int(self._move_mark[discard].max()),
+                                                      check=lambda: self._check(blocks, seqs))
+
+    def _check(self, blocks: np.ndarray, seqs: np.ndarray) -> np.ndarray:
+        """On the mover thread, the compute stream gated: which candidates are still dead from their death (every
+        allocator event numbered before now fed first); refused ones are evicted instead and counted by reason.
+        With ``UVMPREFETCH_DISCARD_AUDIT=1`` a fresh rebuild from ``torch.cuda.memory_snapshot()`` must call each
+        dead too (a disagreement is refused, counted and the allocation kept in ``audit_cases``)."""
+        ok, why = self.feed.check(blocks, seqs)
+        if why is not None:
+            self.refused["unknown"] += int(blocks.size)
+            return ok
+        self.refused["reused_before_issue"] += int((~ok).sum())
+        if self.audit and ok.any():
+            ok = self._audit(blocks, ok)
+        self.discarded_blocks += int(ok.sum())
+        return ok
+
+    def _audit(self, blocks: np.ndarray, ok: np.ndarray) -> np.ndarray:
+        import torch
+
+        from .liveness import Liveness
+        snap = torch.cuda.memory_snapshot()
+        fresh = Liveness(self.block_size, self.device)
+        fresh.quiescent(lambda: snap)
+        agree = fresh.dead_mask(blocks)
+        bad = ok & ~agree
+        if bad.any():
+            self.refused["audit"] += int(bad.sum())
+            bs = self.block_size
+            for b in blocks[bad].tolist()[:max(0, 20 - len(self.audit_cases))]:
+                held = [{"address": int(x["address"]), "size": int(x.get("requested_size", x.get("size", 0))),
+                         "state": x.get("state")} for g in snap for x in g.get("blocks", ())
+                        if x.get("state") != "inactive" and int(x["address"]) < (b + 1) * bs
+                        and int(x["address"]) + int(x.get("requested_size", x.get("size", 0))) > b * bs]
+                self.audit_cases.append({"block": int(b), "held_by": held[:4]})
+                if len(self.audit_cases) <= 3:
+                    print(f"uvmprefetch: discard audit: block {b * bs:#x} is dead to the allocator feed but the "
+                          f"snapshot holds {held[:2]}; not discarded", file=sys.stderr)
+        return ok & agree
+
+    def liveness_result(self) -> dict:
+        """``backend_result.liveness``: where deaths come from, what the allocator feed saw, the discards issued
+        and refused by reason (``bench/gpu/discards.py`` reads these)."""
+        out = {"source": "allocator" if self.feed is not None else self.liveness_why,
+               "built_for": self.feed.lib.tracker_built_for() if self.feed is not None else None,
+               "discards_issued": self.discarded_blocks,
+               "discards_refused": dict(self.refused, off=self.discards_as_evictions),
+               # kernels launched outside every observed op (Triton, raw extensions) may touch any live allocation:
+               # harmless here (the allocator still holds it, so it is never dead), and not counted yet (the shim
+               # sees launches but cannot tell which ran outside an op; CUPTI correlation could)
+               "unknown_kernels_seen": None,
+               "audit": {"on": self.audit, "cases": self.audit_cases} if self.audit else None}
+        if self.feed is not None:
+            st = self.feed.stats()
+            out.update(allocations_seen=st["allocations_seen"], events=st["events"], deaths=st["deaths"],
+                       released_blocks=st["released_blocks"], overflows=st["overflows"], resyncs=st["resyncs"],
+                       unknown=st["unknown"], us_per_event=st["us_per_event"], stats=st)
+        return out
