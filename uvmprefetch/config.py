@@ -392,8 +392,8 @@ def from_env(environ=None, *, check_policy: bool = True) -> RuntimeConfig:
     if log not in LOG_LEVELS:
         raise _bad("UVMPREFETCH_LOG", get("UVMPREFETCH_LOG"))
     gpu = get("UVMPREFETCH_GPU", "h100-pcie").strip() or "h100-pcie"
-    from .gpus import PROFILES
-    if gpu not in PROFILES:
+    from .gpus import ALIASES, PROFILES
+    if gpu not in PROFILES and gpu not in ALIASES:
         raise ConfigError(f"UVMPREFETCH_GPU={gpu!r} is invalid; accepted: one of {', '.join(PROFILES)}")
     mover = get("UVMPREFETCH_MOVER", "sync").strip().lower() or "sync"
     if mover not in MOVERS:

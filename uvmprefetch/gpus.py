@@ -1,7 +1,9 @@
 """GPU profiles: the numbers the roofline duration model (trace/) and the simulator (sim/) use.
 
-Every number carries its source. Link and fault numbers are the starting values of DESIGN.md §3 and are
-meant to be replaced by calibrations from ``bench/gpu/`` (the ``calibrated`` field says when that happened).
+Every number carries its source. A plain name (``h100-pcie``, the default; ``h100-sxm``; ``h200``) is the card with
+the unified-memory costs measured on it by ``bench/gpu/calibrate.py`` (the ``calibrated`` field says which run);
+``NAME-lit`` is the same card with the literature's link and fault numbers (DESIGN.md §3), for comparison with
+papers. Cards not measured yet (``a100-pcie``, ``v100-pcie``, ``gh200-c2c``) carry the literature numbers under both names.
 """
 
 from __future__ import annotations
@@ -116,35 +118,38 @@ class GpuProfile:
         return dataclasses.replace(self, **kv)
 
 
+# The literature profiles (``NAME-lit``): datasheet compute and the link and fault numbers simulators usually assume
+# (DESIGN.md §3: 45 us per 256-entry fault batch, the link's bandwidth both ways). Kept for comparison with papers;
+# where a card's unified-memory costs were measured, its plain name is the calibrated profile (below).
 PROFILES: dict[str, GpuProfile] = {
     p.name: p
     for p in [
         GpuProfile(
-            name="h100-pcie", memory_bytes=80 * GiB, hbm_bw=2.0e12,
+            name="h100-pcie-lit", memory_bytes=80 * GiB, hbm_bw=2.0e12,
             flops={"fp32": 51 * TFLOPS, "tf32": 378 * TFLOPS, "bf16": 756 * TFLOPS, "fp16": 756 * TFLOPS},
             link_htod_bw=52 * GB, link_dtoh_bw=52 * GB,
             sources="NVIDIA H100 datasheet (PCIe, dense); PCIe 5 x16 achieved 50-55 GB/s (DESIGN.md §3)",
         ),
         GpuProfile(
-            name="h100-sxm", memory_bytes=80 * GiB, hbm_bw=3.35e12,
+            name="h100-sxm-lit", memory_bytes=80 * GiB, hbm_bw=3.35e12,
             flops={"fp32": 67 * TFLOPS, "tf32": 494 * TFLOPS, "bf16": 989 * TFLOPS, "fp16": 989 * TFLOPS},
             link_htod_bw=52 * GB, link_dtoh_bw=52 * GB,
             sources="NVIDIA H100 datasheet (SXM5, dense); host link is PCIe 5 x16 (DESIGN.md §3)",
         ),
         GpuProfile(
-            name="a100-pcie", memory_bytes=80 * GiB, hbm_bw=1.935e12,
+            name="a100-pcie-lit", memory_bytes=80 * GiB, hbm_bw=1.935e12,
             flops={"fp32": 19.5 * TFLOPS, "tf32": 156 * TFLOPS, "bf16": 312 * TFLOPS, "fp16": 312 * TFLOPS},
             link_htod_bw=25 * GB, link_dtoh_bw=25 * GB,
             sources="NVIDIA A100 80GB PCIe datasheet (dense); PCIe 4 x16 achieved ~25 GB/s (DESIGN.md §3)",
         ),
         GpuProfile(
-            name="v100-pcie", memory_bytes=32 * GiB, hbm_bw=0.9e12,
+            name="v100-pcie-lit", memory_bytes=32 * GiB, hbm_bw=0.9e12,
             flops={"fp32": 14 * TFLOPS, "tf32": 14 * TFLOPS, "bf16": 14 * TFLOPS, "fp16": 112 * TFLOPS},
             link_htod_bw=12 * GB, link_dtoh_bw=12 * GB,
             sources="NVIDIA V100 PCIe 32GB datasheet (no bf16 tensor cores: bf16 runs at fp32 rate); PCIe 3 ~12 GB/s",
         ),
         GpuProfile(
-            name="gh200-c2c", memory_bytes=96 * GiB, hbm_bw=4.0e12,
+            name="gh200-c2c-lit", memory_bytes=96 * GiB, hbm_bw=4.0e12,
             flops={"fp32": 67 * TFLOPS, "tf32": 494 * TFLOPS, "bf16": 989 * TFLOPS, "fp16": 989 * TFLOPS},
             link_htod_bw=375 * GB, link_dtoh_bw=297 * GB,
             sources="NVIDIA GH200 datasheet; NVLink-C2C measured ~375 GB/s H2D (DESIGN.md §3), D2H assumed 0.8x",
@@ -152,14 +157,14 @@ PROFILES: dict[str, GpuProfile] = {
     ]
 }
 # Handy for the GPU machines this project is lent (an H200 has 141 GB HBM3e at 4.8 TB/s, PCIe 5 host link).
-PROFILES["h200"] = dataclasses.replace(
-    PROFILES["h100-sxm"], name="h200", memory_bytes=141 * GB, hbm_bw=4.8e12,
+PROFILES["h200-lit"] = dataclasses.replace(
+    PROFILES["h100-sxm-lit"], name="h200-lit", memory_bytes=141 * GB, hbm_bw=4.8e12,
     sources="NVIDIA H200 datasheet (SXM); compute as H100 SXM; PCIe 5 host link",
 )
 
-# The H100 PCIe card's compute with the unified-memory costs measured on a lent H100 (SXM5 board, same PCIe 5
-# x16 host link and driver path) by bench/gpu/calibrate.py: bench/results/calibrate.json, 2026-11-23,
-# driver 580.159.04. The datasheet profiles' link and fault numbers are literature values and much kinder:
+# ``h100-pcie`` (the default) and ``h100-sxm``: the card's compute with the unified-memory costs bench/gpu/calibrate.py
+# measured on a lent H100 (SXM5 board, PCIe 5 x16 host link, driver 580.159.04; tests/data/calibrate-h100.json).
+# The literature numbers (``-lit``) are much kinder:
 # - a dense read of host-resident managed memory (torch .sum over N 2 MiB blocks, N = 8..512) costs 320-400 us
 #   per block (~6 GB/s), against ~43 us in the literature model. One 2 MiB block per fault batch
 #   (fault_batch_size = 17 entries) at 330 us + the transfer fits the dense touch within -6..+17 % and the
@@ -168,9 +173,8 @@ PROFILES["h200"] = dataclasses.replace(
 #   (pinned copies: 55 GB/s): 7.5 GB/s fits 2 MiB-1 GiB within -16..+31 %;
 # - to the GPU, 49-50 GB/s for >= 128 MiB. Not modelled: one call of 2 MiB takes ~100 us (about 60 us of
 #   latency per call), so prefetching scattered single blocks is slower than this profile says.
-# docs/simulator.md, "Calibrated profile", has the table; bench/results/gpu-20261123/README.md the runs.
-# ``h100-sxm-cal``: the same costs with the SXM5 compute, i.e. the board that was measured (bench/gpu/fidelity.py
-# replays live H100 runs with it).
+# docs/simulator.md, "Calibrated profiles", has the table. ``h100-sxm`` is the board that was measured
+# (bench/gpu/fidelity.py replays live H100 runs with it).
 # The copy path on the lent H100 and H200 (``COPY_PATH``, both boards): pinned cudaMemcpy ran at 55 GB/s each way
 # there (DESIGN.md §6; measured with plain device memory, not yet from GPU-resident managed memory). The per-call
 # costs are assumptions until bench/gpu/evict_microbench.py has run on a GPU: the field comments in GpuProfile
@@ -178,29 +182,48 @@ PROFILES["h200"] = dataclasses.replace(
 COPY_PATH = dict(copy_dtoh_bw=55 * GB, copy_htod_bw=55 * GB, copy_call_s=10e-6, discard_call_s=20e-6,
                  discard_block_s=2e-6, repopulate_call_s=20e-6, repopulate_block_s=2e-6)
 for _base in ("h100-pcie", "h100-sxm"):
-    PROFILES[f"{_base}-cal"] = dataclasses.replace(
-        PROFILES[_base], name=f"{_base}-cal", link_htod_bw=50 * GB, link_dtoh_bw=7.5 * GB,
+    PROFILES[_base] = dataclasses.replace(
+        PROFILES[f"{_base}-lit"], name=_base, link_htod_bw=50 * GB, link_dtoh_bw=7.5 * GB,
         fault_batch_size=17, fault_batch_latency_s=330e-6, **COPY_PATH,
-        sources=PROFILES[_base].sources + "; link and fault costs measured on an H100 (bench/results/calibrate.json)",
+        sources=PROFILES[f"{_base}-lit"].sources + "; link and fault costs measured on an H100 "
+                                                  "(tests/data/calibrate-h100.json)",
         calibrated="2026-11-23 bench/gpu/calibrate.py on NVIDIA H100 80GB HBM3 (driver 580.159.04), fitted by hand",
     )
 
-# ``h200-cal``: the H200 board's compute with the unified-memory costs bench/gpu/calibrate.py measured on a lent
-# H200 (bench/results/gpu-20261127/run1-discard3/calibrate.json, 2026-11-27, driver 580.159.04), fitted by hand
+# ``h200``: the H200 board's compute with the unified-memory costs bench/gpu/calibrate.py measured on a lent
+# H200 (driver 580.159.04; tests/data/calibrate-h200.json), fitted by hand
 # as the H100's were (the automatic atan fit fails here too: managed prefetches carry ~60 us per call):
 # - a dense touch of host-resident managed memory costs ~300 us per 2 MiB block (H100: 320-400): one block per
 #   fault batch (17 entries) at 280 us + the transfer fits the dense touch within -7..+22 % and the sparse
 #   touch within -24..+16 %;
 # - eviction (cudaMemPrefetchAsync to the host) 7.3 GB/s for 2 MiB, 9-11 GB/s for 8 MiB-1 GiB: 9 GB/s fits
 #   2 MiB-1 GiB within -19..+25 %; to the GPU 49 GB/s for >= 128 MiB (within 0.1 %).
-PROFILES["h200-cal"] = dataclasses.replace(
-    PROFILES["h200"], name="h200-cal", link_htod_bw=49 * GB, link_dtoh_bw=9 * GB,
+PROFILES["h200"] = dataclasses.replace(
+    PROFILES["h200-lit"], name="h200", link_htod_bw=49 * GB, link_dtoh_bw=9 * GB,
     fault_batch_size=17, fault_batch_latency_s=280e-6, **COPY_PATH,
-    sources=PROFILES["h200"].sources + "; link and fault costs measured on an H200 (bench/results/gpu-20261127/)",
+    sources=PROFILES["h200-lit"].sources + "; link and fault costs measured on an H200 "
+                                          "(tests/data/calibrate-h200.json)",
     calibrated="2026-11-27 bench/gpu/calibrate.py on NVIDIA H200 (driver 580.159.04), fitted by hand",
 )
 
+# The cards nobody has measured yet keep the literature numbers under their plain name too (``calibrated`` is ""
+# there: ``uvmprefetch bench`` says so in its header).
+for _base in ("a100-pcie", "v100-pcie", "gh200-c2c"):
+    PROFILES[_base] = dataclasses.replace(PROFILES[f"{_base}-lit"], name=_base)
+
+# Plain names first (``--help`` lists them in this order), then the literature variants.
+PROFILES = {k: PROFILES[k] for k in sorted(PROFILES, key=lambda k: (k.endswith("-lit"), list(PROFILES).index(k)))}
+
+# Earlier names of the calibrated profiles, still accepted (``get_profile``) and listed nowhere.
+ALIASES = {"h100-pcie-cal": "h100-pcie", "h100-sxm-cal": "h100-sxm", "h200-cal": "h200"}
+
 DEFAULT_GPU = "h100-pcie"
+
+
+def card_name(name: str) -> str:
+    """The card a profile name stands for, without ``-lit`` / ``-cal`` (they differ in unified-memory costs only,
+    not in compute: a trace's estimated durations are the same on all of them)."""
+    return name.removesuffix("-lit").removesuffix("-cal")
 
 # SSD tiers for ``GpuProfile.with_overrides(**SSD_PRESETS[name])`` (``--ssd NAME`` in replay/bench). The host
 # capacity is left to the caller (``--gpu-set host_capacity_bytes=...``): it is a property of the experiment.
@@ -225,7 +248,7 @@ def get_profile(name: str) -> GpuProfile:
         If no profile has that name; the message lists the valid ones.
     """
     try:
-        return PROFILES[name]
+        return PROFILES[ALIASES.get(name, name)]
     except KeyError:
         raise ConfigError(f"unknown GPU profile {name!r}; valid: {', '.join(PROFILES)}") from None
 

@@ -114,3 +114,27 @@ def update(path: Path, device: str, env: dict, cases: list[dict] = (), microbenc
     data[device] = {k: entry[k] for k in (*ENTRY_FIELDS, "cases", "microbench")}
     write_atomic(path, data)
     return data[device]
+
+
+def annotate(path: Path, device: str, fields: dict[str, dict]) -> dict:
+    """Add fields to existing cases of ``device`` (``{case name: {field: value}}``) and write the file, leaving the
+    entry's date / commit / driver / torch as they are: for figures derived from the measurements on another
+    machine (``fidelity.py --cases`` replays every case on a CPU). Returns the device's entry.
+
+    Raises
+    ------
+    BaselineError
+        The device or a named case is not in the file.
+    """
+    path = Path(path)
+    data = load(path)
+    if device not in data:
+        raise BaselineError(f"{path}: no entry {device!r}")
+    by_name = {c["name"]: c for c in data[device].get("cases", [])}
+    for name, extra in fields.items():
+        if name not in by_name:
+            raise BaselineError(f"{path}: {device!r} has no case {name!r}")
+        case(name, **extra)  # (the same checks as a new case: no NaN or infinite figure)
+        by_name[name].update(extra)
+    write_atomic(path, data)
+    return data[device]

@@ -13,8 +13,11 @@ Target: within +-20 %. Where a case misses it, the table's fault/transfer column
 show which cost the model gets wrong.
 
 Runs come from ``--from RUN/oversub.json`` (an ``oversub.py --trace`` result: no new GPU time) or
-are made here (``--config``, ``--ratios``, ``--modes``). In ``--dry-run`` the "measured" side is the dryrun
-backend's simulated GPU driven live, so the check is that the live runtime path and the offline replay agree.
+are made here (``--config``, ``--ratios``, ``--modes``). ``--cases`` needs no GPU: it replays every case of
+``bench/baselines/gpu.json`` from a trace re-recorded on the CPU and writes each one's ``fidelity`` field there
+(``_fidelity_cases.py`` says how; docs/simulator.md "Fidelity" has the figures). In ``--dry-run`` the "measured"
+side is the dryrun backend's simulated GPU driven live, so the check is that the live runtime path and the offline
+replay agree.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ examples:
   python bench/gpu/fidelity.py --profile RUN/calibrate.json                       # own runs, GPT-2 medium
   python bench/gpu/fidelity.py --from RUN/oversub.json --profile RUN/calibrate.json
   python bench/gpu/fidelity.py --dry-run
+  python bench/gpu/fidelity.py --cases                     # every case of bench/baselines/gpu.json, on the CPU
 """
 TARGET = 0.20
 
@@ -46,18 +50,24 @@ def load_profile(path: Path | None, device: str, dry_run: bool):
         return get_profile("h100-pcie"), "h100-pcie (the dryrun backend's profile)"
     from uvmprefetch.gpus import PROFILES
     if path is None:
-        # the device's hand-fitted profile where gpus.py has one (h100-sxm-cal on an H100 SXM: calibrate.py's
-        # own atan fit failed there, bench/results/gpu-20261123/README.md), else the literature numbers
+        # the device's hand-fitted profile where gpus.py has one (h100-sxm on an H100 SXM: calibrate.py's own atan
+        # fit failed there), else the literature numbers
         name = calibrate.base_profile_for(device)
-        if f"{name}-cal" in PROFILES:
-            cal = PROFILES[f"{name}-cal"]
+        if PROFILES[name].calibrated:
+            cal = PROFILES[name]
             return cal, f"{cal.name} (uvmprefetch/gpus.py: {cal.calibrated})"
         return get_profile(name), f"{name} (UNCALIBRATED: no --profile given)"
-    if not Path(path).exists() and str(path) in PROFILES:  # a profile fitted by hand, e.g. h100-sxm-cal
-        return get_profile(str(path)), f"{path} (uvmprefetch/gpus.py: {PROFILES[str(path)].calibrated or 'literature'})"
+    from uvmprefetch.gpus import ALIASES
+    if not Path(path).exists() and (str(path) in PROFILES or str(path) in ALIASES):  # a profile by name, e.g. h100-sxm
+        g = get_profile(str(path))
+        return g, f"{g.name} (uvmprefetch/gpus.py: {g.calibrated or 'literature'})"
     try:
         cal = json.loads(Path(path).read_text())
-        base = get_profile(cal["base_profile"])
+        # calibrate.py fits the literature's fault model: its overrides apply to the card's NAME-lit profile (files
+        # written before the profiles were renamed name the card alone)
+        from uvmprefetch.gpus import card_name
+        lit = card_name(cal["base_profile"]) + "-lit"
+        base = get_profile(lit if lit in PROFILES else cal["base_profile"])
         return base.with_overrides(**cal["profile_overrides"]), f"{base.name} calibrated by {path}"
     except (OSError, ValueError, KeyError) as e:
         C.fail(NAME, f"--profile {path}: not a calibrate.py result ({type(e).__name__}: {e})")
@@ -91,11 +101,18 @@ def main(argv=None) -> int:
     p = C.parser(NAME, __doc__.split("\n\n")[0], EPILOG)
     p.add_argument("--profile", type=Path, default=None,
                    help="a calibrate.py run's calibrate.json, or a gpus.py profile name "
-                        "(h100-sxm-cal: the H100 costs fitted by hand where calibrate.py's atan fit failed)")
+                        "(h100-sxm: the H100 costs fitted by hand where calibrate.py's atan fit failed)")
     p.add_argument("--host", default=None, metavar="MODEL",
                    help="the simulator's host clock (docs/simulator.md 'Host clock'): live-sync charges the "
-                        "decision time, blocking evictions and discards the live runtime paid on the H100; "
-                        "default none (the host never limits)")
+                        "observation, decision time, blocking evictions, prefetch calls and discards the synchronous "
+                        "runtime paid on the H100, live the runtime's threads; default free (the host never limits); "
+                        "with --cases default live-sync (the runtime the cases ran)")
+    p.add_argument("--cases", nargs="?", const=".", default=None, metavar="REGEX",
+                   help="replay every case of --baseline (default bench/baselines/gpu.json; those whose name matches "
+                        "REGEX) from a trace recorded here on the CPU, and write its fidelity field there")
+    p.add_argument("--baseline", type=Path, default=None, help="with --cases: the GPU baseline file")
+    p.add_argument("--trace-cache", type=Path, default=None,
+                   help="with --cases: where the recorded traces are kept (default ~/.cache/uvmprefetch/fidelity)")
     p.add_argument("--from", dest="from_", type=Path, default=None,
                    help="an oversub.py --trace result JSON: replay its runs instead of making new ones")
     C.add_workload_arguments(p, config="medium", iters=8, warmup=3)
@@ -107,6 +124,9 @@ def main(argv=None) -> int:
                         "cases skipped, so the replay and the result still happen inside one device call")
     args = p.parse_args(argv)
     start = time.monotonic()
+    if args.cases is not None:
+        return cases_main(args)
+    args.host = args.host or "free"
     C.require_gpu(args, NAME)
     env = C.environment(args.dry_run)
     profile, prof_desc = load_profile(args.profile, env.get("device", ""), args.dry_run)
@@ -237,6 +257,55 @@ def main(argv=None) -> int:
                                           "compute model error (steady iters)", "slowdown sim / live",
                                           "oversub sim / live (blocks touched / capacity)", "footprint MiB sim / live",
                                           "faults sim / live", "bytes H2D sim / live", "measured by"], rows, checks)
+
+
+def cases_main(args) -> int:
+    """``--cases``: the fidelity field of every case in the GPU baseline file (no GPU needed)."""
+    import _fidelity_cases as F
+    import baseline as B
+    path = args.baseline or B.BASELINE
+    host = args.host or "live-sync"
+    try:
+        data = B.load(path)
+    except B.BaselineError as e:
+        C.fail(NAME, str(e))
+    if not data:
+        C.fail(NAME, f"--baseline {path}: no cases")
+    cache = args.trace_cache or Path.home() / ".cache" / "uvmprefetch" / "fidelity"
+    try:
+        done = F.run_cases(data, cache, host=host, only=None if args.cases == "." else args.cases)
+    except Exception as e:  # noqa: BLE001 - one line, not a traceback
+        C.fail(NAME, f"--cases: {type(e).__name__}: {e}", 1)
+    rows, checks = [], []
+    for device, entry in data.items():
+        B.annotate(path, device, {c["name"]: {"fidelity": c["fidelity"]} for c in entry["cases"] if "fidelity" in c})
+        for c in entry["cases"]:
+            f = c.get("fidelity")
+            if not f:
+                continue
+            if not f.get("replayed"):
+                rows.append([device, c["name"], "-", "-", "-", "-", "-", f["why"]])
+                continue
+            rows.append([device, c["name"], f["measured_s_per_iter"], f["predicted_s_per_iter"], f"{f['error']:+.0%}",
+                         "{} / {}".format(*f["htod_gib_per_iter"]), "{} / {}".format(*f["host_blocked_s_per_iter"]),
+                         ""])
+            checks.append(C.Check(f"{device[:12]} {c['name']}", f"{f['error']:+.1%}", f"within +-{TARGET:.0%}",
+                                  f["within_target"]))
+    headers = ["device", "case", "measured s/iter", "predicted s/iter", "error", "H2D GiB/iter sim / live",
+               "evictions held s/iter sim / live", "not replayed"]
+    out = C.out_dir(args) / f"{NAME}-cases.json"
+    passed = all(c.ok is not False for c in checks)
+    out.write_text(json.dumps({"script": f"bench/gpu/{NAME}.py --cases", "host": host, "baseline": str(path),
+                               "cases": done, "table": {"headers": headers, "rows": rows},
+                               "checks": [c.__dict__ for c in checks], "passed": passed}, indent=1) + "\n")
+    print(f"\n## {NAME} --cases: {sum(len(v) for v in done.values())} cases replayed on this CPU with --host {host}; "
+          f"wrote their fidelity fields to {path}")
+    print(f"result: {out}")
+    print(C.md_table(headers, rows))
+    print()
+    print(C.checks_table(checks))
+    print(f"{NAME}: {'PASS' if passed else 'FAIL'}")
+    return 0 if passed else C.EXIT_CHECK_FAILED
 
 
 if __name__ == "__main__":

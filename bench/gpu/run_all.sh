@@ -278,7 +278,7 @@ part2 | part2b)
         --work-dir "/tmp/uvmp-oversub$SUF" --iters 5 --warmup 2 --deadline 390 --timeout 150
     keep() { [ -n "${OUT:-}" ] && cp "$1" "$OUT/$2" 2>/dev/null; return 0; }  # at once: a cut command keeps it
     keep "$DIR/oversub.json" "oversub$SUF.json"
-    # fidelity replays with the device's hand-fitted gpus.py profile (h100-sxm-cal on an H100) by itself, and
+    # fidelity replays with the device's hand-fitted gpus.py profile (h100-sxm on an H100) by itself, and
     # without discards where the live run had none (the cuda default: its report's discards_issued)
     step fidelity 60 "$PY" bench/gpu/fidelity.py --from "$DIR/oversub.json" --out "$DIR"
     keep "$DIR/fidelity.json" "fidelity$SUF.json"

@@ -265,19 +265,20 @@ def test_cuda_binding_call_forms():
 
 
 def test_fidelity_profile_by_name_or_calibration(tmp_path):
-    # --profile takes a gpus.py profile name (the hand-fitted h100-sxm-cal) as well as calibrate.py's JSON;
-    # anything else is refused with one line naming it
+    # --profile takes a gpus.py profile name (the hand-fitted h100-sxm, or its earlier name h100-sxm-cal) as well
+    # as calibrate.py's JSON; anything else is refused with one line naming it
     import fidelity
-    g, desc = fidelity.load_profile(Path("h100-sxm-cal"), "NVIDIA H100 80GB HBM3", False)
-    assert g.name == "h100-sxm-cal" and g.fault_batch_size == 17 and "2026-11-23" in desc
+    for name in ("h100-sxm", "h100-sxm-cal"):
+        g, desc = fidelity.load_profile(Path(name), "NVIDIA H100 80GB HBM3", False)
+        assert g.name == "h100-sxm" and g.fault_batch_size == 17 and "2026-11-23" in desc
     g, desc = fidelity.load_profile(REPO / "tests" / "data" / "calibrate-h100.json", "NVIDIA H100 80GB HBM3", False)
-    assert g.name == "h100-sxm" and "calibrated by" in desc
+    assert g.name == "h100-sxm-lit" and g.fault_batch_size == 256 and "calibrated by" in desc
     with pytest.raises(SystemExit):
         fidelity.load_profile(tmp_path / "nope.json", "NVIDIA H100 80GB HBM3", False)
     # without --profile: the device's hand-fitted profile where gpus.py has one, else the literature one, said so
     g, desc = fidelity.load_profile(None, "NVIDIA H100 80GB HBM3", False)
-    assert g.name == "h100-sxm-cal" and "2026-11-23" in desc
+    assert g.name == "h100-sxm" and "2026-11-23" in desc
     g, desc = fidelity.load_profile(None, "NVIDIA H200", False)  # fitted from the H200's own calibration
-    assert g.name == "h200-cal" and "2026-11-27" in desc
+    assert g.name == "h200" and "2026-11-27" in desc
     g, desc = fidelity.load_profile(None, "NVIDIA A100 80GB PCIe", False)
     assert g.name == "a100-pcie" and "UNCALIBRATED" in desc

@@ -1,6 +1,6 @@
 """The ``oracle`` policy on hand-derived micro-traces (notation as in ``test_sim_golden.py``).
 
-h100-pcie, 2 MiB blocks: ``T`` = 2 MiB / bw(2 MiB) is one prefetched block on H2D, ``d`` = 1 ms a launch.
+h100-pcie-lit, 2 MiB blocks: ``T`` = 2 MiB / bw(2 MiB) is one prefetched block on H2D, ``d`` = 1 ms a launch.
 """
 
 import math
@@ -16,7 +16,7 @@ from uvmprefetch.sim.synthetic import training_trace
 from uvmprefetch.trace import READ, TraceBuilder
 
 MiB = 1 << 20
-GPU = get_profile("h100-pcie")
+GPU = get_profile("h100-pcie-lit")
 D = 1e-3
 T = 2 * MiB / (52e9 * 2 / math.pi * math.atan(0.0729 * 2048))
 OLD = "oracle:refetch=false,stall_aware=false"  # the oracle before refetch / stall_aware

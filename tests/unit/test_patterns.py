@@ -56,8 +56,8 @@ def test_bad_arguments_raise_config_error(call):
 def test_recovers_within_two_iterations_and_never_loses_to_demand(make, oversub):
     t = make()
     changes = t.meta["pattern"]["changes"]
-    ours = replay(t, "uvmprefetch", "h100-pcie", oversub=oversub)
-    dem = replay(t, "demand", "h100-pcie", oversub=oversub)
+    ours = replay(t, "uvmprefetch", "h100-pcie-lit", oversub=oversub)
+    dem = replay(t, "demand", "h100-pcie-lit", oversub=oversub)
     assert ours["time_s"] <= 1.05 * dem["time_s"]
     it = ours["iteration_times_s"]
     # steady state of a kind of iteration = its last occurrence; two iterations after each change we are

@@ -51,7 +51,7 @@ def run(pol, view, iters, capture=None, forget=True):
 def test_learns_from_faults_and_chains_the_next_kernels():
     pol = DeepUMPolicy(n_kernels=2)
     view = View(16, 16)
-    pol.on_start(PolicyContext(block_size=2 << 20, capacity_blocks=16, max_blocks=16, gpu=get_profile("h100-pcie")))
+    pol.on_start(PolicyContext(block_size=2 << 20, capacity_blocks=16, max_blocks=16, gpu=get_profile("h100-pcie-lit")))
     cap = {}
     run(pol, view, 3, cap)
     # Iteration 0 faults everything (nothing learned); the (3 predecessors -> next) context that wraps
@@ -71,7 +71,7 @@ def test_never_reads_info_blocks():
 
     pol_a, pol_b = DeepUMPolicy(n_kernels=2), DeepUMPolicy(n_kernels=2)
     for p in (pol_a, pol_b):
-        p.on_start(PolicyContext(block_size=2 << 20, capacity_blocks=16, max_blocks=64, gpu=get_profile("h100-pcie")))
+        p.on_start(PolicyContext(block_size=2 << 20, capacity_blocks=16, max_blocks=64, gpu=get_profile("h100-pcie-lit")))
     va, vb = View(64, 16), View(64, 16)
     run(pol_a, va, 2)
     orig = DeepUMPolicy.on_launch
@@ -90,7 +90,7 @@ def test_never_reads_info_blocks():
 def test_pre_evicts_blocks_outside_the_next_kernels_dead_first():
     pol = DeepUMPolicy(n_kernels=1)
     view = View(16, 5)
-    pol.on_start(PolicyContext(block_size=2 << 20, capacity_blocks=5, max_blocks=16, gpu=get_profile("h100-pcie")))
+    pol.on_start(PolicyContext(block_size=2 << 20, capacity_blocks=5, max_blocks=16, gpu=get_profile("h100-pcie-lit")))
     run(pol, view, 2)
     view.resident[:] = False
     view.resident[[9, 10, 11, 12, 13]] = True  # full, nothing of kernels 0/1

@@ -32,7 +32,7 @@ def run(trace_name: str, spec: str, oversub: float) -> dict:
     key = (trace_name, spec, oversub)
     if key not in _cache:
         t, lay = (SYN, SYN_LAYOUT) if trace_name == "syn" else (RESNET, RESNET_LAYOUT)
-        _cache[key] = replay(t, spec, "h100-pcie", oversub=oversub, layout=lay, check=True)
+        _cache[key] = replay(t, spec, "h100-pcie-lit", oversub=oversub, layout=lay, check=True)
     return _cache[key]
 
 
@@ -100,7 +100,7 @@ def test_steady_iteration_beats_demand_on_resnet(name):
 def test_profiled_policies_do_nothing_in_the_profiled_iteration(name):
     """The first iteration is measured, not acted on: it runs exactly like the driver with free invalidation."""
     r = run("resnet", name, 1.5)
-    base = replay(RESNET, "deepum:prefetch=false,pre_evict=false", "h100-pcie", oversub=1.5, layout=RESNET_LAYOUT)
+    base = replay(RESNET, "deepum:prefetch=false,pre_evict=false", "h100-pcie-lit", oversub=1.5, layout=RESNET_LAYOUT)
     assert r["iteration_times_s"][0] == pytest.approx(base["iteration_times_s"][0], rel=1e-9)
     assert r["policy_report"]["evicted_blocks"] > 0 and r["policy_report"]["prefetched_blocks"] > 0
 
@@ -110,7 +110,7 @@ def test_replan_only_when_the_iteration_changes(name):
     """The synthetic loop's first step creates gradients and Adam state (it differs), the next ones repeat:
     ``changed`` plans twice (step 0, step 1), ``always`` after every step, ``never`` once."""
     t = training_trace(layers=6, param_bytes=6 << 20, act_bytes=4 << 20, iterations=5)
-    plans = {m: replay(t, f"{name}:reprofile={m}", "h100-pcie", oversub=1.5, check=True)["policy_report"]["plans"]
+    plans = {m: replay(t, f"{name}:reprofile={m}", "h100-pcie-lit", oversub=1.5, check=True)["policy_report"]["plans"]
              for m in ("never", "changed", "always")}
     assert plans == {"never": 1, "changed": 2, "always": 5}
 
@@ -144,7 +144,7 @@ def test_swapadvisor_search_keeps_its_best_and_is_deterministic():
     rep = r1["policy_report"]
     assert rep["plan_best_fitness"] <= rep["plan_seed_fitness"]
     assert rep["plan_generations"] == 30
-    r2 = replay(RESNET, "swapadvisor:generations=30", "h100-pcie", oversub=1.5, layout=RESNET_LAYOUT)
+    r2 = replay(RESNET, "swapadvisor:generations=30", "h100-pcie-lit", oversub=1.5, layout=RESNET_LAYOUT)
     assert r2["time_s"] == r1["time_s"]
 
 
@@ -176,7 +176,7 @@ def test_offline_policies_need_the_trace(name):
     from uvmprefetch.policy.base import PolicyContext
     p = make_policy(name)
     with pytest.raises(ConfigError, match=name):
-        p.on_start(PolicyContext(block_size=2 << 20, capacity_blocks=10, max_blocks=10, gpu=get_profile("h100-pcie")))
+        p.on_start(PolicyContext(block_size=2 << 20, capacity_blocks=10, max_blocks=10, gpu=get_profile("h100-pcie-lit")))
 
 
 @pytest.mark.parametrize("name", ("capuchin", "sentinel", "tmof"))
@@ -204,7 +204,7 @@ def test_online_profile_keeps_frees_between_iterations(name):
         return orig(g, prof)
 
     pol._priority = spy
-    replay(t, pol, "h100-pcie", oversub=1.0, check=True)
+    replay(t, pol, "h100-pcie-lit", oversub=1.0, check=True)
     offline = [int(p.free_blk.size) for p in iteration_profiles(t, build_layout(t)).values()]
     assert offline[1:] == [1, 1]
     assert seen == offline

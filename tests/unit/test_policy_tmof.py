@@ -23,15 +23,15 @@ def trace():
 
 def test_one_gpu_is_capuchin(trace):
     """With one GPU there is no one to contend with: the same plan, the same replay."""
-    a = replay(trace, "capuchin", "h100-pcie", oversub=1.5)
-    b = replay(trace, "tmof", "h100-pcie", oversub=1.5)
+    a = replay(trace, "capuchin", "h100-pcie-lit", oversub=1.5)
+    b = replay(trace, "tmof", "h100-pcie-lit", oversub=1.5)
     assert all(a[k] == b[k] for k in FIELDS)
     assert b["policy_report"]["world"] == 1
 
 
 def test_without_contention_avoidance_it_is_capuchin_on_every_gpu(trace):
-    a = replay_multi(trace, "capuchin", "h100-pcie", 3, oversub=1.5)
-    b = replay_multi(trace, "tmof:disjoint=false", "h100-pcie", 3, oversub=1.5)
+    a = replay_multi(trace, "capuchin", "h100-pcie-lit", 3, oversub=1.5)
+    b = replay_multi(trace, "tmof:disjoint=false", "h100-pcie-lit", 3, oversub=1.5)
     assert all(a[k] == b[k] for k in FIELDS)
 
 
@@ -49,7 +49,7 @@ def test_higher_ranks_plan_around_the_lower_ranks(trace):
     pol = [make_policy("tmof") for _ in range(2)]
     for k, p in enumerate(pol):
         p.rank, p.world = k, 2
-        GpuModel(get_profile("h100-pcie"), cap, lay.block_size, lay.max_blocks, p)  # starts the policy
+        GpuModel(get_profile("h100-pcie-lit"), cap, lay.block_size, lay.max_blocks, p)  # starts the policy
     prof = IterationProfiler()  # iteration 1, as the policy measures it
     for i in np.flatnonzero(trace.launch_iter == 1):
         prof.launch(lay.launch_blocks(i), float(trace.launch_dur[i]))
@@ -63,7 +63,7 @@ def test_higher_ranks_plan_around_the_lower_ranks(trace):
 
 
 def test_contended_multi_gpu_replay_keeps_the_invariants(trace):
-    r = replay_multi(trace, "tmof", "h100-pcie", 2, oversub=1.5, check=True)
+    r = replay_multi(trace, "tmof", "h100-pcie-lit", 2, oversub=1.5, check=True)
     assert r["time_s"] >= r["ideal_s"] and r["policy_report"]["world"] == 2
 
 

@@ -46,7 +46,7 @@ class FakeView:
 
 
 def ctx(n, cap):
-    return PolicyContext(block_size=BS, capacity_blocks=cap, max_blocks=n, gpu=get_profile("h100-pcie"))
+    return PolicyContext(block_size=BS, capacity_blocks=cap, max_blocks=n, gpu=get_profile("h100-pcie-lit"))
 
 
 # A repeating 4-launch "iteration": each launch touches its own blocks.
@@ -355,7 +355,7 @@ def test_history_holds_every_kept_launch_after_trims_and_growth(history):
 
     pol.on_launch = on_launch
     # WHEN it is replayed
-    replay(tr, pol, "h100-pcie", oversub=1.5)
+    replay(tr, pol, "h100-pcie-lit", oversub=1.5)
     # THEN each kept position holds its launch's kernel and blocks (position k is launch k; the last launch is
     # still pending), the per-position buffers have room for what is kept, and the flat buffers end with the
     # last position's blocks
@@ -408,7 +408,7 @@ def test_on_the_simulator_beats_demand_and_deepum():
     from uvmprefetch.trace.patterns import batch_change
 
     t = batch_change(iterations=4, at=2, layers=6)
-    res = {p: replay(t, p, "h100-pcie", oversub=2.0) for p in ("demand", "deepum", "uvmprefetch", "oracle")}
+    res = {p: replay(t, p, "h100-pcie-lit", oversub=2.0) for p in ("demand", "deepum", "uvmprefetch", "oracle")}
     assert res["uvmprefetch"]["time_s"] < res["deepum"]["time_s"] < res["demand"]["time_s"] * 1.01
     assert res["uvmprefetch"]["time_s"] < 0.7 * res["demand"]["time_s"]
     rep = res["uvmprefetch"]["policy_report"]
@@ -479,8 +479,8 @@ def test_default_is_not_slower_than_demand_on_moe():
 
     t = moe(iterations=4)
     for ov in (2.0, 3.0):
-        ours = replay(t, "uvmprefetch", "h100-pcie", oversub=ov)["time_s"]
-        dem = replay(t, "demand", "h100-pcie", oversub=ov)["time_s"]
+        ours = replay(t, "uvmprefetch", "h100-pcie-lit", oversub=ov)["time_s"]
+        dem = replay(t, "demand", "h100-pcie-lit", oversub=ov)["time_s"]
         assert ours <= 1.05 * dem, (ov, ours, dem)
 
 
@@ -582,7 +582,7 @@ def _decisions(tr, spec, oversub):
         return d
 
     pol.on_launch = on_launch
-    r = replay(tr, pol, "h100-pcie", oversub=oversub)
+    r = replay(tr, pol, "h100-pcie-lit", oversub=oversub)
     return log, r["time_s"], pol
 
 
@@ -793,7 +793,7 @@ def _lockstep(tr, spec, oversub, unknown=False):
 
     for h in hooks:
         setattr(one, h, both(h))
-    replay(tr, one, "h100-pcie", oversub=oversub)
+    replay(tr, one, "h100-pcie-lit", oversub=oversub)
     return one, count[0]
 
 
@@ -873,7 +873,7 @@ def test_the_steps_entry_point_takes_only_arrays_of_the_types_it_was_kept_for(mo
         return d
 
     pol.on_launch = on_launch
-    replay(tr, pol, "h100-pcie", oversub=1.5)
+    replay(tr, pol, "h100-pcie-lit", oversub=1.5)
     # THEN those launches went through the dispatcher, the entry point served the others and saw only its types,
     # and every decision is the one the plain replay made
     assert seen["entry"] > len(log) // 4 and seen["entry_other"] == 0
@@ -1022,7 +1022,7 @@ def test_layer_stride_predicts_the_next_layers_of_the_first_iteration():
     # pointer can only follow the previous layer (same kernels, other blocks)
     tr = _repeated_layers()
     for oversub in (1.5, 2.0):
-        with_, without = (replay(tr, spec, "h100-pcie", oversub=oversub) for spec in
+        with_, without = (replay(tr, spec, "h100-pcie-lit", oversub=oversub) for spec in
                           ("uvmprefetch", "uvmprefetch:layer_stride=false"))
         # WHEN the policy shifts the previous layer's blocks by the learned stride, THEN its prefetches find the
         # next layer's weights: the first iteration is shorter (measured 4.5 %), and the last one (where the

@@ -15,8 +15,9 @@ PROSE = " ".join(README.split())  # line breaks of wrapped text as single spaces
 BASE = REPO / "bench" / "baselines"
 
 # the settings of bench/baselines/replay.json the README's simulator table quotes, with their labels
-SIM_SETTINGS = (("h100-pcie", "literature profile (`h100-pcie`)"),
-                ("h100-pcie-cal no-discard host=live-sync", "H100's costs, no discards, live host"))
+SIM_SETTINGS = (("h100-pcie host=live evict=auto", "default: H100's costs, runtime threads, copy path, discards"),
+                ("h100-pcie no-discard host=live", "the runtime's defaults: UVM's eviction, no discards"),
+                ("h100-pcie-lit host=free", "literature profile (`h100-pcie-lit`), free host"))
 SIM_POLICIES = ("demand", "deepum", "uvmprefetch", "oracle")
 SIM_OVERSUB = ("1.5", "2", "3")
 

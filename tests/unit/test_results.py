@@ -67,9 +67,9 @@ def test_bench_update_baseline_writes_the_settings_figures(tmp_path, monkeypatch
                      "--no-progress", "--update-baseline", *extra]) == 0
     assert "baseline: " in capsys.readouterr().out
     data = json.loads((tmp_path / "baselines" / "replay.json").read_text())
-    assert set(data) == {"h100-pcie traces=gpt2-small-b2s128",
-                         "h100-pcie no-discard host=live-sync traces=gpt2-small-b2s128"}
-    base = data["h100-pcie traces=gpt2-small-b2s128"]
+    assert set(data) == {"h100-pcie host=live evict=auto traces=gpt2-small-b2s128",
+                         "h100-pcie no-discard host=live-sync evict=auto traces=gpt2-small-b2s128"}
+    base = data["h100-pcie host=live evict=auto traces=gpt2-small-b2s128"]
     rows = json.loads((out / "results.json").read_text())["results"]  # the second run's: the no-discard one
     assert base["meta"]["discards"] is True and len(base["rows"]) == 4 and base["traces"] == ["gpt2-small-b2s128"]
     # one trace: the geomean is that trace's slowdown, rounded; at 2x the trace's widest launch does not fit, so
@@ -79,7 +79,8 @@ def test_bench_update_baseline_writes_the_settings_figures(tmp_path, monkeypatch
     assert base["geomean"]["demand"]["slowdown"]["1.5"] == pytest.approx(demand[1.5]["slowdown"], rel=1e-4)
     assert demand[2]["slowdown"] is None and "below the largest launch" in demand[2]["error"]
     assert base["geomean"]["demand"]["slowdown"]["2"] is None
-    nodisc = data["h100-pcie no-discard host=live-sync traces=gpt2-small-b2s128"]
+    assert base["meta"]["host_name"] == "live" and base["meta"]["host"]["planner"] is True
+    nodisc = data["h100-pcie no-discard host=live-sync evict=auto traces=gpt2-small-b2s128"]
     r = next(x for x in rows if x["policy"] == "oracle" and x["oversub_target"] == 1.5)
     got = next(x for x in nodisc["rows"] if x["policy"] == "oracle" and x["oversub"] == 1.5)
     assert got["time_s"] == pytest.approx(r["time_s"], rel=1e-5) and nodisc["meta"]["host"] is not None
@@ -104,7 +105,7 @@ def test_committed_baselines_hold_the_quoted_settings():
     schema of ``bench/gpu/baseline.py`` (a field not measured is null, never missing)."""
     base = REPO / "bench" / "baselines"
     replay = results.read_object(base / "replay.json")
-    for key in ("h100-pcie", "h100-pcie-cal no-discard host=live-sync"):
+    for key in ("h100-pcie host=live evict=auto", "h100-pcie no-discard host=live", "h100-pcie-lit host=free"):
         geo = replay[key]["geomean"]
         assert {"demand", "uvmprefetch", "oracle", "deepum"} <= set(geo)
         assert all(math.isfinite(v) and v >= 1 - 1e-9 for v in geo["uvmprefetch"]["slowdown"].values() if v)
@@ -116,5 +117,8 @@ def test_committed_baselines_hold_the_quoted_settings():
         assert all(entry[k] for k in B.ENTRY_FIELDS)
         for c in entry["cases"]:
             assert set(B.CASE_FIELDS) <= set(c), (dev, c["name"])
+            # every case says how the simulator predicts it (bench/gpu/fidelity.py --cases), or why it cannot
+            f = c.get("fidelity")
+            assert f and (f.get("why") if not f["replayed"] else math.isfinite(f["error"])), (dev, c["name"])
     for name in ("policy_cost", "decision_budget", "ablation", "observe_overhead", "iteration_marks"):
         assert results.read_object(base / f"{name}.json"), name

@@ -1,6 +1,6 @@
 """Golden tests: micro-traces whose exact time, faults and bytes are derived by hand below.
 
-Notation (h100-pcie profile, 2 MiB blocks): ``d`` the launch duration, ``lat`` = 45 us per fault batch,
+Notation (h100-pcie-lit profile, 2 MiB blocks): ``d`` the launch duration, ``lat`` = 45 us per fault batch,
 ``a`` = 52e9 B/s, and the UVMSmart size curve bw(n) = a * 2/pi * atan(0.0729 * n / 1024). Then
 
 - ``T``  = 2 MiB / bw(2 MiB): one block prefetched (one 2 MiB copy) H2D; ``Td`` the same D2H;
@@ -21,7 +21,7 @@ from uvmprefetch.sim.replay import replay
 from uvmprefetch.trace import READ, WRITE, TraceBuilder
 
 MiB = 1 << 20
-GPU = get_profile("h100-pcie")
+GPU = get_profile("h100-pcie-lit")
 A = 52e9
 LAT = 45e-6
 D = 1e-3
@@ -32,7 +32,7 @@ def bw(n):
 
 
 T = 2 * MiB / bw(2 * MiB)
-TD = T  # h100-pcie: same bandwidth both ways
+TD = T  # h100-pcie-lit: same bandwidth both ways
 TF = 32 * (64 * 1024) / bw(64 * 1024)
 
 

@@ -1,5 +1,5 @@
 """The simulator's host clock (``HostModel``, docs/simulator.md "Host clock"): the thread that issues the
-launches. Expected times are derived by hand from the h100-pcie profile, as in test_sim_golden.py."""
+launches. Expected times are derived by hand from the h100-pcie-lit profile, as in test_sim_golden.py."""
 
 import time
 
@@ -14,7 +14,7 @@ from uvmprefetch.sim.replay import replay
 from uvmprefetch.trace import READ, WRITE, TraceBuilder
 
 MiB = 1 << 20
-GPU = get_profile("h100-pcie")
+GPU = get_profile("h100-pcie-lit")
 D = 1e-3
 
 
@@ -187,16 +187,16 @@ def test_without_discards_freed_memory_moves_like_live_data():
 
     from uvmprefetch.trace.format import load
     t = load(Path(__file__).resolve().parents[2] / "traces" / "gpt2-small-b2s128.uvmt")
-    on = replay(t, "uvmprefetch:invalidate_without_discard=true", "h100-pcie", oversub=1.5)
-    off = replay(t, "uvmprefetch:invalidate_without_discard=true", "h100-pcie", oversub=1.5, discards=False)
+    on = replay(t, "uvmprefetch:invalidate_without_discard=true", "h100-pcie-lit", oversub=1.5)
+    off = replay(t, "uvmprefetch:invalidate_without_discard=true", "h100-pcie-lit", oversub=1.5, discards=False)
     assert on["discards"] > 0 and on["zero_fill_blocks"] > 0
     assert off["discards"] == 0 and off["zero_fill_blocks"] == 0
     assert off["refused_discards"] >= off["policy_report"]["discarded_blocks"] > 0
     assert off["bytes_htod"] > on["bytes_htod"] and off["bytes_dtoh"] > on["bytes_dtoh"]
-    told = replay(t, "uvmprefetch", "h100-pcie", oversub=1.5, discards=False)
+    told = replay(t, "uvmprefetch", "h100-pcie-lit", oversub=1.5, discards=False)
     assert told["policy_report"]["discarded_blocks"] == 0 and told["refused_discards"] == 0
     assert told["zero_fill_blocks"] == 0 and told["bytes_dtoh"] > on["bytes_dtoh"]
-    d_on = replay(t, "demand", "h100-pcie", oversub=1.5)
-    d_off = replay(t, "demand", "h100-pcie", oversub=1.5, discards=False)
+    d_on = replay(t, "demand", "h100-pcie-lit", oversub=1.5)
+    d_off = replay(t, "demand", "h100-pcie-lit", oversub=1.5, discards=False)
     assert (d_on["time_s"], d_on["bytes_htod"], d_on["bytes_dtoh"]) == (d_off["time_s"], d_off["bytes_htod"],
                                                                           d_off["bytes_dtoh"])

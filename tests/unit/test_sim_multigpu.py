@@ -17,7 +17,7 @@ from uvmprefetch.trace import WRITE, TraceBuilder
 from uvmprefetch.trace.format import load
 
 MiB = 1 << 20
-GPU = get_profile("h100-pcie")
+GPU = get_profile("h100-pcie-lit")
 LAT, D = 45e-6, 1e-3
 TRACES = Path(__file__).resolve().parents[2] / "traces"
 
@@ -135,7 +135,7 @@ def test_capacity_under_one_block_with_the_ideal_policy():
     """``ideal`` ignores the capacity (replay accepts any): the multi-GPU replay too, with no oversub figure
     instead of a division by zero."""
     t = one_block_step()
-    single = replay(t, "ideal", "h100-pcie", capacity_bytes=1000)
-    r = replay_multi(t, "ideal", "h100-pcie", 2, capacity_bytes=1000, check=True)
+    single = replay(t, "ideal", "h100-pcie-lit", capacity_bytes=1000)
+    r = replay_multi(t, "ideal", "h100-pcie-lit", 2, capacity_bytes=1000, check=True)
     assert r["oversub"] is None and single["oversub"] is None
     assert r["time_s"] == pytest.approx(single["time_s"], rel=1e-12)

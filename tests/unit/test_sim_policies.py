@@ -17,14 +17,14 @@ LAYOUT = build_layout(TRACE)
 
 @pytest.mark.parametrize("name", available())
 def test_oversub_one_is_ideal_within_cold_cost(name):
-    r = replay(TRACE, name, "h100-pcie", oversub=1.0, layout=LAYOUT, check=True)
+    r = replay(TRACE, name, "h100-pcie-lit", oversub=1.0, layout=LAYOUT, check=True)
     assert r["ideal_s"] - 1e-12 <= r["time_s"] <= r["ideal_s"] + r["cold_first_touch_s"] + 1e-12
 
 
 @pytest.mark.parametrize("name", [n for n in available() if n != "ideal"])
 @pytest.mark.parametrize("oversub", [1.5, 3.0])
 def test_invariants_under_oversubscription(name, oversub):
-    r = replay(TRACE, name, "h100-pcie", oversub=oversub, layout=LAYOUT, check=True)
+    r = replay(TRACE, name, "h100-pcie-lit", oversub=oversub, layout=LAYOUT, check=True)
     assert r["peak_used_blocks"] <= r["capacity_bytes"] // LAYOUT.block_size
     assert r["time_s"] >= r["ideal_s"] - 1e-12
     assert r["bytes_htod"] + r["remote_bytes"] >= r["cold_first_touch_bytes"]
@@ -35,5 +35,5 @@ def test_invariants_under_oversubscription(name, oversub):
 def test_empty_trace():
     from uvmprefetch.trace import TraceBuilder
     t = TraceBuilder().build()
-    r = replay(t, "demand", "h100-pcie", oversub=2.0)
+    r = replay(t, "demand", "h100-pcie-lit", oversub=2.0)
     assert r["time_s"] == 0 and r["n_launches"] == 0

@@ -18,7 +18,7 @@ from uvmprefetch.policy.base import Advice, Decision, Policy
 from uvmprefetch.sim.replay import replay
 from uvmprefetch.trace import READ, WRITE, TraceBuilder
 
-GPU = get_profile("h100-pcie")
+GPU = get_profile("h100-pcie-lit")
 KiB, MiB = 1 << 10, 1 << 20
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -1,6 +1,6 @@
 """The SSD tier (docs/tiers.md): golden micro-traces, tier-off equality, the g10 / flashneuron policies, errors.
 
-Golden notation as in ``test_sim_golden.py`` (h100-pcie, 2 MiB blocks): ``d`` the launch duration, ``lat`` =
+Golden notation as in ``test_sim_golden.py`` (h100-pcie-lit, 2 MiB blocks): ``d`` the launch duration, ``lat`` =
 45 us per fault batch, ``T`` one prefetched block over the link, ``Td`` one block D2H, ``Tf`` one faulted
 block (32 x 64 KiB pieces). The SSD tier of these tests: read ``R`` = 2 MiB / 7e9 B/s, write ``W`` = 2 MiB /
 5e9 B/s, ``s`` = 50 us per request batch. The model (docs/tiers.md): GPU -> SSD is the D2H link then the SSD
@@ -25,7 +25,7 @@ from uvmprefetch.trace import READ, WRITE, TraceBuilder
 from uvmprefetch.trace.format import load
 
 MiB = 1 << 20
-GPU = get_profile("h100-pcie")
+GPU = get_profile("h100-pcie-lit")
 A = 52e9
 LAT = 45e-6
 D = 1e-3
@@ -145,8 +145,8 @@ def test_host_room_first_then_ssd():
     assert r["peak_host_blocks"] == 1 and r["host_capacity_blocks"] == 1
 
 
-# Figures of the engine before the SSD tier existed (h100-pcie, 2 MiB blocks unless noted), captured
-# with replay(t, policy, "h100-pcie", oversub=1.5): the tier-off engine must reproduce them exactly. The oracle
+# Figures of the engine before the SSD tier existed (h100-pcie-lit, 2 MiB blocks unless noted), captured
+# with replay(t, policy, "h100-pcie-lit", oversub=1.5): the tier-off engine must reproduce them exactly. The oracle
 # rows run the oracle as it was then (refetch and stall_aware came later: tests/unit/test_oracle.py). The deepum
 # rows were re-captured on 2026-11-23, when deepum learned that a block a launch uses is live again (before, it
 # discarded live blocks: docs/reference-systems.md); they pin the engine from then on, not the pre-tier one.
@@ -169,7 +169,7 @@ def shipped():
 @pytest.mark.parametrize("key", list(BEFORE), ids=lambda k: f"{k[0]}-{k[1]}-{k[3]}")
 def test_tier_off_is_bit_identical_to_the_old_engine(shipped, key):
     name, pol, oversub, bs = key
-    r = replay(shipped[name], pol, "h100-pcie", oversub=oversub, block_size=bs)
+    r = replay(shipped[name], pol, "h100-pcie-lit", oversub=oversub, block_size=bs)
     assert (r["time_s"], r["faults"], r["bytes_htod"], r["bytes_dtoh"], r["iteration_times_s"]) == BEFORE[key]
     assert "bytes_to_ssd" not in r  # tier-off results have no SSD fields
 
@@ -257,11 +257,11 @@ def test_bad_policy_parameters():
 
 def test_cli_ssd_preset():
     from uvmprefetch.cli.replay import gpu_from_args
-    ns = argparse.Namespace(gpu="h100-pcie", gpu_set=["host_capacity_bytes=1073741824"], ssd="pcie4-nvme")
+    ns = argparse.Namespace(gpu="h100-pcie-lit", gpu_set=["host_capacity_bytes=1073741824"], ssd="pcie4-nvme")
     g = gpu_from_args(ns)
     assert g.ssd_bw == SSD_PRESETS["pcie4-nvme"]["ssd_bw"] and g.host_capacity_bytes == 1 << 30 and g.ssd_tier
     with pytest.raises(ConfigError, match="unknown SSD preset"):
-        gpu_from_args(argparse.Namespace(gpu="h100-pcie", gpu_set=None, ssd="floppy"))
+        gpu_from_args(argparse.Namespace(gpu="h100-pcie-lit", gpu_set=None, ssd="floppy"))
 
 
 def test_cli_replay_with_the_ssd_tier(tmp_path, capsys):

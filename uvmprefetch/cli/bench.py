@@ -5,20 +5,21 @@ from __future__ import annotations
 NAME = "bench"
 HELP = "replay traces under every policy at several oversubscription levels: table, CSV, plot"
 DESCRIPTION = ("Replay each trace (default: the standard traces) under each policy (default: every available "
-               "one) at oversubscription 1.0/1.25/1.5/2/3 on a simulated GPU. Prints a Markdown table of "
-               "slowdown vs. ideal and the replay throughput per policy; writes results.csv, results.json, "
+               "one) at oversubscription 1.0/1.25/1.5/2/3 on a simulated GPU (default: h100-pcie with the costs "
+               "measured on an H100, the runtime's threads as the host model, both named in the header). Prints "
+               "Markdown tables of slowdown vs. ideal (whole run and steady state), the restated targets with "
+               "pass/fail where their policies ran, and the replay throughput per policy; writes results.csv, results.json, "
                "table.md, slowdown.png and steady.png to --out (default ./replay-<UTC date-time>/) and, with "
                "--update-baseline, the figures to bench/baselines/replay.json. A progress bar goes to stderr.")
 EPILOG = """\
 examples:
-  uvmprefetch bench
+  uvmprefetch bench                                         # h100-pcie (measured costs), host live, --evict auto
   uvmprefetch bench gpt2l.uvmt bert.uvmt --policies demand,oracle --oversub 1.5,2
   uvmprefetch bench --gpu a100-pcie --out /tmp/bench --json > results.json
   uvmprefetch bench --update-baseline                       # the figures the README quotes
-  uvmprefetch bench --gpu h100-pcie-cal --host live-sync --no-discard --evict uvm \
-      --policies demand,deepum,uvmprefetch,oracle --oversub 1.5,2,3 --update-baseline   # closest to a live GPU run
-  uvmprefetch bench --gpu h100-pcie-cal --host live-sync --no-discard --policies demand,uvmprefetch,oracle \
-      --oversub 1.5,2,3                                     # the same with the copy path (--evict auto, the default)
+  uvmprefetch bench --gpu h100-pcie-lit --host free --update-baseline   # the literature's costs, an idle host
+  uvmprefetch bench --host live-sync --no-discard --evict uvm \
+      --policies demand,deepum,uvmprefetch,oracle --oversub 1.5,2,3    # the earlier synchronous runtime
   uvmprefetch bench --policies capuchin,tmof,uvmprefetch --oversub 1.5,2 --gpus 4   # 4 GPUs, one host link
   uvmprefetch bench --policies demand,g10,flashneuron,oracle --ssd pcie4-nvme --gpu-set host_capacity_bytes=8e9
 """
@@ -47,11 +48,12 @@ def run(args) -> int:
     from ..errors import ConfigError
     from ..policy import available
     from ..sim import bench as B
-    from .replay import block_size_from_args, evict_from_args, gpu_from_args, gpus_from_args, host_from_args
+    from .replay import (block_size_from_args, evict_from_args, gpu_from_args, gpus_from_args, host_from_args,
+                         host_spec)
     gpu = gpu_from_args(args)
     n_gpus = gpus_from_args(args)
     bs = block_size_from_args(args)
-    host = host_from_args(args)
+    host = host_from_args(args, n_gpus)
     evict = evict_from_args(args)
     oversubs = B.parse_oversub_list(args.oversub)
     if args.policies.strip() == "all":
@@ -67,7 +69,7 @@ def run(args) -> int:
                        discards=args.discards, evict=evict)
     wall = time.perf_counter() - t0
     out = results.run_dir(args.out, "replay", create=False)
-    meta = B.bench_meta(gpu, bs, wall, host, args.discards, evict)
+    meta = B.bench_meta(gpu, bs, wall, host, args.discards, evict, host_name=host_spec(args, n_gpus))
     files = B.save_outputs(rows, oversubs, out, meta)
     baseline = None
     if args.update_baseline:
@@ -78,6 +80,8 @@ def run(args) -> int:
         from . import emit_json
         emit_json(rows)
     else:
+        print(B.header(meta))
+        print()
         print(B.markdown(rows, oversubs))
         print(f"\n{len(rows)} results in {wall:.1f} s; wrote {files['csv']}, {files['plot']}, {files['steady_plot']}")
         if baseline is not None:
@@ -88,9 +92,11 @@ def run(args) -> int:
 
 def setting(args, n_gpus: int, standard: bool, copy_path: bool = False) -> str:
     """The baseline key of a run: the flags that change the simulated machine, in the order they are written
-    (``h100-pcie``, ``h100-pcie-cal no-discard host=live-sync``, ``h100-pcie-cal host=live-sync evict=auto``, ...).
+    (``h100-pcie host=live evict=auto``, ``h100-pcie-lit host=free``, ``h100-pcie no-discard host=live-sync``, ...).
     ``--evict`` is part of it where the profile has the copy path (elsewhere every mode replays as ``uvm``)."""
-    parts = [args.gpu]
+    from ..gpus import ALIASES
+    from .replay import host_spec
+    parts = [ALIASES.get(args.gpu, args.gpu)]
     parts += [f"set:{kv}" for kv in args.gpu_set or ()]
     if args.ssd:
         parts.append(f"ssd={args.ssd}")
@@ -100,8 +106,7 @@ def setting(args, n_gpus: int, standard: bool, copy_path: bool = False) -> str:
         parts.append("writeback-clean")
     if not args.discards:
         parts.append("no-discard")
-    if args.host:
-        parts.append(f"host={args.host}")
+    parts.append(f"host={host_spec(args, n_gpus)}")
     if n_gpus > 1:
         parts.append(f"gpus={n_gpus}" + (" own-links" if args.own_links else ""))
     if copy_path and getattr(args, "evict", "uvm") != "uvm":
@@ -139,6 +144,8 @@ def baseline_payload(rows: list[dict], oversubs: list[float], meta: dict) -> dic
                                      if ok and len(ok) == len(traces) else None)
     slim = [{"trace": r["trace"], "policy": r["policy"], "oversub": r["oversub_target"],
              **{k: _short(r.get(k)) for k in BASELINE_FIELDS}} for r in rows]
-    return {"meta": {k: meta.get(k) for k in ("date", "commit", "gpu", "block_size", "host", "discards", "evict",
-                                              "cpus", "wall_s")},
-            "traces": traces, "oversub": list(oversubs), "geomean": geo, "rows": slim}
+    from ..sim import bench as B
+    return {"meta": {k: meta.get(k) for k in ("date", "commit", "gpu", "block_size", "host_name", "host", "discards",
+                                              "evict", "cpus", "wall_s")},
+            "traces": traces, "oversub": list(oversubs), "geomean": geo,
+            "targets": [{k: _short(v) for k, v in x.items()} for x in B.targets(rows)], "rows": slim}

@@ -10,14 +10,15 @@ DESCRIPTION = ("Replay a recorded trace against a simulated GPU with a given mem
                "engines, eviction) is described in docs/simulator.md.")
 EPILOG = """\
 examples:
-  uvmprefetch replay gpt2l.uvmt --gpu h100-pcie --oversub 2 --policy demand
+  uvmprefetch replay gpt2l.uvmt --oversub 2 --policy demand          # h100-pcie (measured costs), host live
+  uvmprefetch replay gpt2l.uvmt --gpu h100-pcie-lit --host free --oversub 2 --policy demand   # the literature's
   uvmprefetch replay gpt2l.uvmt --capacity 24GiB --policy oracle --json
   uvmprefetch replay gpt2l.uvmt --oversub 1.5 --policy deepum:window=32 --perfetto run.json --plot run.png
   uvmprefetch replay gpt2l.uvmt --oversub 2 --block-size 64KiB --gpu-set fault_batch_latency_s=30e-6
   uvmprefetch replay live.uvmt --oversub 1.5 --policy uvmprefetch --allocator first-fit --json
   uvmprefetch replay gpt2l.uvmt --oversub 2 --policy tmof --gpus 4          # 4 GPUs sharing one host link
-  uvmprefetch replay gpt2l.uvmt --gpu h100-pcie-cal --host live-sync --oversub 1.5 --policy oracle --evict uvm
-  uvmprefetch replay gpt2l.uvmt --gpu h100-pcie-cal --oversub 2 --evict copy:mirror_bytes=16GiB
+  uvmprefetch replay gpt2l.uvmt --host live-sync --oversub 1.5 --policy oracle --evict uvm
+  uvmprefetch replay gpt2l.uvmt --oversub 2 --evict copy:mirror_bytes=16GiB
 """
 
 
@@ -25,7 +26,9 @@ def add_gpu_arguments(p) -> None:
     """--gpu / --gpu-set / --block-size / --writeback-clean / --no-discard / --host / --evict, shared with ``bench``."""
     from ..gpus import DEFAULT_GPU, PROFILES
     p.add_argument("--gpu", default=DEFAULT_GPU, metavar="NAME",
-                   help=f"GPU profile ({', '.join(PROFILES)}; default {DEFAULT_GPU})")
+                   help=f"GPU profile ({', '.join(PROFILES)}; default {DEFAULT_GPU}). A plain name carries the "
+                        f"unified-memory costs measured on that card where it was measured (h100-pcie, h100-sxm, "
+                        f"h200); NAME-lit the literature's (45 us fault batches, the link's bandwidth both ways)")
     p.add_argument("--gpu-set", action="append", metavar="FIELD=VALUE",
                    help="override a profile number, e.g. link_htod_bw=20e9 (repeatable)")
     p.add_argument("--ssd", metavar="PRESET",
@@ -40,10 +43,13 @@ def add_gpu_arguments(p) -> None:
                         "dropped, so a policy's discards are evictions and freed memory is written back and "
                         "moved back like live data (default: discards drop dead blocks for free)")
     p.add_argument("--host", default=None, metavar="MODEL",
-                   help="model the host thread that issues the launches (docs/simulator.md 'Host clock'): "
-                        "live-sync (what the live runtime cost on an H100: measured decision time, evictions "
-                        "that hold the thread, discard cost), or k=v pairs such as decision_s=20e-6,"
-                        "blocking_evict=true, or live-sync:decision_scale=0.5. Default: the host never limits")
+                   help="model the host threads (docs/simulator.md 'Host clock'): live (the default with one GPU: "
+                        "the runtime as built now, the C++ observer's cost on the training thread, decisions on a "
+                        "planner thread taking effect 4 launches later at the earliest, moves on a mover thread "
+                        "that UVM's eviction holds), live-sync (the earlier synchronous runtime: measured decision "
+                        "time and evictions on the training thread), free (the host never limits; the default with "
+                        "--gpus N), or k=v pairs such as decision_s=20e-6,blocking_evict=true, or "
+                        "live:planner_lag=8")
     p.add_argument("--evict", default="auto", metavar="MODE[:k=v,...]",
                    help="how evicted data leaves the GPU (docs/simulator.md 'Eviction paths'): uvm (UVM's eviction "
                         "only, what the live runtime does today), copy (copy-out into a pinned host mirror + discard "
@@ -92,12 +98,19 @@ def gpu_from_args(args):
     return gpu.with_overrides(**over) if over else gpu
 
 
-def host_from_args(args):
-    """The ``HostModel`` that ``--host`` names, or None (ConfigError naming the flag on a bad one)."""
+def host_spec(args, n_gpus: int = 1) -> str:
+    """The host model's name or spec: ``--host``, else ``live`` with one GPU and ``free`` with several."""
+    from ..sim.host import DEFAULT_HOST
+    return args.host if args.host is not None else (DEFAULT_HOST if n_gpus == 1 else "free")
+
+
+def host_from_args(args, n_gpus: int = 1):
+    """The ``HostModel`` that ``--host`` names (``host_spec``), or None for a free host (ConfigError naming the flag
+    on a bad one)."""
     from ..errors import ConfigError
     from ..sim.host import parse_host
     try:
-        return parse_host(args.host)
+        return parse_host(host_spec(args, n_gpus))
     except ConfigError as e:
         raise ConfigError(f"--host {args.host!r}: {e}") from None
 
@@ -206,11 +219,17 @@ def _fmt(v, unit: str = "") -> str:
 def format_result(r: dict) -> str:
     """A short human-readable summary of one replay result."""
     from ..units import format_size
+
+    def host_name(h):
+        from ..sim.host import HostModel
+        from ..sim.host import host_name as name
+        return name(HostModel(**h) if h else None)
     lines = [
         f"trace      {r.get('trace', '-')}  ({r['n_launches']} launches, {r['iterations']} iterations)",
         f"gpu        {r['gpu']}  capacity {format_size(r['capacity_bytes'])}  footprint "
         f"{format_size(r['footprint_bytes'])}  oversub {r['oversub']:.3f}  block {format_size(r['block_size'])}",
-        f"policy     {r['policy']}  (allocator model {r.get('allocator', '-')})",
+        f"policy     {r['policy']}  (allocator model {r.get('allocator', '-')}; host model "
+        f"{host_name(r.get('host'))})",
         f"time       {r['time_s'] * 1e3:.3f} ms  (ideal {r['ideal_s'] * 1e3:.3f} ms, slowdown {r['slowdown']:.3f}x, "
         f"steady state {_fmt(r['steady_slowdown'])}x)",
         f"stall      {r['stall_s'] * 1e3:.3f} ms  (faults {r['fault_stall_s'] * 1e3:.3f} ms, late prefetch "
@@ -233,6 +252,9 @@ def format_result(r: dict) -> str:
     if r.get("host"):
         lines.append(f"host       GPU idle waiting for the host {r['host_stall_s'] * 1e3:.3f} ms; decisions "
                      f"{r['host_decision_s'] * 1e3:.3f} ms; host held by evictions {r['host_blocked_s'] * 1e3:.3f} ms")
+        if r["host"].get("planner"):
+            lines.append(f"threads    mover busy {r['mover_busy_s'] * 1e3:.3f} ms; decisions waiting at most "
+                         f"{r['planner_pending_max']}")
     its = r.get("iteration_times_s") or []
     if its:
         cols = [f"{t * 1e3:.3f}" for t in its]

@@ -146,6 +146,75 @@ def run_bench(traces: list[tuple[str, Trace]], policies: list[str], oversubs: li
     return rows
 
 
+TARGET_LEVELS = (1.5, 2.0, 3.0)
+
+
+def _geomean(xs: list[float]) -> float:
+    return math.exp(sum(map(math.log, xs)) / len(xs))
+
+
+def targets(rows: list[dict]) -> list[dict]:
+    """The policy targets, measured on ``rows`` at the levels 1.5, 2 and 3 that ran (every trace there):
+
+    - ``uvmprefetch`` / ``oracle`` in steady state (last iteration), geomean over traces and levels, <= 1.05;
+    - the same over the whole run, <= 1.10;
+    - the share of the oracle's speed-up over ``demand`` that ``uvmprefetch`` recovers, ``(demand/uvm) /
+      (demand/oracle)`` on whole-run times, geomean, >= 0.90 (``detail``: the worst pair, and the share of the time
+      ``demand`` loses that it wins back, ``(demand - uvm) / (demand - oracle)``);
+    - faster than ``deepum`` (whole run) on every trace and level.
+
+    Each is ``{"target", "value", "limit", "ok", "detail"}``; a target whose policies did not run is left out."""
+    by = {(r["trace"], r["policy"], r["oversub_target"]): r for r in rows
+          if r.get("error") is None and r.get("slowdown") is not None}
+    traces = list(dict.fromkeys(r["trace"] for r in rows))
+    levels = [ov for ov in TARGET_LEVELS if any(k[2] == ov for k in by)]
+    pairs = [(t, ov) for t in traces for ov in levels if (t, "uvmprefetch", ov) in by and (t, "oracle", ov) in by]
+    out: list[dict] = []
+    if not pairs:
+        return out
+    lv = ", ".join(f"{ov:g}x" for ov in levels)
+
+    def ratio(pol_a, pol_b, key):
+        return [by[(t, pol_a, ov)][key] / by[(t, pol_b, ov)][key] for t, ov in pairs
+                if by[(t, pol_a, ov)].get(key) and by[(t, pol_b, ov)].get(key)]
+    for key, limit, what in (("steady_slowdown", 1.05, "steady state"), ("slowdown", 1.10, "whole run")):
+        rs = ratio("uvmprefetch", "oracle", key)
+        if rs:
+            g = _geomean(rs)
+            out.append({"target": f"uvmprefetch / oracle, {what}, geomean at {lv}", "value": g, "limit": limit,
+                        "ok": g <= limit, "detail": f"worst {max(rs):.3f}"})
+    if all((t, "demand", ov) in by for t, ov in pairs):
+        rec, won = [], []
+        for t, ov in pairs:
+            d, u, o = (by[(t, p, ov)]["time_s"] for p in ("demand", "uvmprefetch", "oracle"))
+            rec.append((d / u) / (d / o))
+            if d > o:
+                won.append((d - u) / (d - o))
+        g = _geomean(rec)
+        out.append({"target": f"share of the oracle's speed-up over demand, (demand/uvm)/(demand/oracle), geomean "
+                              f"at {lv}", "value": g, "limit": 0.90, "ok": g >= 0.90,
+                    "detail": f"worst {min(rec):.3f}; time demand loses won back {min(won):.0%}..{max(won):.0%}"
+                    if won else f"worst {min(rec):.3f}"})
+    dp = [(t, ov) for t, ov in pairs if (t, "deepum", ov) in by]
+    if dp:
+        rs = [by[(t, "uvmprefetch", ov)]["slowdown"] / by[(t, "deepum", ov)]["slowdown"] for t, ov in dp]
+        slower = [f"{t} {ov:g}x" for (t, ov), r in zip(dp, rs) if r >= 1]
+        out.append({"target": f"uvmprefetch / deepum, whole run, worst of every trace at {lv}", "value": max(rs),
+                    "limit": 1.0, "ok": not slower,
+                    "detail": ("slower on " + ", ".join(slower)) if slower else f"best {min(rs):.3f}"})
+    return out
+
+
+def targets_markdown(tg: list[dict]) -> str:
+    lines = ["Targets (uvmprefetch against the oracle, managed memory and DeepUM):", "",
+             "| target | measured | limit | pass | detail |", "|---|---:|---:|---|---|"]
+    for x in tg:
+        op = ">=" if "share" in x["target"] else "<="
+        lines.append(f"| {x['target']} | {x['value']:.3f} | {op} {x['limit']:g} | {'yes' if x['ok'] else 'NO'} | "
+                     f"{x['detail']} |")
+    return "\n".join(lines)
+
+
 def _cell(v) -> str:
     return "—" if v is None else f"{v:.2f}"
 
@@ -175,6 +244,9 @@ def markdown(rows: list[dict], oversubs: list[float]) -> str:
     for (tname, pol), by in seen.items():
         cells = [_cell(by.get(o, {}).get("steady_slowdown")) for o in oversubs]
         lines.append(f"| {tname} | {label(pol)} | " + " | ".join(cells) + " |")
+    tg = targets(rows)
+    if tg:
+        lines += ["", targets_markdown(tg)]
     if offline:
         lines += ["", "(offline): the policy sees the whole trace in advance (planners, the oracle); the others "
                   "learn from what a runtime observes. Compare them with that in mind."]
@@ -263,7 +335,7 @@ def save_outputs(rows: list[dict], oversubs: list[float], out: Path, meta: dict)
         out.mkdir(parents=True, exist_ok=True)
         write_csv(rows, out / "results.csv")
         (out / "results.json").write_text(json.dumps({"meta": meta, "results": rows}, indent=1, default=json_default))
-        table = markdown(rows, oversubs)
+        table = header(meta) + "\n\n" + markdown(rows, oversubs)
         (out / "table.md").write_text(table + "\n")
         plot(rows, out / "slowdown.png")
         plot(rows, out / "steady.png", key="steady_slowdown")
@@ -279,7 +351,8 @@ def load_traces(paths: list[str]) -> list[tuple[str, Trace]]:
     return [(Path(p).stem, load(p)) for p in paths]
 
 
-def bench_meta(gpu: GpuProfile, block_size: int, wall: float, host=None, discards: bool = True, evict=None) -> dict:
+def bench_meta(gpu: GpuProfile, block_size: int, wall: float, host=None, discards: bool = True, evict=None,
+               host_name: str | None = None) -> dict:
     import os
     import platform
     import subprocess
@@ -294,4 +367,30 @@ def bench_meta(gpu: GpuProfile, block_size: int, wall: float, host=None, discard
             "uvmprefetch": __version__, "commit": commit, "python": platform.python_version(),
             "machine": platform.machine(), "cpus": os.cpu_count(), "wall_s": wall,
             "host": dataclasses.asdict(host) if host is not None else None, "discards": bool(discards),
-            "evict": dataclasses.asdict(parse_evict(evict))}
+            "evict": dataclasses.asdict(parse_evict(evict)), "host_name": host_name or host_label(host),
+            "gpu_calibrated": gpu.calibrated}
+
+
+def host_label(host) -> str:
+    from .host import host_name
+    return host_name(host)
+
+
+_HOST_WORDS = {"live": "the runtime's threads (C++ observer on the training thread, decisions on a planner thread, "
+                       "moves on a mover thread that UVM's eviction holds)",
+               "live-sync": "the synchronous runtime (decisions and evictions on the training thread, measured "
+                            "decision time)",
+               "free": "a free host (it never limits)"}
+
+
+def header(meta: dict) -> str:
+    """One line that says which profile and host model a run used (``uvmprefetch bench`` prints it first)."""
+    cal = meta.get("gpu_calibrated")
+    prof = (f"costs measured on the card ({cal})" if cal else
+            "the literature's link and fault costs" + ("" if str(meta["gpu"]).endswith("-lit") else
+                                                        " (nobody has measured this card yet)"))
+    hn = meta.get("host_name") or "free"
+    ev = (meta.get("evict") or {}).get("mode", "uvm")
+    words = _HOST_WORDS.get(hn, f"custom: {meta.get('host')}")
+    return (f"Profile {meta['gpu']}: {prof}. Host model {hn}: {words}. "
+            f"Eviction {ev}; discards {'on' if meta.get('discards', True) else 'off'}.")

@@ -178,7 +178,7 @@ class CopyPath:
         if evict.mode == "copy" and not self.copy_on and not self.ideal:
             why = "has an SSD tier (not modelled with it)" if self.tier else "has no copy path (copy_dtoh_bw = 0)"
             raise ConfigError(f"--evict copy: the GPU profile {gpu.name} {why}; use --evict uvm, a calibrated profile "
-                              f"(h100-pcie-cal, h200-cal) or --gpu-set copy_dtoh_bw=55e9 --gpu-set copy_htod_bw=55e9")
+                              f"(h100-pcie, h100-sxm, h200) or --gpu-set copy_dtoh_bw=55e9 --gpu-set copy_htod_bw=55e9")
         # Whether evictions that name no path (the caller's own, the policy's plain ones) take the copy path.
         self._copy_default = self.copy_on and (evict.mode == "copy" or
                                                getattr(self.policy, "evict_path", EvictPath.COPY) == EvictPath.COPY)
@@ -354,15 +354,21 @@ class CopyPath:
         return (m["copy_calls"] + m["repopulate_calls"], m["discard_calls"], m["copy_discard_blocks"],
                 self._copy_out_end)
 
-    def _copy_host(self, host, mark: tuple, now: float, h: float) -> tuple[float, float]:
-        """The host's cost of the copy-path calls one decision issued (since ``mark``): returns (now, h)."""
+    def _copy_host_end(self, host, mark: tuple, h: float) -> tuple[float, float]:
+        """When the thread that issued the copy-path calls of one decision (since ``mark``), starting at ``h``, is
+        free again, and how long of that it waited for copy-outs (``discard_waits_for_copy``): (end, waited)."""
         calls, discards, blocks, out_end = self._copy_mark()
         h += ((calls - mark[0]) * host.copy_call_s + (discards - mark[1]) * host.copy_discard_call_s
               + (blocks - mark[2]) * host.copy_discard_block_s)
-        if host.discard_waits_for_copy and out_end > mark[3]:
-            if out_end > max(h, now):
-                self.m["host_blocked_s"] += out_end - max(h, now)
-            h = max(h, out_end)
+        if host.discard_waits_for_copy and out_end > mark[3] and out_end > h:
+            return out_end, out_end - h
+        return h, 0.0
+
+    def _copy_host(self, host, mark: tuple, now: float, h: float) -> tuple[float, float]:
+        """The host's cost of the copy-path calls one decision issued (since ``mark``): returns (now, h)."""
+        h, waited = self._copy_host_end(host, mark, h)
+        if waited and h > now:
+            self.m["host_blocked_s"] += h - max(h - waited, now)
         if h > now:
             self.m["host_stall_s"] += h - now
             now = h

@@ -28,9 +28,10 @@ launch, and the live runtime's ``dryrun`` backend feeds it live observations thr
 - ``Advice.READ_MOSTLY``: a write to such a block invalidates the host copy (one fault-batch latency per
   launch that writes any). ``Advice.PREFER_HOST``: the block stays in host memory and the kernel reads it
   over the link: ``blocks * block_size / remote_bw`` is added to the launch's duration.
-- Optional host clock (``sim/host.py``; off by default, and then none of its code runs): launch ``i`` cannot
+- Optional host clock (``sim/host.py``; off without ``host``, and then none of its code runs): launch ``i`` cannot
   start before the thread that launches the kernels issued it (per-launch cost, the policy's decision, discards,
-  and with ``blocking_evict`` the write-backs the decision queued). See ``docs/simulator.md`` "Host clock".
+  and with ``blocking_evict`` the write-backs the decision queued), or, with a planner thread, its decision takes
+  effect only once the planner made it and the mover is free. See ``docs/simulator.md`` "Host clock".
 - A policy with ``ideal = True`` gets infinite memory: every launch starts when the previous one ends.
 - Optional SSD tier (``sim/ssd.py``, when ``gpu.ssd_bw > 0``): bounded host memory with an SSD behind it. See
   ``docs/tiers.md``.
@@ -49,7 +50,7 @@ from ..gpus import GpuProfile
 from ..policy.base import Advice, Decision, LaunchInfo, Policy, PolicyContext
 from .copypath import CopyPath, EvictModel
 from .faults import _PREFER_HOST, DENSITY, REGION, FaultPath
-from .host import HOST_PRESETS, HostModel, host_launch, parse_host  # noqa: F401 - (re-exported: their old home)
+from .host import HOST_PRESETS, HostModel, HostThreads, host_launch, parse_host  # noqa: F401 - (re-exported: their old home)
 from .link import Link, Queue, fifo_finish
 from .room import Room
 from .ssd import SsdTier
@@ -145,6 +146,7 @@ class GpuModel(FaultPath, Room, SsdTier, CopyPath):
         self.now = 0.0  # the compute stream: end of the last launch
         self.host = host  # the launching thread's model, or None (the host is never the bottleneck)
         self.host_t = 0.0  # when the host has issued the last launch
+        self.threads = HostThreads() if host is not None and host.planner else None  # the planner's and mover's clocks
         self.link = link if link is not None else Link()
         self.link.members.append(self)
         # Per-block transfer and fault costs.
@@ -169,6 +171,8 @@ class GpuModel(FaultPath, Room, SsdTier, CopyPath):
                       compute_s=0.0)
         if host is not None:
             self.m.update(host_stall_s=0.0, host_decision_s=0.0, host_blocked_s=0.0)
+            if self.threads is not None:
+                self.m.update(mover_busy_s=0.0, planner_pending_max=0)
         self._tier_setup(gpu, n)  # (the SSD tier, when the profile has one: docs/tiers.md)
         self._copy_setup(evict or EvictModel(), copy_blocks, n)  # (the copy path: sim/copypath.py)
         self.iter_ends: list[tuple[int, float]] = []

@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from ..errors import ConfigError
-from ..gpus import GpuProfile, get_profile
+from ..gpus import GpuProfile, card_name, get_profile
 from ..policy import make_policy
 from ..policy.base import LaunchInfo, Policy
 from ..trace.format import Trace
@@ -37,7 +37,8 @@ def launch_durations(trace: Trace, gpu: GpuProfile) -> np.ndarray:
     """
     meta = trace.meta or {}
     traced_for = meta.get("gpu")
-    if traced_for in (None, "", gpu.name) or str(meta.get("durations", "estimated")).startswith("measured"):
+    # (a card's calibrated and literature profiles share its compute: their durations are the same)
+    if traced_for in (None, "") or card_name(str(traced_for)) == card_name(gpu.name) or str(meta.get("durations", "estimated")).startswith("measured"):
         return trace.launch_dur
     try:
         from ..trace.roofline import durations_for
@@ -100,8 +101,9 @@ def replay(trace: Trace, policy: Policy | str, gpu: GpuProfile | str = "h100-pci
         address space for a trace it recorded, so the replay sees the live run's blocks; the caching-allocator
         model otherwise), ``"caching"`` or ``"first-fit"``. Ignored when ``layout`` is given.
     host
-        The host clock: a ``HostModel``, a preset name (``"live-sync"``), ``"k=v,..."``, or None (default: the
-        host never limits; ``docs/simulator.md`` "Host clock").
+        The host clock: a ``HostModel``, a preset name (``"live"``: the runtime's threads, the command line's
+        default; ``"live-sync"``: the synchronous runtime; ``"free"``), ``"k=v,..."``, or None (default: the host
+        never limits; ``docs/simulator.md`` "Host clock").
     evict
         The eviction paths: an ``EvictModel``, ``"uvm"`` (None, the default: UVM's eviction only, as the live runtime
         today), ``"copy"``, ``"auto"`` or ``"mode:k=v,..."`` (``docs/simulator.md`` "Eviction paths").

@@ -212,7 +212,7 @@ def autocast_like(dtype: str):
 
 def record_model(model: str, config: str, *, batch: int, seq: int | None = None, image_size: int | None = None,
                  iters: int = 2, dtype: str = "fp32", gpu: str = DEFAULT_GPU, device: str = "meta",
-                 progress: bool = False, lr: float = 1e-4, target_seq: int | None = None):
+                 progress: bool = False, lr: float = 1e-4, target_seq: int | None = None, foreach: bool = True):
     """Record ``iters`` training iterations (forward, backward, AdamW step) of a zoo model.
 
     Parameters
@@ -237,6 +237,9 @@ def record_model(model: str, config: str, *, batch: int, seq: int | None = None,
         (a real GPU: durations measured with CUDA events instead of estimated).
     progress : bool
         Show a progress bar on stderr.
+    foreach : bool
+        AdamW's multi-tensor path (PyTorch's default on CUDA: one op over every parameter); False: one op per
+        parameter (``foreach=False``, what ``bench/gpu/train_worker.py --foreach off`` trains with).
 
     Returns
     -------
@@ -261,12 +264,13 @@ def record_model(model: str, config: str, *, batch: int, seq: int | None = None,
     if device not in ("meta", "cpu", "cuda"):
         raise ConfigError(f"device {device!r}: record_model runs on meta, cpu or cuda")
     net = build_model(model, str(config), device)
-    opt = torch.optim.AdamW(net.parameters(), lr=lr, foreach=True)  # foreach: PyTorch's default on CUDA
+    opt = torch.optim.AdamW(net.parameters(), lr=lr, foreach=bool(foreach))  # foreach: PyTorch's default on CUDA
     params = list(net.parameters())
     meta = {"model": model, "config": str(config), "name": f"{model}-{config}", "batch": batch,
             "seq": (seq or TEXT[model]) if model in TEXT else None, "target_seq": target_len(model, seq, target_seq),
             "image_size": (image_size or (net.config.image_size if model == "vit" else IMAGE[model]))
-            if model in IMAGE else None, "dtype": dtype, "optimizer": "AdamW(foreach)",
+            if model in IMAGE else None, "dtype": dtype,
+            "optimizer": "AdamW(foreach)" if foreach else "AdamW(for-loop)",
             "params": int(sum(p.numel() for p in params))}
     bar = None
     if progress:
