@@ -2,7 +2,7 @@
 
 Every number carries its source. A plain name (``h100-pcie``, the default; ``h100-sxm``; ``h200``) is the card with
 the unified-memory costs measured on it by ``bench/gpu/calibrate.py`` (the ``calibrated`` field says which run);
-``NAME-lit`` is the same card with the literature's link and fault numbers (DESIGN.md §3), for comparison with
+``NAME-lit`` is the same card with the literature's link and fault numbers (docs/design.md §3), for comparison with
 papers. Cards not measured yet (``a100-pcie``, ``v100-pcie``, ``gh200-c2c``) carry the literature numbers under both names.
 """
 
@@ -119,7 +119,7 @@ class GpuProfile:
 
 
 # The literature profiles (``NAME-lit``): datasheet compute and the link and fault numbers simulators usually assume
-# (DESIGN.md §3: 45 us per 256-entry fault batch, the link's bandwidth both ways). Kept for comparison with papers;
+# (docs/design.md §3: 45 us per 256-entry fault batch, the link's bandwidth both ways). Kept for comparison with papers;
 # where a card's unified-memory costs were measured, its plain name is the calibrated profile (below).
 PROFILES: dict[str, GpuProfile] = {
     p.name: p
@@ -128,19 +128,19 @@ PROFILES: dict[str, GpuProfile] = {
             name="h100-pcie-lit", memory_bytes=80 * GiB, hbm_bw=2.0e12,
             flops={"fp32": 51 * TFLOPS, "tf32": 378 * TFLOPS, "bf16": 756 * TFLOPS, "fp16": 756 * TFLOPS},
             link_htod_bw=52 * GB, link_dtoh_bw=52 * GB,
-            sources="NVIDIA H100 datasheet (PCIe, dense); PCIe 5 x16 achieved 50-55 GB/s (DESIGN.md §3)",
+            sources="NVIDIA H100 datasheet (PCIe, dense); PCIe 5 x16 achieved 50-55 GB/s (docs/design.md §3)",
         ),
         GpuProfile(
             name="h100-sxm-lit", memory_bytes=80 * GiB, hbm_bw=3.35e12,
             flops={"fp32": 67 * TFLOPS, "tf32": 494 * TFLOPS, "bf16": 989 * TFLOPS, "fp16": 989 * TFLOPS},
             link_htod_bw=52 * GB, link_dtoh_bw=52 * GB,
-            sources="NVIDIA H100 datasheet (SXM5, dense); host link is PCIe 5 x16 (DESIGN.md §3)",
+            sources="NVIDIA H100 datasheet (SXM5, dense); host link is PCIe 5 x16 (docs/design.md §3)",
         ),
         GpuProfile(
             name="a100-pcie-lit", memory_bytes=80 * GiB, hbm_bw=1.935e12,
             flops={"fp32": 19.5 * TFLOPS, "tf32": 156 * TFLOPS, "bf16": 312 * TFLOPS, "fp16": 312 * TFLOPS},
             link_htod_bw=25 * GB, link_dtoh_bw=25 * GB,
-            sources="NVIDIA A100 80GB PCIe datasheet (dense); PCIe 4 x16 achieved ~25 GB/s (DESIGN.md §3)",
+            sources="NVIDIA A100 80GB PCIe datasheet (dense); PCIe 4 x16 achieved ~25 GB/s (docs/design.md §3)",
         ),
         GpuProfile(
             name="v100-pcie-lit", memory_bytes=32 * GiB, hbm_bw=0.9e12,
@@ -152,7 +152,7 @@ PROFILES: dict[str, GpuProfile] = {
             name="gh200-c2c-lit", memory_bytes=96 * GiB, hbm_bw=4.0e12,
             flops={"fp32": 67 * TFLOPS, "tf32": 494 * TFLOPS, "bf16": 989 * TFLOPS, "fp16": 989 * TFLOPS},
             link_htod_bw=375 * GB, link_dtoh_bw=297 * GB,
-            sources="NVIDIA GH200 datasheet; NVLink-C2C measured ~375 GB/s H2D (DESIGN.md §3), D2H assumed 0.8x",
+            sources="NVIDIA GH200 datasheet; NVLink-C2C measured ~375 GB/s H2D (docs/design.md §3), D2H assumed 0.8x",
         ),
     ]
 }
@@ -176,7 +176,7 @@ PROFILES["h200-lit"] = dataclasses.replace(
 # docs/simulator.md, "Calibrated profiles", has the table. ``h100-sxm`` is the board that was measured
 # (bench/gpu/fidelity.py replays live H100 runs with it).
 # The copy path on the lent H100 and H200 (``COPY_PATH``, both boards): pinned cudaMemcpy ran at 55 GB/s each way
-# there (DESIGN.md §6; measured with plain device memory, not yet from GPU-resident managed memory). The per-call
+# there (docs/design.md §3; measured with plain device memory, not yet from GPU-resident managed memory). The per-call
 # costs are assumptions until bench/gpu/evict_microbench.py has run on a GPU: the field comments in GpuProfile
 # name the ``microbench`` entry that replaces each.
 COPY_PATH = dict(copy_dtoh_bw=55 * GB, copy_htod_bw=55 * GB, copy_call_s=10e-6, discard_call_s=20e-6,

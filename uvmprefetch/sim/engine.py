@@ -335,7 +335,7 @@ class GpuModel(FaultPath, Room, SsdTier, CopyPath):
         self.policy.on_iteration(int(k))
 
     def result(self) -> dict:
-        """The metrics so far (DESIGN.md §4 fields that the engine knows; ``replay`` adds the rest)."""
+        """The metrics so far (docs/design.md §4 fields that the engine knows; ``replay`` adds the rest)."""
         m = dict(self.m)
         m["time_s"] = self.now
         issued, useful = m["prefetch_issued_bytes"], m["prefetch_useful_bytes"]

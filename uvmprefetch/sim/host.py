@@ -105,7 +105,7 @@ HOST_PRESETS = {
     # - planner: 20 us per decision, a modelled cost so that runs repeat (bench/policy_cost.py, uvmprefetch on
     #   GPT-2 large at 2x: on_launch median 16-23 us, other hooks 2 us); its decisions take effect 4 launches later at
     #   the earliest (the same dryrun run: 4 983 launches planned in 1 118 ring drains, 4.5 launches a drain);
-    # - mover: UVM's eviction holds it until the write-back ends (cudaMemPrefetchAsync to the host, DESIGN.md §6);
+    # - mover: UVM's eviction holds it until the write-back ends (cudaMemPrefetchAsync to the host, docs/design.md §3);
     #   discards of dead blocks cost it 20 us per call + 2 us per block and move no bytes (the profile's copy-path
     #   discard figures, assumed until bench/gpu/evict_microbench.py's ``evict/discard`` has run);
     # - the loss read at each iteration's end, as live-sync.

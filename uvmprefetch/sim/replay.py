@@ -1,4 +1,4 @@
-"""Replay a trace against the simulated GPU under one policy and measure it (DESIGN.md §4 "Replay result").
+"""Replay a trace against the simulated GPU under one policy and measure it (docs/design.md §4 "Replay result").
 
 Oversubscription is measured against the trace's *working footprint*: the number of distinct blocks any
 launch touches after the allocations were placed by the caching-allocator model (``sim/layout.py``),
@@ -111,7 +111,7 @@ def replay(trace: Trace, policy: Policy | str, gpu: GpuProfile | str = "h100-pci
     Returns
     -------
     dict
-        The fields of DESIGN.md §4 and more; see ``docs/simulator.md``.
+        The fields of docs/design.md §4 and more; see ``docs/simulator.md``.
 
     Raises
     ------
