@@ -22,16 +22,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from observer_reference import ReferenceMode, native_ops  # noqa: E402
+from test_native_observer import lib  # noqa: E402,F401 - the fixture: the observer library, or a skip
 
-from uvmprefetch.runtime import native, native_observer  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def lib():
-    try:
-        return native_observer.load()
-    except native.NativeBuildError as e:
-        pytest.skip(f"the C++ observer cannot be built here: {e}")
 
 
 def test_cuda_gpt2_step_event_for_event(lib):
