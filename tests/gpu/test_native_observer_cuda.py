@@ -25,7 +25,6 @@ from observer_reference import ReferenceMode, native_ops  # noqa: E402
 from test_native_observer import lib  # noqa: E402,F401 - the fixture: the observer library, or a skip
 
 
-
 def test_cuda_gpt2_step_event_for_event(lib):
     from transformers import GPT2Config, GPT2LMHeadModel
     torch.manual_seed(0)
