@@ -878,6 +878,23 @@ UVM_EXPORT int uvmobs_turn(int on) {
     return parked;
 }
 
+// Take the turn and wait (ctypes releases the GIL around this call) until the training thread is parked in a
+// callback, or `timeout_us` passed (it is in a long op, or runs no ops). Without the wait the planner, back from
+// uvmobs_turn(1), mostly re-took the GIL at once while the training thread was still waiting for it after its
+// last op: the training thread then waited for the whole burst in the GIL, not at a callback (2-6 parks in 25-45
+// turns while shedding), and the planner, seeing no park, never rested. Returns the threads parked (0: timed
+// out; the turn stays taken either way, until uvmobs_turn(0)).
+UVM_EXPORT int uvmobs_turn_wait(int timeout_us) {
+    uvmobs_turn(1);
+    const int64_t end = now_ns() + int64_t(timeout_us) * 1000;
+    int parked = g_parked_now.load();
+    while (parked == 0 && now_ns() < end && g_turn.load(std::memory_order_acquire) != 0) {
+        std::this_thread::sleep_for(std::chrono::microseconds(10));
+        parked = g_parked_now.load();
+    }
+    return parked;
+}
+
 // [parks, parked ns]: how often and how long the training thread waited for the planner's turns.
 UVM_EXPORT void uvmobs_parked(uint64_t* out) {
     out[0] = g_parks.load();
