@@ -852,8 +852,10 @@ UVM_EXPORT void uvmobs_stop() {
     g_turn.store(0);
     try {
         if (g_full) at::removeCallback(g_full);
-        // The light callback stays registered, disabled: one removed and added again did not fire again on a
-        // thread that had run ops before (RecordFunction caches its callbacks per thread).
+        // The light callback stays registered, disabled, for the next start. (Removing and adding it again works
+        // too: RecordFunction's per-thread cache is rebuilt whenever the global callbacks' version moves, and
+        // add, remove, enable and disable each move it. Turns that seemed not to reach it were turns in which the
+        // training thread waited for the GIL, not at a callback: see uvmobs_turn_wait.)
         if (g_light) at::disableCallback(g_light);
     } catch (...) {
     }
