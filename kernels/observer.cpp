@@ -852,8 +852,10 @@ UVM_EXPORT void uvmobs_stop() {
     g_turn.store(0);
     try {
         if (g_full) at::removeCallback(g_full);
-        // The light callback stays registered, disabled: one removed and added again did not fire again on a
-        // thread that had run ops before (RecordFunction caches its callbacks per thread).
+        // The light callback stays registered, disabled, for the next start. (Removing and adding it again works
+        // too: RecordFunction's per-thread cache is rebuilt whenever the global callbacks' version moves, and
+        // add, remove, enable and disable each move it. Turns that seemed not to reach it were turns in which the
+        // training thread waited for the GIL, not at a callback: see uvmobs_turn_wait.)
         if (g_light) at::disableCallback(g_light);
     } catch (...) {
     }
@@ -875,6 +877,23 @@ UVM_EXPORT int uvmobs_turn(int on) {
     const int parked = g_parked_now.load();
     if (on) g_turn_since.store(now_ns(), std::memory_order_relaxed);
     g_turn.store(on != 0 ? 1 : 0, std::memory_order_release);
+    return parked;
+}
+
+// Take the turn and wait (ctypes releases the GIL around this call) until the training thread is parked in a
+// callback, or `timeout_us` passed (it is in a long op, or runs no ops). Without the wait the planner, back from
+// uvmobs_turn(1), mostly re-took the GIL at once while the training thread was still waiting for it after its
+// last op: the training thread then waited for the whole burst in the GIL, not at a callback (2-6 parks in 25-45
+// turns while shedding), and the planner, seeing no park, never rested. Returns the threads parked (0: timed
+// out; the turn stays taken either way, until uvmobs_turn(0)).
+UVM_EXPORT int uvmobs_turn_wait(int timeout_us) {
+    uvmobs_turn(1);
+    const int64_t end = now_ns() + int64_t(timeout_us) * 1000;
+    int parked = g_parked_now.load();
+    while (parked == 0 && now_ns() < end && g_turn.load(std::memory_order_acquire) != 0) {
+        std::this_thread::sleep_for(std::chrono::microseconds(10));
+        parked = g_parked_now.load();
+    }
     return parked;
 }
 

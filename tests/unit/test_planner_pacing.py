@@ -155,6 +155,61 @@ def test_a_turn_parks_the_training_thread_at_its_next_op_and_only_it_for_at_most
         lib.drain_ops()
 
 
+def _turns_parked(lib, light: bool, turns: int, take) -> list[int]:
+    """One observer run on this thread (the training thread): a planner thread takes ``turns`` turns with
+    ``take``, each followed by a 2 ms burst of Python that holds the GIL (the planner's planning), while this
+    thread runs small ops from Python. Returns, per turn, how many threads were parked when the burst began."""
+    import threading
+    import time
+
+    import torch
+    lib.start("cpu", active=not light)
+    if light:
+        assert lib.set_active(False) == no.STATE_DORMANT and lib.lib.uvmobs_set_light(1) == 0
+    try:
+        x = torch.ones(64)
+        parked, done = [], threading.Event()
+
+        def planner():
+            for _ in range(turns):
+                parked.append(take())
+                end = time.perf_counter() + 0.002
+                while time.perf_counter() < end:  # Python, GIL held: what the planner's _batch is
+                    pass
+                lib.held.uvmobs_turn(0)
+                time.sleep(0.002)
+            done.set()
+        pl = threading.Thread(target=planner)
+        pl.start()
+        t0 = time.perf_counter()
+        while not done.is_set() and time.perf_counter() - t0 < 30:
+            x.add_(1)
+            lib.drain_ops()
+        pl.join()
+        return parked
+    finally:
+        lib.lib.uvmobs_set_light(0)
+        lib.stop()
+        lib.drain_ops()
+
+
+@pytest.mark.parametrize("light", [False, True])
+def test_every_turn_parks_the_training_thread_also_after_a_stop_and_start(lib, light):
+    # GIVEN a training thread running small ops from Python, observed with full records or, while shedding, with
+    # the callback without inputs; WHEN a planner thread takes turns, each followed by a burst of Python holding
+    # the GIL, in two runs of the observer in one process (stopped and started again between them, as the rounds
+    # of bench/runtime_overhead.py --inprocess); THEN in every turn of both runs the training thread is parked in
+    # a callback when the burst begins (it waits for the planner there, counted, not in the GIL), and the parks
+    # counted grow by one per turn.
+    def take():
+        return lib.lib.uvmobs_turn_wait(50_000)  # a generous limit on a loaded machine: it returns at the park
+    for run in range(2):
+        p0 = lib.parked()[0]
+        parked = _turns_parked(lib, light, 15, take)
+        assert lib.parked()[0] - p0 == 15, run
+        assert parked == [1] * 15, (run, parked)
+
+
 def test_the_overhead_benchmark_splits_the_planners_time_by_part(lib, tmp_path):
     # bench/runtime_overhead.py --split: the loop recorded, then planned on one thread, timed by part
     import json

@@ -70,6 +70,7 @@ class ObserverLib:
             "uvmobs_drain": (ctypes.c_size_t, [ctypes.c_void_p, ctypes.c_size_t]),
             "uvmobs_seq": (ctypes.c_uint64, []),
             "uvmobs_turn": (ctypes.c_int, [ctypes.c_int]),
+            "uvmobs_turn_wait": (ctypes.c_int, [ctypes.c_int]),
             "uvmobs_parked": (None, [_u64p]),
             "uvmobs_set_light": (ctypes.c_int, [ctypes.c_int]),
             "uvmobs_counters": (ctypes.c_size_t, [_u64p, ctypes.c_size_t]),

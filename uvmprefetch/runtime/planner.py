@@ -21,8 +21,9 @@ are not): tens of microseconds against a few for a small CPU op. A training loop
 and takes it back around every op and nearly always wins the race for it, so a planner that simply competes
 waits milliseconds after every call that released the GIL (the policy's kernels included), plans next to
 nothing, and each hand-over it does win costs both threads a wait for the scheduler. So the planner asks the
-observer for a turn (``uvmobs_turn``): while the turn is set, the training thread parks in the callbacks, where
-it holds no GIL; the planner takes the GIL, plans for ``UVMPREFETCH_PLANNER_SLICE_MS`` (1 ms), gives the turn
+observer for a turn (``uvmobs_turn_wait``): while the turn is set, the training thread parks in the callbacks,
+where it holds no GIL; the call lets the GIL go and returns once the training thread is parked (or after
+``_TURN_WAIT_US``), so the planner, not a training thread just back from an op, takes the GIL next; it then plans for ``UVMPREFETCH_PLANNER_SLICE_MS`` (1 ms), gives the turn
 back and, if the training thread was parked waiting for it, rests without the GIL long enough to keep the
 training thread's wait at ``UVMPREFETCH_PLANNER_SHARE`` of its time (0.1). A training thread that waits for the
 GPU or runs long ops never parks: the planner then plans on without resting. The report has the training
@@ -189,7 +190,9 @@ class Planner:
                 if not self._queued():
                     time.sleep(0.0005)  # nothing queued: the training thread has the GIL to itself
                     continue
-                self.lib.lib.uvmobs_turn(1)  # (the GIL goes; it comes back while the training thread is parked)
+                # (the GIL goes while the call waits for the training thread to park at its next op, so that it
+                # comes back to this thread, not to one that would then wait for the whole burst in the GIL)
+                self.lib.lib.uvmobs_turn_wait(_TURN_WAIT_US)
                 parked = 0
                 try:
                     t0 = time.perf_counter()
@@ -471,6 +474,7 @@ class Planner:
                 "training_parks": parks - self._parked0[0], "training_parked_s": round((ns - self._parked0[1]) / 1e9, 6)}
 
 
+_TURN_WAIT_US = 300  # how long a turn waits for the training thread to park (a few of its small ops)
 _CHUNK = 256  # launches converted to Python lists per burst (a burst plans tens of them)
 
 
