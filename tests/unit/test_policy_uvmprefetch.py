@@ -914,7 +914,7 @@ def test_learn_moves_kernel_matches_numpy():
         h.first_pos[:] = rng.integers(0, 100, n)
         nu, remap, rend = h.nu.copy(), mv.remap.copy(), mv.rend.copy()
         # WHEN the kernel pairs them, and the NumPy code does
-        moved, _ = moves.learn_moves(mv.ref, h.ref, 0, writes, lim, pol.blocks.dead)
+        moved, _ = moves.learn_moves(mv.ref, h.ref, 0, writes, lim)
         rec = rec_blocks[f_w != 0]
         want = 0
         if rec.shape[0] == writes.shape[0] and rec.size:
@@ -929,7 +929,7 @@ def test_learn_moves_kernel_matches_numpy():
                     births = [t for t in range(1, min(lim, h.end)) if x in h.blocks_at(t)
                               and h.f_w[h.span(t, t + 1)[0] + int(np.searchsorted(h.blocks_at(t), x))] == 2]
                     rend[x] = births[0] if births else lim
-                    if births and not pol.blocks.dead[x]:
+                    if births:  # (dead or not: the next tensor at the address)
                         nu[x] = births[0]
                 elif y != x:  # written where recorded: the tensor stayed
                     remap[x], rend[x] = x, 0

@@ -354,7 +354,7 @@ class ReferencePolicy(UvmPrefetchPolicy):
             if lim and q < lim:
                 y = int(mv.remap[x])
                 if y != x:
-                    if nx >= mv.rend[x] and not self.blocks.dead[x]:
+                    if nx >= mv.rend[x]:
                         h.nu[x] = nx
                     if nx >= lim and h.first_it[y] == self.it:
                         nx = int(h.first_pos[y])
@@ -431,7 +431,7 @@ class ReferencePolicy(UvmPrefetchPolicy):
                 mv.moved_to[w] = True
                 e = self._next_birth(x, p, rec_end)
                 mv.rend[x] = e
-                if e < rec_end and not self.blocks.dead[x]:
+                if e < rec_end:
                     nu[x] = e
             elif y != x:
                 mv.remap[x], mv.rend[x] = x, 0

@@ -250,13 +250,14 @@ def trim(h, k):
 
 
 @nb.njit(cache=True, nogil=True)
-def advance(h, mv, dead, q, lim):
+def advance(h, mv, q, lim):
     """The pointer moves on to ``q``: the blocks recorded there (before ``lim``: through the learned moves ``mv``)
     are next used where their entries link to. A moved block whose recorded address is next used only from
     ``lim`` on (the followed iteration's end: another tensor at that address) is next used where this iteration
     first used it (``first_pos``): the same offset of the next iteration. When the recorded address's next entry
-    holds a later tensor (from ``rend``, its birth) and the address is not dead, the address itself is predicted
-    there too (the plan's window pass lists both)."""
+    holds a later tensor (from ``rend``, its birth), the address itself is next used there, dead or not (the
+    caching allocator hands a freed address to the next tensor; the plan's window pass lists it as a candidate
+    too only while it is not dead)."""
     s = h.s[0]
     s.p = q
     s.has_p = True
@@ -270,7 +271,7 @@ def advance(h, mv, dead, q, lim):
         if lim > 0 and q < lim:
             y = remap[x]
             if y != x:
-                if nx >= mv.rend[x] and not dead[x]:
+                if nx >= mv.rend[x]:
                     nu[x] = nx  # the next tensor at the recorded address may stay there
                 if nx >= lim and h.first_it[y] == it:
                     nx = h.first_pos[y]

@@ -120,12 +120,12 @@ def next_birth(h, x, t, lim):
 
 
 @nb.njit(cache=True, nogil=True)
-def learn_moves(mv, h, q, writes, rec_end, dead):
+def learn_moves(mv, h, q, writes, rec_end):
     """Pair the blocks position ``q`` wrote, in address order, with ``writes`` (the running launch's; ``rec_end``:
     the end of the record ``q`` is in). Where they differ, the recorded block is remapped to the new one and the
     new one takes its predicted next use; the recorded block's ``rend`` is its next birth before ``rec_end``,
-    which becomes its next use unless it is dead. A recorded block written where the record has it drops its
-    earlier move (the tensor stayed). The block an earlier move sent it to, when this write is not there, holds a
+    which becomes its next use, dead or not (the next tensor at that address). A recorded block written where the
+    record has it drops its earlier move (the tensor stayed). The block an earlier move sent it to, when this write is not there, holds a
     tensor the followed record has no more uses of: it is next used where this iteration first used it (left at a
     passed position it would rank as unused and be dropped before the next step needs it: GPT-2-large at 1.5x,
     iteration 3 ran 1.11x the oracle instead of 1.06x). The new blocks are marked in ``moved_to``. Returns
@@ -171,7 +171,7 @@ def learn_moves(mv, h, q, writes, rec_end, dead):
                 mv.moved_to[w] = True
                 e = next_birth(h, x, h.f_next[i], rec_end)
                 mv.rend[x] = e
-                if e < rec_end and not dead[x]:
+                if e < rec_end:
                     nu[x] = e
             elif y != x:
                 remap[x] = x  # written where the record has it: this tensor stayed

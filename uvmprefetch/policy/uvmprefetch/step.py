@@ -77,7 +77,7 @@ def _go(st, q, moves_now):
         ps.v_lo = 0
         ps.v_hi = -1
     pool_due(st.victims, h, st.moves.remap, q)
-    advance(h, st.moves, st.blocks.dead, q, lim)
+    advance(h, st.moves, q, lim)
 
 
 @nb.njit(cache=True, nogil=True)
@@ -108,7 +108,7 @@ def _learn(st, q, launch, rec_end):
     vr = st.victims.s[0]
     blocks, writes = launch
     if mr.track_moves and q < rec_end:
-        moved, settled = learn_moves(mv, h, q, writes, rec_end, st.blocks.dead)
+        moved, settled = learn_moves(mv, h, q, writes, rec_end)
         if moved or settled:  # (next uses changed: a moved block took its old address's, revised ones rose)
             vr.on = False
             ps = st.plan.s[0]
