@@ -10,6 +10,7 @@ says the run degraded, with that one error.
 """
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -75,7 +76,11 @@ class MovingBackend:
         self.thread.submit(self.block_size, self._move)
 
     def _move(self):
+        time.sleep(0.02)  # slower than the planner: the failing call comes after the last submit (reported at stop)
         self.moved += 1
+
+    def settle(self):
+        self.thread.drain()  # as the cuda backend's: a call that failed after the last submit is reported at stop
 
     def end_iteration(self, k):
         pass

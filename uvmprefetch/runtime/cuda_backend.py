@@ -500,6 +500,11 @@ class CudaBackend(AllocatorDiscards):
                       "blocks launches used that the books did not hold resident")
         return r
 
+    def settle(self) -> None:
+        """At stop, before the report: wait until every queued move call was made; raises the mover's error."""
+        if self.mover.thread is not None:
+            self.mover.thread.drain()
+
     def close(self) -> None:
         if self.copy is not None:
             self.mover.synchronize()

@@ -264,6 +264,12 @@ class Session:
                 self.native.stop()  # the callbacks go, then what is left in the rings is planned
             except Exception as e:  # noqa: BLE001
                 self._note_error("observer stop", e)
+        settle = getattr(self.backend, "settle", None)  # moves still queued: made now, so a late error is reported
+        if settle is not None and not self.degraded:
+            try:
+                settle()
+            except Exception as e:  # noqa: BLE001 - the prefetcher never kills training
+                self.fail(getattr(e, "where", "backend"), e)
         self.active = False
         if self._mode is not None:
             try:
