@@ -146,7 +146,7 @@ def test_a_turn_parks_the_training_thread_at_its_next_op_and_only_it_for_at_most
         th.join()
         dr.join()
         parks = lib.parked()[0] - p0[0]
-        assert 1 <= parks <= 10 and max(longest) <= 0.06
+        assert 1 <= parks <= 10 and max(longest) <= 0.1  # an uncapped park would last the 150 ms
         assert parked_at_return == [0] * 10 and other["ops"] > 0
         assert lib.counters()["dropped"] == dropped
     finally:
@@ -202,7 +202,7 @@ def test_every_turn_parks_the_training_thread_also_after_a_stop_and_start(lib, l
     # a callback when the burst begins (it waits for the planner there, counted, not in the GIL), and the parks
     # counted grow by one per turn.
     def take():
-        return lib.lib.uvmobs_turn_wait(50_000)  # a generous limit on a loaded machine: it returns at the park
+        return lib.lib.uvmobs_turn_wait(1_000_000)  # returns at the park (1 s: a loaded machine)
     for run in range(2):
         p0 = lib.parked()[0]
         parked = _turns_parked(lib, light, 15, take)
