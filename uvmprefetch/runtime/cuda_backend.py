@@ -108,6 +108,7 @@ class CudaBackend(AllocatorDiscards):
     _gate = None  # (late, fault) dense ids the gate saw for the next launch (note_gate)
     copy = None  # the copy path (copyout.py), started with the C++ observer under UVMPREFETCH_EVICT=auto
     copy_status = "off (UVMPREFETCH_EVICT=uvm)"
+    counts_unknown = False  # the shim counts kernels no recorded op accounts for (with the C++ observer)
     feed = None  # the caching allocator's events (alloc_feed.py): with UVMPREFETCH_DISCARD=1 or UVMPREFETCH_EVICT=auto
     _copy_books, _copy_books_why = False, "the allocator's events are not attached"
 
@@ -199,6 +200,7 @@ class CudaBackend(AllocatorDiscards):
         self.mover.thread.idle = self.mover.gate.settle
         self._capturing = lambda: False
         self._native_lib = lib
+        self.counts_unknown = self.shim.count_unknown_kernels(lib.lib)  # (cuda_discards.liveness_result)
         if self._cfg.evict == "auto":
             from . import copyout
             self.copy, self.copy_status = copyout.start(self, lib, self._cfg)
@@ -506,6 +508,8 @@ class CudaBackend(AllocatorDiscards):
             self.mover.thread.drain()
 
     def close(self) -> None:
+        if self.counts_unknown:
+            self.shim.count_unknown_kernels(None)
         if self.copy is not None:
             self.mover.synchronize()
             self.copy.close()  # the mirrors back into their ranges: the program may go on using them

@@ -163,15 +163,18 @@ class AllocatorDiscards:
 
     def liveness_result(self) -> dict:
         """``backend_result.liveness``: where deaths come from, what the allocator feed saw, the discards issued
-        and refused by reason (``bench/gpu/discards.py`` reads these)."""
+        and refused by reason, the unknown kernels the shim counted (``bench/gpu/discards.py`` reads these)."""
+        shim = getattr(self, "shim", None)
+        unknown = shim.unknown_kernels() if getattr(self, "counts_unknown", False) and shim is not None else None
         out = {"source": "allocator" if self.feed is not None else self.liveness_why,
                "built_for": self.feed.lib.tracker_built_for() if self.feed is not None else None,
                "discards_issued": self.discarded_blocks,
                "discards_refused": dict(self.refused, off=self.discards_as_evictions),
-               # kernels launched outside every observed op (Triton, raw extensions) may touch any live allocation:
-               # harmless here (the allocator still holds it, so it is never dead), and not counted yet (the shim
-               # sees launches but cannot tell which ran outside an op; CUPTI correlation could)
-               "unknown_kernels_seen": None,
+               # kernels no recorded op accounts for (see unknown_kernels); they do not restrict discards: what they
+               # may touch is an allocation the caching allocator holds, or memory outside its segments, never a
+               # block the books call dead (docs/runtime.md, "Unknown kernels")
+               "unknown_kernels_seen": None if unknown is None else unknown["launches"] + unknown["graph_launches"],
+               "unknown_kernels": unknown,
                "audit": {"on": self.audit, "cases": self.audit_cases} if self.audit else None}
         if self.feed is not None:
             st = self.feed.stats()
