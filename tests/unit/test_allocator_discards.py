@@ -50,9 +50,9 @@ def run_discard(be, block, index):
     be.launch(info(index, be, BASE + 7 * BS, BS))
 
 
-def setup(n=8):
+def setup(n=8, batch=1):
     pol = Scripted([])
-    be = backend(pol, 16, [(BASE, 16 * BS)])
+    be = backend(pol, 16, [(BASE, 16 * BS)], batch=batch)
     be.feed.lib.a.segment(16 * BS, base=BASE)
     Event.done = 1 << 30  # the GPU has finished every launch: nothing is protected
     be.block_ids(BASE, n * BS)
@@ -169,18 +169,137 @@ def test_an_overflow_makes_every_block_live_until_a_quiescent_rebuild():
     assert discarded(be) == [[(BASE + 5 * BS, BS)]]
 
 
+# ------------------------------------------------------------------------------------- one gate per batch
+def test_the_discards_of_several_launches_go_behind_one_gate_closure():
+    # GIVEN discards batched by 3 launches, blocks 0..5 dead
+    be, fa = setup(batch=3)
+    addrs = [fa.alloc(BS) for _ in range(8)]
+    be.launch(info(0, be, BASE, 6 * BS))
+    die(be, *addrs[:6])
+    # WHEN two launches discard a block each: nothing is issued yet (no move of them is due)
+    run_discard(be, 0, 1)
+    run_discard(be, 1, 2)
+    assert discarded(be) == [] and be.gate_closures == 0
+    # THEN the third issues all three behind one closure
+    run_discard(be, 2, 3)
+    three = [(BASE + k * BS, BS) for k in range(3)]  # (a range per block: the mover checks each apart)
+    assert discarded(be) == [three] and be.gate_closures == 1 and be.discarded_blocks == 3
+    # AND an iteration end issues what is left, and counts the iteration's closures
+    run_discard(be, 3, 4)
+    be.discards_iteration_end()
+    run_discard(be, 4, 5)
+    be.discards_iteration_end()
+    be.discards_iteration_end()
+    assert discarded(be) == [three, [(BASE + 3 * BS, BS)], [(BASE + 4 * BS, BS)]]
+    assert be.gate_closures_per_iteration == [2, 1, 0]
+    assert be.liveness_result()["gate_closures_per_iteration"] == [2, 1, 0]
+    assert sum(be.refused.values()) == 0
+
+
+def test_a_batched_block_the_allocator_hands_out_again_is_never_discarded():
+    be, fa = setup(batch=8)
+    addrs = [fa.alloc(BS) for _ in range(8)]
+    be.launch(info(0, be, BASE, 4 * BS))
+    die(be, *addrs[:4])
+    run_discard(be, 0, 1)
+    run_discard(be, 1, 2)
+    run_discard(be, 2, 3)
+    # WHEN block 0 is handed out again and a launch uses it, and block 1 is handed out with no launch yet
+    a0 = fa.alloc(BS)
+    be.feed.take_events()
+    be.launch(info(4, be, a0, BS))
+    fa.alloc(BS)
+    be.feed.take_events()
+    be.discards_iteration_end()
+    # THEN only block 2 is discarded: 0 left the batch when the launch used it (not evicted: it is in use), the
+    # check refused 1 at issue time (evicted: the books count it gone)
+    assert discarded(be) == [[(BASE + 2 * BS, BS)]]
+    assert be.refused["reused_before_issue"] == 2 and be.gate_closures == 1
+    assert ("to_host", [(BASE + BS, BS)], 0) in be.mover.log and ("to_host", [(BASE, BS)], 0) not in be.mover.log
+
+
+def test_a_move_of_a_batched_block_issues_the_batch_first_and_waits_for_it():
+    # GIVEN blocks 2 and 5 in the batch; WHEN a launch prefetches block 5 (the policy expects it reused)
+    be, fa = setup(batch=16)
+    addrs = [fa.alloc(BS) for _ in range(8)]
+    be.launch(info(0, be, BASE, 6 * BS))
+    die(be, addrs[2], addrs[5])
+    run_discard(be, 2, 1)
+    run_discard(be, 5, 2)
+    assert discarded(be) == []
+    be.policy.decisions.append(Decision(prefetch=np.array([5])))
+    be.launch(info(3, be, BASE + 7 * BS, BS))
+    # THEN the batch is issued before the prefetch, and the prefetch waits for its mark
+    log = [e for e in be.mover.log if e[0] != "mark"]
+    assert log[-2:] == [("discard", [(BASE + 2 * BS, BS), (BASE + 5 * BS, BS)], 0), ("to_gpu", [(BASE + 5 * BS, BS)], 1)]
+
+
+def test_a_batched_block_whose_segment_goes_back_to_the_driver_leaves_the_batch():
+    be, fa = setup(batch=16)
+    seg2 = fa.segment(2 * BS, base=BASE + 32 * BS)
+    x = fa.alloc(2 * BS, seg=seg2)
+    be.launch(info(0, be, x, 2 * BS))
+    ids = be.block_ids(x, 2 * BS)
+    die(be, x)
+    run_discard(be, int(ids[0]), 1)
+    fa.empty_cache()
+    be.feed.take_events()
+    be.deaths_before(1 << 62)
+    be.discards_iteration_end()
+    # THEN neither discarded nor moved (the memory is the driver's again)
+    assert discarded(be) == [] and be.refused["released"] == 1
+    assert not [e for e in be.mover.log if e[0] in ("to_host", "to_gpu")]
+
+
+def test_a_gap_in_the_op_records_evicts_the_batch_instead():
+    be, fa = setup(batch=16)
+    addrs = [fa.alloc(BS) for _ in range(8)]
+    be.launch(info(0, be, BASE, 4 * BS))
+    die(be, *addrs[:2])
+    run_discard(be, 0, 1)
+    run_discard(be, 1, 2)
+    be.gap()
+    be.discards_iteration_end()
+    assert discarded(be) == [] and be.refused["unknown"] == 2
+    assert ("to_host", [(BASE, 2 * BS)], 0) in be.mover.log
+
+
+def test_the_real_mover_closes_the_gate_once_per_batch():
+    """The backend over the real ``Mover`` with the driver faked at its boundary (``FakeCudart``, the gate's
+    ``cuStreamWaitValue32``/``cuStreamWriteValue32``): three discarding launches, one closure, one
+    ``cudaMemDiscardBatchAsync`` with every block, issued after the kernels queued until then."""
+    from test_runtime_cuda_logic import mover
+    be, fa = setup(batch=3)
+    be.mover, log = mover(batch=True)
+    addrs = [fa.alloc(BS) for _ in range(8)]
+    be.launch(info(0, be, BASE, 6 * BS))
+    die(be, addrs[0], addrs[2], addrs[4])
+    for k, b in enumerate((0, 2, 4)):
+        run_discard(be, b, k + 1)
+    gates = [e for e in log if e[0] == "gate"]
+    discards = [c for c in be.mover.rt.calls if c[0] == "discard_batch"]
+    assert gates == [("gate", 0, 1)] and len(discards) == 1
+    assert discards[0][1][0] == (BASE, BASE + 2 * BS, BASE + 4 * BS)
+    # (the compute stream's event is recorded when the batch goes, the gate right after it, opened after the discard)
+    i = log.index(("gate", 0, 1))
+    assert log[i - 1][:2] == ("record", 0) and log[-1] == ("open", 12, 1)
+    assert be.gate_closures == 1
+
+
 @settings(max_examples=80, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["alloc"] * 3 + ["free"] * 2 + ["discard"] * 3 +
-                                          ["defer", "complete", "launch", "drop", "quiescent", "empty"]),
+                                          ["defer", "complete", "launch", "drop", "quiescent", "empty", "end"]),
                           st.integers(0, 15),
                           # (mostly whole blocks: a block dies only when no allocation overlaps any byte of it)
                           st.integers(1, 40).map(lambda n: (n % 3 + 1) * BS if n <= 34 else n * 150_001)),
-                min_size=5, max_size=60))
-def test_no_live_byte_is_ever_discarded(steps):
+                min_size=5, max_size=60),
+       st.sampled_from([1, 3, 16]))
+def test_no_live_byte_is_ever_discarded(steps, batch):
     """Random allocator histories interleaved with launches and discard decisions (allocations made between a
-    decision and its check included, dropped events, rebuilds, empty_cache): every block the check lets through
-    holds no live byte at that moment, by the fake allocator's byte-level truth."""
-    be, fa = setup(16)
+    decision and its check included, dropped events, rebuilds, empty_cache, iteration ends), discards batched by
+    ``batch`` launches: every block the check lets through holds no live byte at that moment, by the fake
+    allocator's byte-level truth."""
+    be, fa = setup(16, batch=batch)
     truth = Truth(be)
     live: list[int] = []
     pending: list[int] = []
@@ -216,6 +335,10 @@ def test_no_live_byte_is_ever_discarded(steps):
             be.feed.take_events()
         elif op == "quiescent":
             be.feed.quiescent(fa.snapshot)
+        elif op == "end":  # an iteration ends: the batch goes (the allocator may hand memory out meanwhile)
+            be.mover.before_check = (lambda s=size: fa.alloc(s)) if i % 2 else None
+            be.discards_iteration_end()
+            be.mover.before_check = None
         elif op == "empty":  # a segment used, freed and given back to the driver (empty_cache)
             spare = fa.segment(2 * BS)
             x = fa.alloc(size, seg=spare)
@@ -227,6 +350,7 @@ def test_no_live_byte_is_ever_discarded(steps):
                 fa.free(x)
             fa.release(spare)
         live = [a for a in live if a in fa.allocs]  # (an ALLOC in before_check is not ours to free)
+    be.discards_iteration_end()
     assert not truth.bad, f"blocks discarded while an allocation held a byte of them: {truth.bad}"
 
 
