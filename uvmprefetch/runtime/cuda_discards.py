@@ -2,8 +2,9 @@
 
 ``alloc_feed.py`` drains the allocator's trace tracker into ``Liveness``; the planner hands its deaths over in
 sequence order (``deaths_before``); each dead block holds a ticket (the event that killed it) until a launch
-touches it. With ``UVMPREFETCH_DISCARD=1`` a Decision's discards of ticketed blocks go to the mover
-(``Mover.discard``: the compute stream gated, the tickets checked again on the mover thread, then the discard);
+touches it. With ``UVMPREFETCH_DISCARD=1`` a Decision's discards of ticketed blocks join a batch that spans up to
+``UVMPREFETCH_DISCARD_BATCH`` discarding launches, and each batch goes to the mover (``Mover.discard``: the compute
+stream gated once, the tickets checked again on the mover thread, then the discard);
 every other discard is issued as an eviction. ``docs/runtime.md`` section 11 has the order and the report fields.
 Mixed into ``CudaBackend`` (``cuda_backend.py``), whose state it reads: ``ranges``, ``_dense``, ``res``,
 ``policy``, ``mover``, ``copy``.
