@@ -170,12 +170,19 @@ def test_an_overflow_makes_every_block_live_until_a_quiescent_rebuild():
 
 
 # ------------------------------------------------------------------------------------- one gate per batch
+def with_dead(batch, used, dead):
+    """A backend that batches discards by ``batch`` launches over eight one-block allocations: launch 0 used blocks
+    ``0 .. used - 1``, the allocations at ``dead`` died since. Returns the backend and the allocator."""
+    be, fa = setup(batch=batch)
+    addrs = [fa.alloc(BS) for _ in range(8)]
+    be.launch(info(0, be, BASE, used * BS))
+    die(be, *(addrs[k] for k in dead))
+    return be, fa
+
+
 def test_the_discards_of_several_launches_go_behind_one_gate_closure():
     # GIVEN discards batched by 3 launches, blocks 0..5 dead
-    be, fa = setup(batch=3)
-    addrs = [fa.alloc(BS) for _ in range(8)]
-    be.launch(info(0, be, BASE, 6 * BS))
-    die(be, *addrs[:6])
+    be, _ = with_dead(3, 6, range(6))
     # WHEN two launches discard a block each: nothing is issued yet (no move of them is due)
     run_discard(be, 0, 1)
     run_discard(be, 1, 2)
@@ -197,10 +204,7 @@ def test_the_discards_of_several_launches_go_behind_one_gate_closure():
 
 
 def test_a_batched_block_the_allocator_hands_out_again_is_never_discarded():
-    be, fa = setup(batch=8)
-    addrs = [fa.alloc(BS) for _ in range(8)]
-    be.launch(info(0, be, BASE, 4 * BS))
-    die(be, *addrs[:4])
+    be, fa = with_dead(8, 4, range(4))
     run_discard(be, 0, 1)
     run_discard(be, 1, 2)
     run_discard(be, 2, 3)
@@ -220,10 +224,7 @@ def test_a_batched_block_the_allocator_hands_out_again_is_never_discarded():
 
 def test_a_move_of_a_batched_block_issues_the_batch_first_and_waits_for_it():
     # GIVEN blocks 2 and 5 in the batch; WHEN a launch prefetches block 5 (the policy expects it reused)
-    be, fa = setup(batch=16)
-    addrs = [fa.alloc(BS) for _ in range(8)]
-    be.launch(info(0, be, BASE, 6 * BS))
-    die(be, addrs[2], addrs[5])
+    be, _ = with_dead(16, 6, (2, 5))
     run_discard(be, 2, 1)
     run_discard(be, 5, 2)
     assert discarded(be) == []
@@ -252,10 +253,7 @@ def test_a_batched_block_whose_segment_goes_back_to_the_driver_leaves_the_batch(
 
 
 def test_a_gap_in_the_op_records_evicts_the_batch_instead():
-    be, fa = setup(batch=16)
-    addrs = [fa.alloc(BS) for _ in range(8)]
-    be.launch(info(0, be, BASE, 4 * BS))
-    die(be, *addrs[:2])
+    be, _ = with_dead(16, 4, (0, 1))
     run_discard(be, 0, 1)
     run_discard(be, 1, 2)
     be.gap()
@@ -269,11 +267,8 @@ def test_the_real_mover_closes_the_gate_once_per_batch():
     ``cuStreamWaitValue32``/``cuStreamWriteValue32``): three discarding launches, one closure, one
     ``cudaMemDiscardBatchAsync`` with every block, issued after the kernels queued until then."""
     from test_runtime_cuda_logic import mover
-    be, fa = setup(batch=3)
+    be, _ = with_dead(3, 6, (0, 2, 4))
     be.mover, log = mover(batch=True)
-    addrs = [fa.alloc(BS) for _ in range(8)]
-    be.launch(info(0, be, BASE, 6 * BS))
-    die(be, addrs[0], addrs[2], addrs[4])
     for k, b in enumerate((0, 2, 4)):
         run_discard(be, b, k + 1)
     gates = [e for e in log if e[0] == "gate"]

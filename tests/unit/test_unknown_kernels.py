@@ -10,39 +10,18 @@ THEN exactly the launches outside a recorded op on their own thread, and the gra
 while the observer records.
 """
 
-import os
-import shutil
-import subprocess
-import sys
+import json
 
 import pytest
 
+from fake_launch import run_with_shim
 from uvmprefetch.runtime import native, native_observer
 
-FAKE_CUDART = r"""
-typedef struct { unsigned x, y, z; } dim3;
-int fake_n_launch;
-int cudaLaunchKernel(const void *f, dim3 g, dim3 b, void **a, unsigned long s, void *st) {
-    (void)f; (void)g; (void)b; (void)a; (void)s; (void)st; return fake_n_launch++, 0;
-}
-int cudaGraphLaunch(void *g, void *st) { (void)g; (void)st; return fake_n_launch++, 0; }
-"""
-
 SCRIPT = r"""
-import ctypes, json, sys, threading
+import json, threading
 import torch
 from uvmprefetch.runtime import native_observer
-from uvmprefetch.runtime.shim import Shim
-fake = ctypes.CDLL(sys.argv[2], mode=ctypes.RTLD_GLOBAL)
-shim = Shim(sys.argv[1])
 obs = native_observer.load()
-
-class dim3(ctypes.Structure):
-    _fields_ = [("x", ctypes.c_uint), ("y", ctypes.c_uint), ("z", ctypes.c_uint)]
-launch = shim.lib.cudaLaunchKernel
-launch.argtypes = [ctypes.c_void_p, dim3, dim3, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-one = dim3(1, 1, 1)
-go = lambda: launch(None, one, one, None, 0, None)
 
 @torch.library.custom_op("uvmtest::launching", mutates_args=())
 def launching(x: torch.Tensor, n: int, side: bool) -> torch.Tensor:
@@ -56,10 +35,10 @@ def launching(x: torch.Tensor, n: int, side: bool) -> torch.Tensor:
             go()
     return x.clone()
 
-counts = lambda: shim.unknown_kernels()
+counts = lambda: SHIM.unknown_kernels()
 out = {}
 x = torch.ones(4)
-assert shim.count_unknown_kernels(obs.lib)
+assert SHIM.count_unknown_kernels(obs.lib)
 go()
 out["before_start"] = counts()                     # the observer not started: it records nothing
 obs.start("cpu", True)
@@ -69,22 +48,22 @@ go(); go()
 out["outside"] = counts()                          # 2 launches outside every op
 torch.ops.uvmtest.launching(x, 2, True)
 out["other_thread"] = counts()                     # 2 launches on another thread while this one is in an op
-shim.lib.cudaGraphLaunch(None, None)
+shim.cudaGraphLaunch(None, None)
 torch.ops.uvmtest.launching(x, 0, False)
 out["graph"] = counts()                            # a graph replay (outside an op)
 obs.set_active(False)
 go()
-shim.lib.cudaGraphLaunch(None, None)
+shim.cudaGraphLaunch(None, None)
 out["dormant"] = counts()                          # dormant: nothing is counted
 obs.set_active(True)
 go()
 out["active_again"] = counts()
-shim.count_unknown_kernels(None)
+SHIM.count_unknown_kernels(None)
 go()
 out["unset"] = counts()
 obs.stop()
 out["ops"] = [obs.op_name(int(r["c"]) & 0xFFFFFFFF) for r in obs.drain_ops() if (int(r["c"]) >> 56) == 1]
-out["launched"] = ctypes.c_int.in_dll(fake, "fake_n_launch").value
+out["launched"] = launched()
 print(json.dumps(out))
 """
 
@@ -98,18 +77,7 @@ def observer():
 
 
 def test_unknown_kernels_are_the_launches_outside_every_recorded_op(tmp_path, observer):
-    import json
-
-    from uvmprefetch.runtime.shim import shim_path
-    if shutil.which("cc") is None:
-        pytest.skip("needs a C compiler")
-    (tmp_path / "fake.c").write_text(FAKE_CUDART)
-    fake = tmp_path / "libcudart.so.13"
-    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(fake), str(tmp_path / "fake.c")], check=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("UVMPREFETCH")}
-    env.update(UVMPREFETCH_CUDART=str(fake), UVMPREFETCH_LOG="quiet")
-    r = subprocess.run([sys.executable, "-c", SCRIPT, str(shim_path()), str(fake)], env=env,
-                       capture_output=True, text=True, timeout=300)
+    r = run_with_shim(tmp_path, SCRIPT)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     k = lambda n, g=0: {"launches": n, "graph_launches": g}  # noqa: E731
