@@ -383,7 +383,7 @@ class CudaBackend(AllocatorDiscards):
         t1 = clock()
         if info.blocks.size:
             self.ticket[info.blocks] = 0  # in use again (the allocator handed the memory out)
-            self._unqueue(info.blocks, "reused_before_issue")
+            self._reused(info.blocks)
         # Launches still queued on the GPU keep their blocks. The mask is a pass over every block: built only
         # when something is to leave (most launches when the model fits: none), the queue polled every launch.
         self.progress.poll()

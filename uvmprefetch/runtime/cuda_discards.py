@@ -109,6 +109,7 @@ class AllocatorDiscards:
         self.discard_batch = int(getattr(cfg, "discard_batch", DISCARD_BATCH))
         self._queued = np.zeros(self.max_blocks, dtype=bool)  # in the batch (its ticket moved to _queued_seq)
         self._queued_seq = np.zeros(self.max_blocks, dtype=np.int64)
+        self._was_resident = np.zeros(self.max_blocks, dtype=bool)  # on the GPU when it joined the batch
         self._queue: list[np.ndarray] = []
         self._queued_n = self._queued_launches = 0
         self.gate_closures = 0
@@ -121,6 +122,8 @@ class AllocatorDiscards:
         if self.discard_on and self._queued_n:
             discard = discard[~self._queued[discard]]  # (already in the batch)
         ok = self.ticket[discard] != 0 if self.discard_on else np.zeros(discard.shape[0], dtype=bool)
+        if self.discard_on:  # (where each stays if its discard is never made: ``_reused``)
+            self._was_resident[discard[ok]] = self.res.resident[discard[ok]]
         rest = discard[~ok]
         if rest.size:
             if self.discard_on:
@@ -167,6 +170,13 @@ class AllocatorDiscards:
             self._queued_n -= int(hit.size)
             self.refused[why] += int(hit.size)
         return hit
+
+    def _reused(self, blocks: np.ndarray) -> None:
+        """A launch uses ``blocks``: those in the batch were handed out again by the allocator; they leave it, and
+        those that were on the GPU are resident in the books again (their discard was never made)."""
+        hit = self._unqueue(blocks, "reused_before_issue")
+        if hit.size:
+            self.res.kept(hit[self._was_resident[hit]])
 
     def _issue_discards(self) -> None:
         """Hand the batch to the mover (``Mover.discard``: the compute stream gated once, then ``_check`` on the
