@@ -225,6 +225,26 @@ def test_a_batched_block_the_allocator_hands_out_again_is_never_discarded():
     assert be.res.resident[0] and not [e for e in be.policy.events if e[:2] == ("fault", 4)]
 
 
+def test_a_batched_block_handed_out_and_dead_again_is_checked_against_its_latest_death():
+    # GIVEN block 3 in the batch; WHEN the allocator hands it out and takes it back before the batch goes, no
+    # launch using it: THEN it is discarded (dead since its latest death), the policy heard of both deaths
+    be, fa = with_dead(16, 4, (3,))
+    run_discard(be, 3, 1)
+    a = fa.alloc(BS)
+    assert a == BASE + 3 * BS
+    die(be, a)
+    be.discards_iteration_end()
+    assert discarded(be) == [[(BASE + 3 * BS, BS)]] and sum(be.refused.values()) == 0
+    # AND had it been handed out again once more (live now), the check would have refused it
+    be, fa = with_dead(16, 4, (3,))
+    run_discard(be, 3, 1)
+    die(be, fa.alloc(BS))
+    fa.alloc(BS)
+    be.feed.take_events()
+    be.discards_iteration_end()
+    assert discarded(be) == [] and be.refused["reused_before_issue"] == 1
+
+
 def test_a_move_of_a_batched_block_issues_the_batch_first_and_waits_for_it():
     # GIVEN blocks 2 and 5 in the batch; WHEN a launch prefetches block 5 (the policy expects it reused)
     be, _ = with_dead(16, 6, (2, 5))

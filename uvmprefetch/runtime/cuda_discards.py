@@ -75,6 +75,10 @@ class AllocatorDiscards:
                 self.copy.forget(dense)  # no tensor left in them: nothing to bring back
             if dense.size:
                 self.ticket[dense] = seqs[pos]
+                again = dense[self._queued[dense]]  # (handed out and dead again while in the batch, no launch
+                if again.size:  # used it: the check at issue time holds it to its latest death)
+                    self._queued_seq[again] = self.ticket[again]
+                    self.ticket[again] = 0
                 self.res.free(dense)
                 self.policy.on_free(dense)
         if released.size:
