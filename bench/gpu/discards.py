@@ -110,7 +110,8 @@ def main(argv=None) -> int:
         n_disc = discarded_blocks(rep)
         gates = gate_closures(live, work.warmup)
         rows.append([r["case"], r["budget"], len(r.get("losses", [])), t, d2h_it, h2d_it, src, n_disc,
-                     "-" if gates is None else gates, live.get("discards_refused", "-"), "-" if equal is None else ("yes" if equal else "NO"), why])
+                     "-" if gates is None else gates, live.get("discards_refused", "-"),
+                     "-" if equal is None else ("yes" if equal else "NO"), why])
         checks.append(C.Check(f"{r['case']} ran, losses finite", "ok" if ok else why, "ok, runtime active", ok))
         if ok and r["discard"]:
             checks.append(C.Check(f"{r['case']} discarded", f"{n_disc} blocks", "> 0 (the discard path ran)",

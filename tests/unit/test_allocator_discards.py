@@ -255,7 +255,8 @@ def test_a_move_of_a_batched_block_issues_the_batch_first_and_waits_for_it():
     be.launch(info(3, be, BASE + 7 * BS, BS))
     # THEN the batch is issued before the prefetch, and the prefetch waits for its mark
     log = [e for e in be.mover.log if e[0] != "mark"]
-    assert log[-2:] == [("discard", [(BASE + 2 * BS, BS), (BASE + 5 * BS, BS)], 0), ("to_gpu", [(BASE + 5 * BS, BS)], 1)]
+    assert log[-2:] == [("discard", [(BASE + 2 * BS, BS), (BASE + 5 * BS, BS)], 0),
+                        ("to_gpu", [(BASE + 5 * BS, BS)], 1)]
 
 
 def test_a_batched_block_whose_segment_goes_back_to_the_driver_leaves_the_batch():

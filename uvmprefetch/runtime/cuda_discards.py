@@ -146,7 +146,8 @@ class AllocatorDiscards:
     # batch when a launch uses it (the allocator reused it), when the driver gets its memory back (released), or on
     # a gap in the op records, and (d) the batch is issued before any move of one of its blocks, so that the move
     # waits for the discard's mark. A batch also goes at DISCARD_BATCH_BLOCKS blocks (the books count its room free
-    # already; the GPU gets it only with the discard) and at each iteration end, at settle and at close.
+    # already; the GPU gets it only with the discard), at each iteration end and at settle (stop); never after a
+    # failure.
     def _queue_discards(self, discard: np.ndarray, moving: tuple[np.ndarray, ...]) -> None:
         """A launch's candidates join the batch (each ticket moves with its block); the batch is issued when it
         spans ``discard_batch`` discarding launches or DISCARD_BATCH_BLOCKS blocks, or when one of ``moving`` (the
