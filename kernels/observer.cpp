@@ -792,6 +792,15 @@ UVM_EXPORT int uvmobs_set_active(int on);
 // kernel launch while the copy path holds mirrors: a launch outside such an op is one nobody observed.
 UVM_EXPORT int uvmobs_thread_in_op() { return t_p.owner != nullptr && t_p.record; }
 
+// The shim's count of unknown kernels (uvmshim_set_observer): 1 while this thread is inside an op the observer
+// records, 0 while the observer records ops and this thread is in none (a launch now is one no recorded op accounts
+// for), -1 while it records nothing (dormant, stopped, failed: a launch then tells nothing). The state is read first:
+// a stopped observer never touches the thread's record.
+UVM_EXPORT int uvmobs_launch_attribution() {
+    if (g_state.load(std::memory_order_relaxed) != kActive) return -1;
+    return t_p.owner != nullptr && t_p.record ? 1 : 0;
+}
+
 // Register the callbacks (once) for `device_type` (0 CPU, 1 CUDA); `active`: full observation, else dormant.
 UVM_EXPORT int uvmobs_start(int device_type, int active) {
     try {

@@ -681,6 +681,30 @@ void uvmshim_set_attribution(int (*in_op)(void), void (*on_unattributed)(void)) 
 void uvmshim_set_mirrors(int on) { atomic_store(&g_mirrors, on); }
 uint64_t uvmshim_unattributed(void) { return atomic_load(&g_unattributed); }
 
+/* Unknown kernels: launches no op the C++ observer records accounts for (the run report's unknown_kernels_seen).
+ * `attribution` is the observer's uvmobs_launch_attribution: 1 while this thread is inside a recorded op, 0 while the
+ * observer records ops and this thread is in none, -1 while it records nothing (dormant, stopped, failed: then
+ * nothing is counted, every launch would be). Counted on every launch while it is set: one call through the pointer
+ * (a thread-local read in the observer) and an atomic add only for an unknown launch. A cudaGraphLaunch counts
+ * apart (one replay of kernels captured earlier: no op sees them run). Launches through the driver API (Triton's
+ * cuLaunchKernelEx, cuBLAS, cuDNN) never reach these hooks: the counts are a lower bound. */
+static int (*_Atomic g_attribution)(void);
+static atomic_ullong g_unknown_launches, g_unknown_graphs;
+
+void uvmshim_set_observer(int (*attribution)(void)) { atomic_store(&g_attribution, attribution); }
+void uvmshim_unknown_kernels(uint64_t *out) {
+    out[0] = atomic_load(&g_unknown_launches);
+    out[1] = atomic_load(&g_unknown_graphs);
+}
+
+static void count_unknown(int graph) {
+    int (*attribution)(void) = atomic_load_explicit(&g_attribution, memory_order_acquire);
+    if (attribution == NULL) return;
+    int a = attribution();
+    if (a == 0 || (graph && a > 0))
+        atomic_fetch_add_explicit(graph ? &g_unknown_graphs : &g_unknown_launches, 1, memory_order_relaxed);
+}
+
 static void check_attribution(int never_observed) {
     if (!atomic_load_explicit(&g_mirrors, memory_order_relaxed)) return;
     int (*in_op)(void) = atomic_load(&g_in_op);
@@ -694,6 +718,7 @@ cudaError_t cudaLaunchKernel(const void *func, dim3 gridDim, dim3 blockDim, void
                              cudaStream_t stream) {
     ensure();
     check_attribution(0);
+    count_unknown(0);
     if (!real_cudaLaunchKernel) {
         log_once(0, "libcudart not found (set UVMPREFETCH_CUDART): cudaLaunchKernel fails");
         return cudaErrorUnknown;
@@ -706,6 +731,7 @@ cudaError_t cudaLaunchKernel(const void *func, dim3 gridDim, dim3 blockDim, void
 cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t *config, const void *func, void **args) {
     ensure();
     check_attribution(0);
+    count_unknown(0);
     if (!real_cudaLaunchKernelExC) {
         log_once(0, "libcudart not found (set UVMPREFETCH_CUDART): cudaLaunchKernelExC fails");
         return cudaErrorUnknown;
@@ -725,6 +751,7 @@ cudaError_t cudaGraphLaunch(void *graphExec, cudaStream_t stream) {
         return cudaErrorUnknown;
     }
     check_attribution(1);
+    count_unknown(1);
     return real_cudaGraphLaunch(graphExec, stream);
 }
 

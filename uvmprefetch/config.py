@@ -41,6 +41,9 @@ VARIABLES: dict[str, str] = {
                            "cudaMemDiscardBatchAsync of blocks the caching allocator itself reports free, with the "
                            "C++ observer; experimental: not yet shown safe on a GPU; dryrun: dead blocks are "
                            "dropped for free)",
+    "UVMPREFETCH_DISCARD_BATCH": "a positive integer (cuda, with UVMPREFETCH_DISCARD=1: the discarding launches whose "
+                                 "discards go behind one closure of the compute stream's gate; default 16, 1 = one "
+                                 "gate per discarding launch)",
     "UVMPREFETCH_DISCARD_AUDIT": "0/false/off (default) or 1/true/on (with UVMPREFETCH_DISCARD=1: every discard "
                                  "is also checked against a torch.cuda.memory_snapshot(), ~3 ms each on GPT-2 "
                                  "large; a disagreement is refused, counted and printed: a debugging check)",
@@ -164,6 +167,7 @@ class RuntimeConfig:
     mover: str = "sync"
     discard: bool = False  # issue discards (else dead blocks are evicted: slower, never loses data); dryrun alike
     discard_audit: bool = False  # cuda: each discard also checked against a torch.cuda.memory_snapshot() rebuild
+    discard_batch: int = 16  # cuda: discarding launches batched behind one gate closure (cuda_discards.py)
     observer: str = "auto"  # which observer sees the ops: runtime/native_observer.py or runtime/observe.py
     managed_limit: ManagedLimit = ManagedLimit()  # read by the shim itself; here validated and reported
     evict: str = "uvm"  # auto: the copy path beside UVM's eviction (runtime/copyout.py)
@@ -182,6 +186,8 @@ class RuntimeConfig:
             raise _bad("UVMPREFETCH_LOG", self.log)
         if self.window is not None and (not isinstance(self.window, int) or self.window <= 0):
             raise _bad("UVMPREFETCH_WINDOW", self.window)
+        if not isinstance(self.discard_batch, int) or self.discard_batch <= 0:
+            raise _bad("UVMPREFETCH_DISCARD_BATCH", self.discard_batch)
 
     def to_env(self) -> dict[str, str]:
         """The environment that reproduces this config in a child process (``uvmprefetch run``)."""
@@ -190,6 +196,7 @@ class RuntimeConfig:
                "UVMPREFETCH_WINDOW": "auto" if self.window is None else str(self.window),
                "UVMPREFETCH_MOVER": self.mover, "UVMPREFETCH_DISCARD": "1" if self.discard else "0",
                "UVMPREFETCH_DISCARD_AUDIT": "1" if self.discard_audit else "0", "UVMPREFETCH_OBSERVER": self.observer,
+               "UVMPREFETCH_DISCARD_BATCH": str(self.discard_batch),
                "UVMPREFETCH_MANAGED_LIMIT": self.managed_limit.env_value(), "UVMPREFETCH_EVICT": self.evict,
                "UVMPREFETCH_HOST_LIMIT": self.host_limit.env_value()}
         if self.budget is not None:
@@ -400,6 +407,10 @@ def from_env(environ=None, *, check_policy: bool = True) -> RuntimeConfig:
         raise _bad("UVMPREFETCH_MOVER", get("UVMPREFETCH_MOVER"))
     discard = parse_bool("UVMPREFETCH_DISCARD", get("UVMPREFETCH_DISCARD"))
     discard_audit = parse_bool("UVMPREFETCH_DISCARD_AUDIT", get("UVMPREFETCH_DISCARD_AUDIT"))
+    batch_text = get("UVMPREFETCH_DISCARD_BATCH").strip()
+    discard_batch = parse_window(batch_text, "UVMPREFETCH_DISCARD_BATCH") if batch_text else 16
+    if discard_batch is None:  # ("auto" is a window's word, not a batch's)
+        raise _bad("UVMPREFETCH_DISCARD_BATCH", batch_text)
     observer = get("UVMPREFETCH_OBSERVER", "auto").strip().lower() or "auto"
     if observer not in OBSERVERS:
         raise _bad("UVMPREFETCH_OBSERVER", get("UVMPREFETCH_OBSERVER"))
@@ -408,7 +419,8 @@ def from_env(environ=None, *, check_policy: bool = True) -> RuntimeConfig:
         raise _bad("UVMPREFETCH_EVICT", get("UVMPREFETCH_EVICT"))
     host_limit = parse_host_limit(get("UVMPREFETCH_HOST_LIMIT"))
     return RuntimeConfig(enabled=enabled, backend=backend, budget=budget, policy=policy, window=window, mover=mover,
-                         discard=discard, discard_audit=discard_audit, observer=observer, managed_limit=managed_limit,
+                         discard=discard, discard_audit=discard_audit, discard_batch=discard_batch, observer=observer,
+                         managed_limit=managed_limit,
                          evict=evict, host_limit=host_limit,
                          report=_parse_path("UVMPREFETCH_REPORT", get("UVMPREFETCH_REPORT")),
                          trace=_parse_path("UVMPREFETCH_TRACE", get("UVMPREFETCH_TRACE")), log=log, gpu=gpu)

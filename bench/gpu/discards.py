@@ -12,7 +12,8 @@ Report fields it reads (``docs/runtime.md``, "Report" and "Liveness from the all
 ``iterations``, ``degraded``, ``errors``, ``bytes_dtoh`` / ``bytes_htod`` (the runtime's books) and
 ``backend_result.cupti.um_bytes_dtoh`` / ``um_bytes_htod`` (measured, when CUPTI is there: preferred),
 ``backend_result.discards`` (blocks discarded), ``backend_result.liveness.{allocations_seen, discards_issued,
-discards_refused, unknown_kernels_seen, source, unknown}`` (cuda; the dryrun backend has none),
+discards_refused, unknown_kernels_seen, gate_closures_per_iteration, source, unknown}`` (cuda; the dryrun
+backend has none),
 ``backend_result.host_time.hook_s``, ``backend_result.mover_wait_s``, ``launches``.
 """
 
@@ -31,10 +32,12 @@ examples:
   python bench/gpu/discards.py --ratios 1.5 --iters 20      # where time allows
   python bench/gpu/discards.py --working-set 51539607552    # skip the plain sizing run
   python bench/gpu/discards.py --dry-run                    # tiny GPT-2 on the CPU, runtime dryrun backend
+  python bench/gpu/discards.py --ratios 1.5 --discard-batch 1   # one gate closure per discarding launch
 
 runtime report fields read: iterations, degraded, errors, bytes_dtoh, bytes_htod, launches,
   backend_result.{cupti.um_bytes_dtoh, cupti.um_bytes_htod, discards, host_time.hook_s, mover_wait_s},
-  backend_result.liveness.{allocations_seen, discards_issued, discards_refused, unknown_kernels_seen}
+  backend_result.liveness.{allocations_seen, discards_issued, discards_refused, unknown_kernels_seen,
+  gate_closures_per_iteration}
 """
 D2H_TARGET_GIB = 20.0  # at 1.5x with discards (issue #32)
 GIB = float(1 << 30)
@@ -61,9 +64,14 @@ def main(argv=None) -> int:
     C.add_budget_arguments(p, timeout=150.0, deadline=340.0, why="the script fits 6 minutes")
     p.add_argument("--working-set", type=int, default=None,
                    help="working set in bytes (e.g. oversub.json's working_set_bytes): skips the plain sizing run")
+    p.add_argument("--discard-batch", type=int, default=None, metavar="N",
+                   help="UVMPREFETCH_DISCARD_BATCH for the discard runs: discarding launches per gate closure "
+                        "(default: the runtime's, 16)")
     p.add_argument("--nondeterministic", action="store_true",
                    help="fast kernels; the loss comparison then cannot tell lost data from kernel noise")
     args = p.parse_args(argv)
+    if args.discard_batch is not None and args.discard_batch <= 0:
+        p.error(f"--discard-batch must be a positive integer, not {args.discard_batch}")
     pr = C.paired_runs(NAME, args)
     ratios, work, run, left, ws, t_plain = pr.ratios, pr.work, pr.run, pr.left, pr.ws, pr.t_plain
     det = not args.nondeterministic
@@ -75,7 +83,10 @@ def main(argv=None) -> int:
             if left() <= 0:
                 skipped.append(case)
                 continue
-            r = run("uvmprefetch", case, budget=int(ws / ratio), extra_env={"UVMPREFETCH_DISCARD": "1" if on else "0"})
+            env = {"UVMPREFETCH_DISCARD": "1" if on else "0"}
+            if on and args.discard_batch is not None:
+                env["UVMPREFETCH_DISCARD_BATCH"] = str(args.discard_batch)
+            r = run("uvmprefetch", case, budget=int(ws / ratio), extra_env=env)
             r.update(ratio=ratio, discard=on)
             runs.append(r)
 
@@ -97,8 +108,10 @@ def main(argv=None) -> int:
         if other is not None and ok and C.run_ok(other)[0]:
             equal = r["losses_hex"] == other["losses_hex"]
         n_disc = discarded_blocks(rep)
+        gates = gate_closures(live, work.warmup)
         rows.append([r["case"], r["budget"], len(r.get("losses", [])), t, d2h_it, h2d_it, src, n_disc,
-                     live.get("discards_refused", "-"), "-" if equal is None else ("yes" if equal else "NO"), why])
+                     "-" if gates is None else gates, live.get("discards_refused", "-"),
+                     "-" if equal is None else ("yes" if equal else "NO"), why])
         checks.append(C.Check(f"{r['case']} ran, losses finite", "ok" if ok else why, "ok, runtime active", ok))
         if ok and r["discard"]:
             checks.append(C.Check(f"{r['case']} discarded", f"{n_disc} blocks", "> 0 (the discard path ran)",
@@ -130,7 +143,9 @@ def main(argv=None) -> int:
                       "losses_finite": ok, "bytes_source": src, "discarded_blocks": n_disc,
                       "allocations_seen": live.get("allocations_seen"),
                       "discards_refused": live.get("discards_refused"),
-                      "unknown_kernels_seen": live.get("unknown_kernels_seen")})
+                      "unknown_kernels_seen": live.get("unknown_kernels_seen"),
+                      "discard_batch": live.get("discard_batch") if r["discard"] else None,
+                      "gate_closures_per_iter": gates})
     for case in skipped:
         checks.append(C.Check(f"{case} ran", "skipped: --deadline reached", "ok", False))
 
@@ -138,11 +153,21 @@ def main(argv=None) -> int:
     path = B.path_for(args.dry_run)
     B.update(path, env.get("device") or "unknown", env, cases)
     headers = ["case", "budget B", "iters", "s/iter (steady)", "D2H GiB/iter", "H2D GiB/iter", "bytes from",
-               "discarded blocks", "refused", "losses = other", "problem"]
+               "discarded blocks", "gate closures/iter", "refused", "losses = other", "problem"]
     payload = {"workload": work.__dict__, "working_set_bytes": ws, "ratios": ratios, "plain_s_per_iter": t_plain,
                "baseline_file": str(path), "skipped": skipped,
                "runs": [{k: v for k, v in r.items() if k != "stderr_tail" or not C.run_ok(r)[0]} for r in runs]}
     return C.finish(args, NAME, payload, headers, rows, checks)
+
+
+def gate_closures(live: dict, warmup: int) -> float | None:
+    """Median closures of the compute stream's gate per steady iteration (one per batch of discards), None where
+    the report has none (discards off, the dryrun backend)."""
+    per = live.get("gate_closures_per_iteration")
+    if not per:
+        return None
+    steady = sorted(per[warmup:] or per)
+    return float(steady[len(steady) // 2])
 
 
 def _us_per_launch(report: dict | None) -> float | None:

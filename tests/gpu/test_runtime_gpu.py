@@ -95,6 +95,9 @@ def test_losses_equal_with_and_without_runtime_and_budget_enforced(tmp_path):
     bt = b["backend_result"]
     assert bt["budget_evictions"] > 0 and b["bytes_dtoh"] > 0  # it had to evict to stay under
     assert bt["over_budget_launches"] == 0
+    if b["observer"]["kind"] == "native":  # the shim counts kernels no recorded op accounts for (a lower bound)
+        uk = bt["liveness"]["unknown_kernels"]
+        assert uk is not None and bt["liveness"]["unknown_kernels_seen"] == uk["launches"] + uk["graph_launches"]
 
 
 def test_budget_above_free_memory_is_a_clear_startup_error(tmp_path):

@@ -144,3 +144,11 @@ class FakeAllocator:
         live = self.live_bytes() if live is None else live
         ok = self.discardable_bytes() if ok is None else ok
         return all(b in ok and b not in live for b in range(block * block_size, (block + 1) * block_size))
+
+    def dead_by_extents(self, block: int, block_size: int) -> bool:
+        """``dead`` over extents instead of byte sets (for address spaces of GiB): the block lies wholly in one
+        public, non-expandable segment and no allocation's requested extent overlaps it."""
+        lo, hi = block * block_size, (block + 1) * block_size
+        inside = any(b <= lo and hi <= b + s["size"] and not s["private"] and not s["expandable"]
+                     for b, s in self.segments.items())
+        return inside and not any(a < hi and lo < a + x["size"] for a, x in self.allocs.items())

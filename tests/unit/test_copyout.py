@@ -11,8 +11,6 @@ a failure or an unattributed launch copies every mirror back and switches the pa
 """
 
 import ctypes
-import shutil
-import subprocess
 import threading
 import types
 
@@ -396,56 +394,26 @@ def test_switching_off_releases_ops_waiting_at_the_gate(gate):
 
 
 # ------------------------------------------------------------------------------------------------ the shim
-LAUNCH_CUDART = r"""
-typedef struct { unsigned x, y, z; } dim3;
-int fake_n_launch;
-int cudaLaunchKernel(const void *f, dim3 g, dim3 b, void **a, unsigned long s, void *st) {
-    (void)f; (void)g; (void)b; (void)a; (void)s; (void)st; return fake_n_launch++, 0;
-}
-int cudaGraphLaunch(void *g, void *st) { (void)g; (void)st; return fake_n_launch++, 0; }
-"""
-
 SHIM_SCRIPT = r"""
-import ctypes, sys
-from uvmprefetch.runtime.shim import Shim
-fake = ctypes.CDLL(sys.argv[2], mode=ctypes.RTLD_GLOBAL)
-shim = Shim(sys.argv[1]).lib
-class dim3(ctypes.Structure):
-    _fields_ = [("x", ctypes.c_uint), ("y", ctypes.c_uint), ("z", ctypes.c_uint)]
-launch = shim.cudaLaunchKernel
-launch.argtypes = [ctypes.c_void_p, dim3, dim3, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
 inside = [1]
 seen = []
 in_op = ctypes.CFUNCTYPE(ctypes.c_int)(lambda: inside[0])
-cb = ctypes.CFUNCTYPE(None)(lambda: seen.append(ctypes.c_int.in_dll(fake, "fake_n_launch").value))
+cb = ctypes.CFUNCTYPE(None)(lambda: seen.append(launched()))
 shim.uvmshim_set_attribution.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
 shim.uvmshim_set_attribution(ctypes.cast(in_op, ctypes.c_void_p), ctypes.cast(cb, ctypes.c_void_p))
 shim.uvmshim_unattributed.restype = ctypes.c_uint64
-one = dim3(1, 1, 1)
-go = lambda: launch(None, one, one, None, 0, None)
 inside[0] = 0; go()                       # no mirrors: launches are not checked
 shim.uvmshim_set_mirrors(1)
 inside[0] = 1; go()                       # inside an observed op
 inside[0] = 0; go()                       # outside every op: the callback first, then the launch
 inside[0] = 1; shim.cudaGraphLaunch(None, None)  # a graph's replay: never attributed, even inside an op
-print(seen, shim.uvmshim_unattributed(), ctypes.c_int.in_dll(fake, "fake_n_launch").value)
+print(seen, shim.uvmshim_unattributed(), launched())
 """
 
 
 def test_shim_calls_back_before_queuing_a_kernel_no_observed_op_launched(tmp_path):
-    import os
-    import sys
-
-    from uvmprefetch.runtime.shim import shim_path
-    if shutil.which("cc") is None or shutil.which("make") is None:
-        pytest.skip("needs a C compiler and make")
-    (tmp_path / "fake.c").write_text(LAUNCH_CUDART)
-    fake = tmp_path / "libcudart.so.13"
-    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(fake), str(tmp_path / "fake.c")], check=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("UVMPREFETCH")}
-    env.update(UVMPREFETCH_CUDART=str(fake), UVMPREFETCH_LOG="quiet")
-    r = subprocess.run([sys.executable, "-c", SHIM_SCRIPT, str(shim_path()), str(fake)], env=env,
-                       capture_output=True, text=True, timeout=120)
+    from fake_launch import run_with_shim
+    r = run_with_shim(tmp_path, SHIM_SCRIPT, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     # the callback ran when 2 launches had gone through (not 3: it ran before the third was queued), and before the
     # graph's replay (3, not 4)

@@ -20,7 +20,7 @@ def test_help_and_refusals(tmp_path):
     err = proc.stderr.strip().splitlines()
     assert proc.returncode == 5 and len(err) == 1 and err[0].startswith("discards: no GPU:"), proc.stderr
     for bad, word in ((["--ratios", "1,2"], "--ratios"), (["--iters", "2", "--warmup", "2"], "--iters"),
-                      (["--working-set", "-5"], "--working-set")):
+                      (["--working-set", "-5"], "--working-set"), (["--discard-batch", "0"], "--discard-batch")):
         proc = _run([str(GPU / "discards.py"), "--dry-run", *bad, "--out", str(tmp_path)], timeout=120)
         assert proc.returncode == 2 and word in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
@@ -45,3 +45,5 @@ def test_dry_run_compares_discards_on_and_off(tmp_path):
         c = cases[f"discards/gpt2-mini/1.5/{state}"]
         assert c["discards"] is (state == "on") and c["losses_finite"] is True and c["dtoh_gib_per_iter"] is not None
     assert cases["discards/gpt2-mini/1.5/on"]["losses_bit_equal_discard_off"] is True
+    # (gate closures are the cuda backend's: the dryrun backend has no gate, so the field is there and null)
+    assert cases["discards/gpt2-mini/1.5/on"]["gate_closures_per_iter"] is None

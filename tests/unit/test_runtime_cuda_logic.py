@@ -141,15 +141,17 @@ class FakeTracker:
         return "fake"
 
 
-def backend(policy, cap_blocks, segments, discard=True):
+def backend(policy, cap_blocks, segments, discard=True, batch=1, max_blocks=256):
     """A ``CudaBackend`` without CUDA; with ``discard`` (UVMPREFETCH_DISCARD=1 unless told) its deaths come from a
-    fake caching allocator (``be.feed.lib.a``) through the real ``AllocatorFeed``."""
+    fake caching allocator (``be.feed.lib.a``) through the real ``AllocatorFeed``; ``batch``: discarding launches
+    per gate closure (UVMPREFETCH_DISCARD_BATCH; 1 unless told: each launch's discards go at once)."""
     from uvmprefetch.runtime.alloc_feed import AllocatorFeed
     be = object.__new__(CudaBackend)  # no CUDA: fill in what __init__ would have found
-    be.block_size, be.max_blocks, be.device = BS, 256, 0
+    be.block_size, be.max_blocks, be.device = BS, max_blocks, 0
     be.feed = AllocatorFeed(FakeTracker(FakeAllocator()), 0, BS, complete_from_start=True) if discard else None
     be.discard_on, be.audit, be.liveness_why = discard, False, "off"
     be._init_discards()
+    be.discard_batch = batch
     be.res = Residency(cap_blocks, be.max_blocks, BS)
     be.res.n_ids = 0  # as __init__: block_ids numbers blocks densely and keeps this up to date
     be.mover, be.shim, be.policy = FakeMover(), FakeShim(segments), policy

@@ -108,6 +108,7 @@ class CudaBackend(AllocatorDiscards):
     _gate = None  # (late, fault) dense ids the gate saw for the next launch (note_gate)
     copy = None  # the copy path (copyout.py), started with the C++ observer under UVMPREFETCH_EVICT=auto
     copy_status = "off (UVMPREFETCH_EVICT=uvm)"
+    counts_unknown = False  # the shim counts kernels no recorded op accounts for (with the C++ observer)
     feed = None  # the caching allocator's events (alloc_feed.py): with UVMPREFETCH_DISCARD=1 or UVMPREFETCH_EVICT=auto
     _copy_books, _copy_books_why = False, "the allocator's events are not attached"
 
@@ -199,6 +200,7 @@ class CudaBackend(AllocatorDiscards):
         self.mover.thread.idle = self.mover.gate.settle
         self._capturing = lambda: False
         self._native_lib = lib
+        self.counts_unknown = self.shim.count_unknown_kernels(lib.lib)  # (cuda_discards.liveness_result)
         if self._cfg.evict == "auto":
             from . import copyout
             self.copy, self.copy_status = copyout.start(self, lib, self._cfg)
@@ -227,8 +229,10 @@ class CudaBackend(AllocatorDiscards):
 
     def gap(self) -> None:
         """The observer dropped records (a full ring): the policy's view has a hole; no block reported dead before it
-        is discarded after it (each needs a death seen after the gap; the allocator's own ring has its own)."""
+        is discarded after it (each needs a death seen after the gap; the allocator's own ring has its own): the
+        batch waiting for its gate is evicted instead."""
         self.ticket[:] = 0
+        self._drop_batch("unknown")
 
     def thread_init(self) -> None:
         """On the planner thread, before its first launch: this backend's device is its current device (events and
@@ -379,6 +383,7 @@ class CudaBackend(AllocatorDiscards):
         t1 = clock()
         if info.blocks.size:
             self.ticket[info.blocks] = 0  # in use again (the allocator handed the memory out)
+            self._reused(info.blocks)
         # Launches still queued on the GPU keep their blocks. The mask is a pass over every block: built only
         # when something is to leave (most launches when the model fits: none), the queue polled every launch.
         self.progress.poll()
@@ -403,8 +408,8 @@ class CudaBackend(AllocatorDiscards):
         if self.copy is not None and out.size:  # the copy path takes what it can; the rest leaves by UVM
             out = self._copy_out(out, dec)
         on = self.discard_on  # each block's last move and discard (see Mover); no discard is left when off
-        if discard.size:
-            self._issue_discards(discard)
+        if on:  # into the batch; the batch goes behind one gate closure (cuda_discards.py)
+            self._queue_discards(discard, (out, pf))
         t3 = clock()
         mv.prefetch(self.ranges(out), to_device=False, after=self._after_discards(out) if on else 0)
         t4 = clock()
@@ -452,6 +457,7 @@ class CudaBackend(AllocatorDiscards):
 
     def end_iteration(self, k: int) -> None:
         import torch
+        self.discards_iteration_end()
         if self.feed is not None:  # incomplete books (an overflow, a late attach) are rebuilt here
             self.feed.quiescent(lambda: torch.cuda.memory_snapshot())
         ev = torch.cuda.Event(enable_timing=True)
@@ -501,11 +507,16 @@ class CudaBackend(AllocatorDiscards):
         return r
 
     def settle(self) -> None:
-        """At stop, before the report: wait until every queued move call was made; raises the mover's error."""
+        """At stop, before the report: the batch of discards issued, then wait until every queued move call was
+        made; raises the mover's error. (Without it, as after a failure, the batch is never discarded: data kept.)"""
+        if self.discard_on:
+            self._issue_discards()
         if self.mover.thread is not None:
             self.mover.thread.drain()
 
     def close(self) -> None:
+        if self.counts_unknown:
+            self.shim.count_unknown_kernels(None)
         if self.copy is not None:
             self.mover.synchronize()
             self.copy.close()  # the mirrors back into their ranges: the program may go on using them

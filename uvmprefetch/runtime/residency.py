@@ -174,6 +174,13 @@ class Residency:
             self._set(missing, True)
         return missing
 
+    def kept(self, blocks: np.ndarray) -> None:
+        """Blocks ``apply`` counted discarded whose discard was never made (the allocator handed them out first):
+        those were on the GPU all along, resident again; no move is counted."""
+        back = blocks[~self.resident[blocks]]
+        self.m["discards"] -= int(back.size)
+        self._set(back, True)
+
     def free(self, blocks: np.ndarray) -> None:
         """Blocks no live tensor uses: their residency is kept (the driver only drops them when discarded)."""
         self.pf_pending[blocks] = False

@@ -190,6 +190,34 @@ class Shim:
             if n < len(self._buf):
                 return out
 
+    def count_unknown_kernels(self, observer_lib) -> bool:
+        """Count, from now on, the kernels launched that no op ``observer_lib`` (the C++ observer's loaded ``CDLL``)
+        records accounts for (``uvmshim_set_observer``; ``None`` stops counting: call it before the observer can
+        go). False where the shim or the observer library predates the count (rebuild them)."""
+        fn = getattr(self.lib, "uvmshim_set_observer", None)
+        if fn is None:
+            return False
+        fn.argtypes = [ctypes.c_void_p]
+        if observer_lib is None:
+            fn(None)
+            return True
+        attribution = getattr(observer_lib, "uvmobs_launch_attribution", None)
+        if attribution is None:
+            return False
+        fn(ctypes.cast(attribution, ctypes.c_void_p))
+        return True
+
+    def unknown_kernels(self) -> dict | None:
+        """``{launches, graph_launches}`` counted since ``count_unknown_kernels``: runtime-API kernel launches made
+        while the observer recorded ops and the launching thread was in none, and CUDA graph replays while it
+        recorded ops; None where the shim has no such count."""
+        fn = getattr(self.lib, "uvmshim_unknown_kernels", None)
+        if fn is None:
+            return None
+        out = (ctypes.c_uint64 * 2)()
+        fn(out)
+        return {"launches": int(out[0]), "graph_launches": int(out[1])}
+
     def segments(self) -> list[tuple[int, int]]:
         """Live managed allocations as sorted ``(ptr, size)`` pairs."""
         n = 1024
