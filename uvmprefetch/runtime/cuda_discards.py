@@ -97,6 +97,7 @@ class AllocatorDiscards:
         self._marks_for(self.max_blocks)
         self.discards_as_evictions = 0
         self.discarded_blocks = 0
+        self.populated_blocks = 0
         self.refused = {"not_dead": 0, "reused_before_issue": 0, "unknown": 0, "audit": 0}
         self.audit_cases: list[dict] = []
 
@@ -122,6 +123,20 @@ class AllocatorDiscards:
         self.ticket[discard] = 0
         self._disc_mark[discard] = self.mover.discard(items, after=int(self._move_mark[discard].max()),
                                                       check=lambda: self._check(blocks, seqs))
+
+    def _populate(self, pf: np.ndarray, populate: np.ndarray) -> np.ndarray:
+        """The prefetches of a Decision's ``populate`` blocks (dead to the policy, written first by the running launch)
+        go to the mover's discard stream (``Mover.populate``): behind the blocks' last discard, which mapped them
+        without data there, and not behind the move stream's queue. A prefetch never loses data, whatever the block
+        holds. Returns the other prefetches."""
+        pp = np.isin(pf, populate)
+        if pp.any():
+            blocks = pf[pp]
+            mark = self.mover.populate(self.ranges(blocks, keep_order=True), after=int(self._move_mark[blocks].max()))
+            if mark:
+                self._disc_mark[blocks] = mark
+            self.populated_blocks += int(blocks.size)
+        return pf[~pp]
 
     def _check(self, blocks: np.ndarray, seqs: np.ndarray) -> np.ndarray:
         """On the mover thread, the compute stream gated: which candidates are still dead from their death (every
@@ -167,6 +182,7 @@ class AllocatorDiscards:
         out = {"source": "allocator" if self.feed is not None else self.liveness_why,
                "built_for": self.feed.lib.tracker_built_for() if self.feed is not None else None,
                "discards_issued": self.discarded_blocks,
+               "populates_issued": self.populated_blocks,
                "discards_refused": dict(self.refused, off=self.discards_as_evictions),
                # kernels launched outside every observed op (Triton, raw extensions) may touch any live allocation:
                # harmless here (the allocator still holds it, so it is never dead), and not counted yet (the shim

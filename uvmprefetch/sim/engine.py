@@ -22,6 +22,9 @@ launch, and the live runtime's ``dryrun`` backend feeds it live observations thr
   on D2H; a clean or dead one is dropped for free (``writeback_clean=True`` models a driver without dirty
   tracking: every live non-read-mostly block is written back).
 - A dead block (its memory was freed) comes back without a transfer (zero-filled), but still faults.
+  A Decision's ``populate`` maps dead blocks whose pages were dropped on the GPU without data, beside the H2D
+  queue: ``repopulate_call_s + k * repopulate_block_s`` per decision, from the moment the launch it is applied
+  before would start (docs/simulator.md "Populates"); any other block named there is prefetched instead.
   ``discards=False`` models the live cuda backend's default (``UVMPREFETCH_DISCARD`` unset): the driver is
   never told that memory died, so nothing is dead, a Decision's discards are evictions (written back when
   dirty) and freed memory comes back with a transfer.
@@ -135,6 +138,13 @@ class GpuModel(FaultPath, Room, SsdTier, CopyPath):
         self.pf_pending = np.zeros(n, dtype=bool)
         self.mig_seq = np.zeros(n, dtype=np.int64)
         self.wb_done = np.zeros(n, dtype=np.float64)  # a block cannot come back before its write-back ends
+        # Populates: a block off the GPU whose pages were dropped while dead (no copy anywhere: a populate maps it
+        # without data), and when each populate ends (a launch that needs the block waits for it).
+        self.dropped = np.zeros(n, dtype=bool)
+        self.pop_ready = np.zeros(n, dtype=np.float64)
+        self._pop_end = 0.0
+        # (a profile without a populate cost has no figure to charge: its populates are prefetches)
+        self.populate_on = self.discards and (gpu.repopulate_call_s > 0 or gpu.repopulate_block_s > 0)
         self._protect = np.zeros(n, dtype=bool)
         self._seq = 0
         self._lrm = Queue(np.int64)  # resident blocks in migration order (lazy deletion by mig_seq)
@@ -167,7 +177,8 @@ class GpuModel(FaultPath, Room, SsdTier, CopyPath):
                       prefetch_dropped_blocks=0, driver_prefetch_bytes=0, zero_fill_blocks=0, evictions=0,
                       policy_evictions=0, writebacks=0, drops=0, discards=0, refused_discards=0, remote_bytes=0,
                       remote_s=0.0,
-                      invalidations=0, peak_used_blocks=0, cold_first_touch_bytes=0, cold_first_touch_s=0.0,
+                      invalidations=0, populated_blocks=0, populate_calls=0, refused_populates=0,
+                      peak_used_blocks=0, cold_first_touch_bytes=0, cold_first_touch_s=0.0,
                       compute_s=0.0)
         if host is not None:
             self.m.update(host_stall_s=0.0, host_decision_s=0.0, host_blocked_s=0.0)
@@ -181,7 +192,8 @@ class GpuModel(FaultPath, Room, SsdTier, CopyPath):
         self._since = np.full(n, np.nan) if timeline else None  # when each block landed on the GPU
         ctx = PolicyContext(block_size=bs, capacity_blocks=self.capacity_blocks, max_blocks=n, gpu=gpu,
                             live=False, discards=self.discards, trace=trace if policy.offline else None,
-                            layout=layout if policy.offline else None, copy_path=self.copy_on)
+                            layout=layout if policy.offline else None, copy_path=self.copy_on,
+                            populates=self.populate_on and not self.ideal)
         policy.on_start(ctx)
 
     # The copy engines' clocks live on the (possibly shared) link.
@@ -281,6 +293,8 @@ class GpuModel(FaultPath, Room, SsdTier, CopyPath):
             inf = need[self.in_flight[need]]
             n_late = int(inf.size)
             wait = float(self.arrive[inf].max()) if n_late else now
+            if self._pop_end > now and need.size:  # (a populate of its blocks still running)
+                wait = max(wait, float(self.pop_ready[need].max()))
             start = max(now, fault_done, wait)
             m["fault_stall_s"] += fault_done - now
             m["late_stall_s"] += start - max(now, fault_done)
@@ -418,6 +432,7 @@ class GpuModel(FaultPath, Room, SsdTier, CopyPath):
         n = victims.shape[0]
         m = self.m
         live = ~self.dead[victims]
+        self.dropped[victims] = ~live
         if self.writeback_clean:
             wb = live & ((self.advice[victims] != _READ_MOSTLY) | self.dirty[victims])
         else:
@@ -488,6 +503,7 @@ class GpuModel(FaultPath, Room, SsdTier, CopyPath):
                 self.dead[res] = True  # dropped: no write-back
                 self._evict(res, now)
             self.dead[b] = self.touched[b]
+            self.dropped[b] |= self.dead[b]  # (off the GPU too: its host pages are dropped)
             if self.tier:
                 self._release(b[self.dead[b]])
             if self.copy_on:
@@ -517,8 +533,50 @@ class GpuModel(FaultPath, Room, SsdTier, CopyPath):
                 res = b[self.resident[b] & ~self._protect[b]]
                 if res.size:
                     self._evict_to_host(res, now)
+        if dec.populate.size:
+            self._populate(self._ids(dec.populate, "Decision.populate"), now)
         if dec.prefetch.size:
             self._prefetch(self._ids(dec.prefetch, "Decision.prefetch"), now)
+
+    def _populate(self, b: np.ndarray, now: float) -> None:
+        """Map ``b`` on the GPU without data, beside the H2D queue, where each is dead and its pages were dropped (a
+        prefetch of a discarded range: the driver allocates and maps, no byte crosses the link); the others are
+        prefetched (``refused_populates``). One call per decision, ``repopulate_call_s + k * repopulate_block_s``
+        of GPU time (the profile's figure for a prefetch of a discarded range), from ``now`` or when its room is
+        free; a launch that needs one of the blocks waits until it ends."""
+        _, first = np.unique(b, return_index=True)
+        b = b[np.sort(first)]
+        b = b[~self.resident[b] & ~self.in_flight[b] & (self.advice[b] != _PREFER_HOST)]
+        if not b.size:
+            return
+        ok = self.dead[b] & self.dropped[b] if self.populate_on else np.zeros(b.shape[0], dtype=bool)
+        if not ok.all():
+            self.m["refused_populates"] += int((~ok).sum())
+            self._prefetch(b[~ok], now)
+            b = b[ok]
+            if not b.size:
+                return
+        rooms = self._make_room(b.shape[0], now, can_wait=False)
+        if rooms.shape[0] < b.shape[0]:
+            self.m["prefetch_dropped_blocks"] += b.shape[0] - rooms.shape[0]
+            b = b[: rooms.shape[0]]
+            if not b.size:
+                return
+        g, n = self.gpu, b.shape[0]
+        start = max(now, self._pop_end, float(rooms[-1]), float(self.wb_done[b].max()))
+        end = start + g.repopulate_call_s + n * g.repopulate_block_s
+        self._pop_end = end
+        self.pop_ready[b] = end
+        self.resident[b] = True
+        self.n_resident += n
+        self._migrated(b)
+        self._lrm.push(b, self.mig_seq[b])
+        self._note_used()
+        self.m["populated_blocks"] += n
+        self.m["populate_calls"] += 1
+        if self._timeline:
+            self._since[b] = end
+            self.events["h2d"].append((start, end, n, "populate"))
 
     def _evict_to_host(self, b: np.ndarray, now: float, to_ssd: bool = False, copy=None) -> None:
         rel = self._evict(b, now, to_ssd) if self.tier else self._evict(b, now, copy=copy)
