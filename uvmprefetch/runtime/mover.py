@@ -319,13 +319,18 @@ class Mover:
         The gate is opened whatever happens (from the host, once the discard stream is idle, if a call failed)."""
         if not items or not self.can_discard:
             return 0
-        ev = self.torch.cuda.Event()
+        return self._on_discard_stream(0, after, self._discard_now, items, check)
+
+    def _on_discard_stream(self, nbytes: int, after: int, fn, *args) -> int:
+        """Run ``fn(*args, move, entry)`` (on the mover thread if there is one): ``move`` the move mark ``after``'s
+        entry (None for 0), ``entry`` a new discard mark's, which ``fn`` records on the discard stream. Returns the
+        new mark."""
         move = self.moves.pending(after) if after else None
-        entry = self.discards.add(ev, recorded=False)
+        entry = self.discards.add(self.torch.cuda.Event(), recorded=False)
         if self.thread is not None:
-            self.thread.submit(0, self._discard_now, items, move, check, entry)
+            self.thread.submit(nbytes, fn, *args, move, entry)
         else:
-            self._discard_now(items, move, check, entry)
+            fn(*args, move, entry)
         return self.discards.n
 
     def populate(self, ranges: list[tuple[int, int]], after: int = 0) -> int:
@@ -335,14 +340,7 @@ class Mover:
         it, as for a discard), 0 if nothing was issued. A prefetch moves data and never drops it: no check needed."""
         if not ranges or not self.can_discard:
             return 0
-        ev = self.torch.cuda.Event()
-        move = self.moves.pending(after) if after else None
-        entry = self.discards.add(ev, recorded=False)
-        if self.thread is not None:
-            self.thread.submit(sum(s for _, s in ranges), self._populate_now, ranges, move, entry)
-        else:
-            self._populate_now(ranges, move, entry)
-        return self.discards.n
+        return self._on_discard_stream(sum(s for _, s in ranges), after, self._populate_now, ranges)
 
     def _populate_now(self, ranges, move, entry) -> None:
         try:
@@ -353,7 +351,7 @@ class Mover:
         finally:
             entry[1] = True  # (an unrecorded event reads as complete: nothing waits for a populate not made)
 
-    def _discard_now(self, items, move, check, entry) -> None:
+    def _discard_now(self, items, check, move, entry) -> None:
         compute = self.torch.cuda.current_stream(self.device)
         e = self.torch.cuda.Event()
         e.record(compute)  # (a)

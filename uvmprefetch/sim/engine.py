@@ -544,24 +544,15 @@ class GpuModel(FaultPath, Room, SsdTier, CopyPath):
         prefetched (``refused_populates``). One call per decision, ``repopulate_call_s + k * repopulate_block_s``
         of GPU time (the profile's figure for a prefetch of a discarded range), from ``now`` or when its room is
         free; a launch that needs one of the blocks waits until it ends."""
-        _, first = np.unique(b, return_index=True)
-        b = b[np.sort(first)]
-        b = b[~self.resident[b] & ~self.in_flight[b] & (self.advice[b] != _PREFER_HOST)]
-        if not b.size:
-            return
+        b = self._to_bring(b)
         ok = self.dead[b] & self.dropped[b] if self.populate_on else np.zeros(b.shape[0], dtype=bool)
         if not ok.all():
             self.m["refused_populates"] += int((~ok).sum())
             self._prefetch(b[~ok], now)
             b = b[ok]
-            if not b.size:
-                return
-        rooms = self._make_room(b.shape[0], now, can_wait=False)
-        if rooms.shape[0] < b.shape[0]:
-            self.m["prefetch_dropped_blocks"] += b.shape[0] - rooms.shape[0]
-            b = b[: rooms.shape[0]]
-            if not b.size:
-                return
+        b, rooms = self._room_for(b, now)
+        if not b.size:
+            return
         g, n = self.gpu, b.shape[0]
         start = max(now, self._pop_end, float(rooms[-1]), float(self.wb_done[b].max()))
         end = start + g.repopulate_call_s + n * g.repopulate_block_s
@@ -592,18 +583,26 @@ class GpuModel(FaultPath, Room, SsdTier, CopyPath):
                     pb, pr = pb[o], pr[o]
                 self._wb.push(pb, pr)
 
-    def _prefetch(self, b: np.ndarray, now: float) -> None:
+    def _to_bring(self, b: np.ndarray) -> np.ndarray:
+        """``b`` unique, in the order given, without those on the GPU or on their way and the host-preferred."""
         _, first = np.unique(b, return_index=True)
-        b = b[np.sort(first)]  # unique, in the order given
-        b = b[~self.resident[b] & ~self.in_flight[b] & (self.advice[b] != _PREFER_HOST)]
+        b = b[np.sort(first)]
+        return b[~self.resident[b] & ~self.in_flight[b] & (self.advice[b] != _PREFER_HOST)]
+
+    def _room_for(self, b: np.ndarray, now: float) -> tuple[np.ndarray, np.ndarray]:
+        """Room for the blocks ``b`` bring in, without waiting: ``(b cut to the room, when each slot is free)``."""
         if not b.size:
-            return
+            return b, np.zeros(0)
         rooms = self._make_room(b.shape[0], now, can_wait=False)
         if rooms.shape[0] < b.shape[0]:
             self.m["prefetch_dropped_blocks"] += b.shape[0] - rooms.shape[0]
             b = b[: rooms.shape[0]]
-            if not b.size:
-                return
+        return b, rooms
+
+    def _prefetch(self, b: np.ndarray, now: float) -> None:
+        b, rooms = self._room_for(self._to_bring(b), now)
+        if not b.size:
+            return
         times = self._transfer_times(b)
         moved = int((times > 0).sum()) * self.block_size
         start = max(self.t_h2d, now)
