@@ -178,6 +178,7 @@ class GpuModel(FaultPath, Room, SsdTier, CopyPath):
                       policy_evictions=0, writebacks=0, drops=0, discards=0, refused_discards=0, remote_bytes=0,
                       remote_s=0.0,
                       invalidations=0, populated_blocks=0, populate_calls=0, refused_populates=0,
+                      populate_stall_s=0.0,
                       peak_used_blocks=0, cold_first_touch_bytes=0, cold_first_touch_s=0.0,
                       compute_s=0.0)
         if host is not None:
@@ -294,7 +295,10 @@ class GpuModel(FaultPath, Room, SsdTier, CopyPath):
             n_late = int(inf.size)
             wait = float(self.arrive[inf].max()) if n_late else now
             if self._pop_end > now and need.size:  # (a populate of its blocks still running)
-                wait = max(wait, float(self.pop_ready[need].max()))
+                pw = float(self.pop_ready[need].max())
+                if pw > max(now, fault_done, wait):
+                    m["populate_stall_s"] += pw - max(now, fault_done, wait)
+                    wait = pw
             start = max(now, fault_done, wait)
             m["fault_stall_s"] += fault_done - now
             m["late_stall_s"] += start - max(now, fault_done)
