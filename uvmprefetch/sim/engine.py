@@ -55,6 +55,7 @@ from .copypath import CopyPath, EvictModel
 from .faults import _PREFER_HOST, DENSITY, REGION, FaultPath
 from .host import HOST_PRESETS, HostModel, HostThreads, host_launch, parse_host  # noqa: F401 - (re-exported: their old home)
 from .link import Link, Queue, fifo_finish
+from .populate import Populates
 from .room import Room
 from .ssd import SsdTier
 
@@ -63,7 +64,7 @@ _READ_MOSTLY = int(Advice.READ_MOSTLY)  # (a plain int: enum attribute lookups a
 _PER_ITERATION = ("bytes_htod", "bytes_dtoh", "stall_s", "faults")
 
 
-class GpuModel(FaultPath, Room, SsdTier, CopyPath):
+class GpuModel(FaultPath, Room, SsdTier, CopyPath, Populates):
     """One simulated GPU driven launch by launch. See the module docstring for the model.
 
     Parameters
@@ -138,13 +139,6 @@ class GpuModel(FaultPath, Room, SsdTier, CopyPath):
         self.pf_pending = np.zeros(n, dtype=bool)
         self.mig_seq = np.zeros(n, dtype=np.int64)
         self.wb_done = np.zeros(n, dtype=np.float64)  # a block cannot come back before its write-back ends
-        # Populates: a block off the GPU whose pages were dropped while dead (no copy anywhere: a populate maps it
-        # without data), and when each populate ends (a launch that needs the block waits for it).
-        self.dropped = np.zeros(n, dtype=bool)
-        self.pop_ready = np.zeros(n, dtype=np.float64)
-        self._pop_end = 0.0
-        # (a profile without a populate cost has no figure to charge: its populates are prefetches)
-        self.populate_on = self.discards and (gpu.repopulate_call_s > 0 or gpu.repopulate_block_s > 0)
         self._protect = np.zeros(n, dtype=bool)
         self._seq = 0
         self._lrm = Queue(np.int64)  # resident blocks in migration order (lazy deletion by mig_seq)
@@ -177,9 +171,7 @@ class GpuModel(FaultPath, Room, SsdTier, CopyPath):
                       prefetch_dropped_blocks=0, driver_prefetch_bytes=0, zero_fill_blocks=0, evictions=0,
                       policy_evictions=0, writebacks=0, drops=0, discards=0, refused_discards=0, remote_bytes=0,
                       remote_s=0.0,
-                      invalidations=0, populated_blocks=0, populate_calls=0, refused_populates=0,
-                      populate_stall_s=0.0,
-                      peak_used_blocks=0, cold_first_touch_bytes=0, cold_first_touch_s=0.0,
+                      invalidations=0, peak_used_blocks=0, cold_first_touch_bytes=0, cold_first_touch_s=0.0,
                       compute_s=0.0)
         if host is not None:
             self.m.update(host_stall_s=0.0, host_decision_s=0.0, host_blocked_s=0.0)
@@ -187,6 +179,7 @@ class GpuModel(FaultPath, Room, SsdTier, CopyPath):
                 self.m.update(mover_busy_s=0.0, planner_pending_max=0)
         self._tier_setup(gpu, n)  # (the SSD tier, when the profile has one: docs/tiers.md)
         self._copy_setup(evict or EvictModel(), copy_blocks, n)  # (the copy path: sim/copypath.py)
+        self._populate_setup(gpu, n)  # (populates: sim/populate.py)
         self.iter_ends: list[tuple[int, float]] = []
         self._iter_counts: list[tuple] = []  # the counters of ``_PER_ITERATION`` at each ``end_iteration``
         self.events: dict[str, list] = {"compute": [], "h2d": [], "d2h": [], "fault": [], "resident": [], "block": []}
@@ -295,10 +288,7 @@ class GpuModel(FaultPath, Room, SsdTier, CopyPath):
             n_late = int(inf.size)
             wait = float(self.arrive[inf].max()) if n_late else now
             if self._pop_end > now and need.size:  # (a populate of its blocks still running)
-                pw = float(self.pop_ready[need].max())
-                if pw > max(now, fault_done, wait):
-                    m["populate_stall_s"] += pw - max(now, fault_done, wait)
-                    wait = pw
+                wait = self._populate_wait(need, max(now, fault_done, wait))
             start = max(now, fault_done, wait)
             m["fault_stall_s"] += fault_done - now
             m["late_stall_s"] += start - max(now, fault_done)
@@ -542,37 +532,6 @@ class GpuModel(FaultPath, Room, SsdTier, CopyPath):
         if dec.prefetch.size:
             self._prefetch(self._ids(dec.prefetch, "Decision.prefetch"), now)
 
-    def _populate(self, b: np.ndarray, now: float) -> None:
-        """Map ``b`` on the GPU without data, beside the H2D queue, where each is dead and its pages were dropped (a
-        prefetch of a discarded range: the driver allocates and maps, no byte crosses the link); the others are
-        prefetched (``refused_populates``). One call per decision, ``repopulate_call_s + k * repopulate_block_s``
-        of GPU time (the profile's figure for a prefetch of a discarded range), from ``now`` or when its room is
-        free; a launch that needs one of the blocks waits until it ends."""
-        b = self._to_bring(b)
-        ok = self.dead[b] & self.dropped[b] if self.populate_on else np.zeros(b.shape[0], dtype=bool)
-        if not ok.all():
-            self.m["refused_populates"] += int((~ok).sum())
-            self._prefetch(b[~ok], now)
-            b = b[ok]
-        b, rooms = self._room_for(b, now)
-        if not b.size:
-            return
-        g, n = self.gpu, b.shape[0]
-        start = max(now, self._pop_end, float(rooms[-1]), float(self.wb_done[b].max()))
-        end = start + g.repopulate_call_s + n * g.repopulate_block_s
-        self._pop_end = end
-        self.pop_ready[b] = end
-        self.resident[b] = True
-        self.n_resident += n
-        self._migrated(b)
-        self._lrm.push(b, self.mig_seq[b])
-        self._note_used()
-        self.m["populated_blocks"] += n
-        self.m["populate_calls"] += 1
-        if self._timeline:
-            self._since[b] = end
-            self.events["h2d"].append((start, end, n, "populate"))
-
     def _evict_to_host(self, b: np.ndarray, now: float, to_ssd: bool = False, copy=None) -> None:
         rel = self._evict(b, now, to_ssd) if self.tier else self._evict(b, now, copy=copy)
         self.m["policy_evictions"] += b.shape[0]
@@ -586,22 +545,6 @@ class GpuModel(FaultPath, Room, SsdTier, CopyPath):
                     o = np.argsort(pr, kind="stable")
                     pb, pr = pb[o], pr[o]
                 self._wb.push(pb, pr)
-
-    def _to_bring(self, b: np.ndarray) -> np.ndarray:
-        """``b`` unique, in the order given, without those on the GPU or on their way and the host-preferred."""
-        _, first = np.unique(b, return_index=True)
-        b = b[np.sort(first)]
-        return b[~self.resident[b] & ~self.in_flight[b] & (self.advice[b] != _PREFER_HOST)]
-
-    def _room_for(self, b: np.ndarray, now: float) -> tuple[np.ndarray, np.ndarray]:
-        """Room for the blocks ``b`` bring in, without waiting: ``(b cut to the room, when each slot is free)``."""
-        if not b.size:
-            return b, np.zeros(0)
-        rooms = self._make_room(b.shape[0], now, can_wait=False)
-        if rooms.shape[0] < b.shape[0]:
-            self.m["prefetch_dropped_blocks"] += b.shape[0] - rooms.shape[0]
-            b = b[: rooms.shape[0]]
-        return b, rooms
 
     def _prefetch(self, b: np.ndarray, now: float) -> None:
         b, rooms = self._room_for(self._to_bring(b), now)
