@@ -12,8 +12,8 @@ Report fields it reads (``docs/runtime.md``, "Report" and "Liveness from the all
 ``iterations``, ``degraded``, ``errors``, ``bytes_dtoh`` / ``bytes_htod`` (the runtime's books) and
 ``backend_result.cupti.um_bytes_dtoh`` / ``um_bytes_htod`` (measured, when CUPTI is there: preferred),
 ``backend_result.discards`` (blocks discarded), ``backend_result.liveness.{allocations_seen, discards_issued,
-discards_refused, unknown_kernels_seen, gate_closures_per_iteration, source, unknown}`` (cuda; the dryrun
-backend has none),
+populates_issued, discards_refused, unknown_kernels_seen, gate_closures_per_iteration, source, unknown}`` (cuda;
+the dryrun backend has none),
 ``backend_result.host_time.hook_s``, ``backend_result.mover_wait_s``, ``launches``.
 """
 
@@ -36,8 +36,8 @@ examples:
 
 runtime report fields read: iterations, degraded, errors, bytes_dtoh, bytes_htod, launches,
   backend_result.{cupti.um_bytes_dtoh, cupti.um_bytes_htod, discards, host_time.hook_s, mover_wait_s},
-  backend_result.liveness.{allocations_seen, discards_issued, discards_refused, unknown_kernels_seen,
-  gate_closures_per_iteration}
+  backend_result.liveness.{allocations_seen, discards_issued, populates_issued, discards_refused,
+  unknown_kernels_seen, gate_closures_per_iteration}
 """
 D2H_TARGET_GIB = 20.0  # at 1.5x with discards (issue #32)
 GIB = float(1 << 30)
@@ -110,7 +110,7 @@ def main(argv=None) -> int:
         n_disc = discarded_blocks(rep)
         gates = gate_closures(live, work.warmup)
         rows.append([r["case"], r["budget"], len(r.get("losses", [])), t, d2h_it, h2d_it, src, n_disc,
-                     "-" if gates is None else gates, live.get("discards_refused", "-"),
+                     "-" if gates is None else gates, live.get("populates_issued", "-"), live.get("discards_refused", "-"),
                      "-" if equal is None else ("yes" if equal else "NO"), why])
         checks.append(C.Check(f"{r['case']} ran, losses finite", "ok" if ok else why, "ok, runtime active", ok))
         if ok and r["discard"]:
@@ -141,6 +141,7 @@ def main(argv=None) -> int:
                       "training_thread_wait_s": C.report_get(rep, "backend_result.mover_wait_s"),
                       "losses_bit_equal_discard_off": equal if r["discard"] else None,
                       "losses_finite": ok, "bytes_source": src, "discarded_blocks": n_disc,
+                      "populated_blocks": live.get("populates_issued"),
                       "allocations_seen": live.get("allocations_seen"),
                       "discards_refused": live.get("discards_refused"),
                       "unknown_kernels_seen": live.get("unknown_kernels_seen"),
@@ -153,7 +154,7 @@ def main(argv=None) -> int:
     path = B.path_for(args.dry_run)
     B.update(path, env.get("device") or "unknown", env, cases)
     headers = ["case", "budget B", "iters", "s/iter (steady)", "D2H GiB/iter", "H2D GiB/iter", "bytes from",
-               "discarded blocks", "gate closures/iter", "refused", "losses = other", "problem"]
+               "discarded blocks", "gate closures/iter", "populated blocks", "refused", "losses = other", "problem"]
     payload = {"workload": work.__dict__, "working_set_bytes": ws, "ratios": ratios, "plain_s_per_iter": t_plain,
                "baseline_file": str(path), "skipped": skipped,
                "runs": [{k: v for k, v in r.items() if k != "stderr_tail" or not C.run_ok(r)[0]} for r in runs]}

@@ -239,6 +239,29 @@ def test_without_discards_the_measured_costs_favour_taking_frees_as_live():
     assert a["time_s"] == b["time_s"] and a["bytes_dtoh"] == b["bytes_dtoh"]
 
 
+@pytest.mark.parametrize("oversub", [1.5, 1.7])
+def test_first_writes_into_dead_memory_are_populated_instead_of_faulted(oversub):
+    # GIVEN the shipped GPT-2 small trace (its activations land where the record has other tensors), the H100's
+    # measured costs (a fault batch of one block: 330 us; a populate call: 20 us + 2 us a block) and the live host
+    from uvmprefetch.sim.replay import replay
+    from uvmprefetch.trace import load
+    t = load(SMALL)
+
+    def run(spec, gpu="h100-pcie"):
+        return replay(t, spec, gpu, oversub=oversub, host="live", evict="auto")
+    # WHEN it is replayed with and without populates
+    on, off = run("uvmprefetch"), run("uvmprefetch:populate=false")
+    # THEN first writes are populated instead of faulted zero-filled (67 against 124 / 211 when measured), the
+    # run is faster, and the steady state (the last iteration, where nothing new is written) is the same
+    assert on["populated_blocks"] > 0 and on["policy_report"]["populated_blocks"] >= on["populated_blocks"]
+    assert on["zero_fill_blocks"] < 0.6 * off["zero_fill_blocks"] and off["populated_blocks"] == 0
+    assert on["time_s"] < 0.97 * off["time_s"]
+    assert on["iteration_times_s"][-1] == pytest.approx(off["iteration_times_s"][-1], rel=1e-9)
+    # AND where the caller cannot populate (a profile without a populate cost) the policy asks for none
+    lit, lit_off = run("uvmprefetch", "h100-pcie-lit"), run("uvmprefetch:populate=false", "h100-pcie-lit")
+    assert lit["refused_populates"] == lit["populated_blocks"] == 0 and lit["time_s"] == lit_off["time_s"]
+
+
 @pytest.mark.parametrize("dead_reuse", [True, False])
 def test_a_dead_address_about_to_be_reused_is_not_the_first_victim(dead_reuse):
     # GIVEN two resident blocks: a dead one whose address the next launch uses again (a freed tensor's memory
@@ -758,7 +781,7 @@ def _same_state(a: dict, b: dict) -> list:
     return bad + (["monitor"] if a["monitor"] != b["monitor"] else [])
 
 
-def _lockstep(tr, spec, oversub, unknown=False):
+def _lockstep(tr, spec, oversub, unknown=False, gpu="h100-pcie-lit"):
     """A replay driving the policy and the reference in lock step (the reference decides first, on the same view):
     at every launch their decisions, and after every fourth launch and every iteration their state, must be equal.
     ``unknown``: the launches come without their accesses (the policy learns from faults). Returns ``(policy,
@@ -781,7 +804,8 @@ def _lockstep(tr, spec, oversub, unknown=False):
             r1 = f1(*a)
             if h == "on_launch":
                 d1, d2 = (None if d is None else (d.prefetch.tolist(), d.evict.tolist(), d.discard.tolist(),
-                                                  [(b.tolist(), int(v)) for b, v in d.advise]) for d in (r1, r2))
+                                                  d.populate.tolist(), [(b.tolist(), int(v)) for b, v in d.advise])
+                          for d in (r1, r2))
                 assert d1 == d2, f"launch {a[0].index}: decisions differ"
                 count[0] += 1
             if h == "on_iteration" or (h == "on_launch" and count[0] % 4 == 0):  # (a difference persists)
@@ -793,7 +817,7 @@ def _lockstep(tr, spec, oversub, unknown=False):
 
     for h in hooks:
         setattr(one, h, both(h))
-    replay(tr, one, "h100-pcie-lit", oversub=oversub)
+    replay(tr, one, gpu, oversub=oversub)
     return one, count[0]
 
 
@@ -820,6 +844,14 @@ def test_the_policy_decides_as_the_reference(name, spec, unknown):
         rep = one.report()
         assert rep["prefetched_blocks"] > 0 or "prefetch=false" in spec
         assert rep["evicted_blocks"] + rep["discarded_blocks"] > 0 or "pre_evict=false" in spec
+
+
+def test_the_policy_populates_as_the_reference():
+    # GIVEN the shipped trace on the H100's measured costs, where the caller populates
+    # WHEN the compiled policy and the reference run in lock step
+    one, n = _lockstep(_trace("gpt2-small"), "uvmprefetch", 1.7, gpu="h100-pcie")
+    # THEN the same decisions throughout, populates among them
+    assert n == len(_trace("gpt2-small").launch_iter) and one.report()["populated_blocks"] > 0
 
 
 def test_the_steps_entry_point_takes_only_arrays_of_the_types_it_was_kept_for(monkeypatch):

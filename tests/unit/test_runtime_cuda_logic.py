@@ -65,6 +65,14 @@ class FakeMover:
         if ranges:
             self.log.append(("to_gpu" if to_device else "to_host", ranges, after))
 
+    def populate(self, ranges, after=0):
+        """As ``Mover.populate``: a prefetch to the GPU on the discard stream, numbered as a discard."""
+        if not ranges:
+            return 0
+        self.n_discards += 1
+        self.log.append(("populate", ranges, after))
+        return self.n_discards
+
     def mark_moves(self):
         self.n_moves += 1
         self.log.append(("mark", self.n_moves))
@@ -841,3 +849,52 @@ def test_stream_gate_calls_match_the_cuda13_signatures():
     assert word.value == 2
     g.open_now(1)  # never backwards
     assert word.value == 2
+
+
+def test_a_populate_is_a_prefetch_on_the_discard_stream_behind_the_blocks_discard():
+    """A prefetch of a discarded range maps it without data: issued on the discard stream it runs after the block's
+    discard (stream order) and the block's last move, and not behind the move stream's queue; a later move of the
+    block waits for it as for a discard. A prefetch never drops data, so no check is needed."""
+    m, log = mover(batch=True)
+    a, b = [(BASE, BS)], [(BASE + BS, BS)]
+    # GIVEN a move of A and its mark, then a discard of B
+    m.prefetch(a, to_device=True)
+    ma = m.mark_moves()
+    d = m.discard([b])
+    del log[:]
+    # WHEN A and B are populated, after A's move mark
+    p = m.populate(a + b, after=ma)
+    # THEN one batch prefetch to the GPU on the discard stream (12), after A's mark, its own mark recorded there
+    assert p == d + 1
+    assert m.rt.calls[-1] == ("prefetch_batch", ((BASE, BASE + BS), (BS, BS), 1, 0, 12))
+    assert log == [("wait_event", 12, "ev0"), ("record", 12, "ev3")]
+    # AND a later eviction of A waits for it
+    del log[:]
+    m.prefetch(a, to_device=False, after=p)
+    assert log == [("wait_event", 11, "ev3")]
+    # AND without the batch API (no discards) nothing is issued: the caller prefetches instead
+    s, _ = mover(batch=False)
+    assert s.populate(a) == 0 and s.rt.calls == []
+
+
+def test_the_backend_populates_only_with_discards_on_else_prefetches():
+    seg = [(BASE, 16 * BS)]
+
+    def run(discard):
+        # GIVEN block 1 used by launch 0, then a policy that asks to populate blocks 2 and 3 before launch 1
+        pol = Scripted([None, Decision(populate=np.array([2, 3]), prefetch=np.array([5]))])
+        be = backend(pol, 8, seg, discard=discard)
+        if discard:
+            blocks_allocated(be, 16)
+        be.launch(info(0, be, BASE + BS, BS))
+        be.block_ids(BASE, 8 * BS)
+        be.launch(info(1, be, BASE + 2 * BS, 2 * BS))
+        return be, [(k, r) for k, r, *_ in be.mover.log if k != "mark"]
+
+    # WHEN discards are on: the populates go to the discard stream, the prefetch to the move stream
+    be, log = run(discard=True)
+    assert log == [("populate", [(BASE + 2 * BS, 2 * BS)]), ("to_gpu", [(BASE + 5 * BS, BS)])]
+    assert be.liveness_result()["populates_issued"] == 2 and be.res.resident[[2, 3, 5]].all()
+    # WHEN they are off (the default): the populates are prefetches, first, in the move stream's queue
+    be, log = run(discard=False)
+    assert log == [("to_gpu", [(BASE + 2 * BS, 2 * BS), (BASE + 5 * BS, BS)])]

@@ -10,6 +10,7 @@ Notation (h100-pcie-lit profile, 2 MiB blocks): ``d`` the launch duration, ``lat
 The expected values are computed from these formulas here, independently of the engine's code paths.
 """
 
+import dataclasses
 import math
 
 import pytest
@@ -247,3 +248,73 @@ def test_block_cannot_return_before_its_write_back_ends():
     assert td1 > LAT + TF + D  # the write-back really is the constraint
     assert r2["end"] == pytest.approx(max(e1 + LAT, e0 + td1) + TF + D, rel=1e-12)
     assert m.result()["bytes_dtoh"] == 2 * MiB
+
+
+POP_CALL, POP_BLK = 20e-6, 2e-6
+POP_GPU = dataclasses.replace(GPU, repopulate_call_s=POP_CALL, repopulate_block_s=POP_BLK)
+
+
+def _reuse_after_drop(gpu, l3_populate, discards=True):
+    """Stepping the GpuModel directly. Capacity 4 blocks. L0 writes block 0 (fault), which is then freed; L1 writes
+    block 1, L2 writes block 2 (faults) and before L2 the policy discards block 0 (dead: dropped, no copy anywhere);
+    L3 writes block 0 again (its memory handed out again), with ``Decision(populate=l3_populate)``. Returns the model
+    and L3's result."""
+    import numpy as np
+    from uvmprefetch.policy.base import LaunchInfo
+
+    class Reuse(Quiet):
+        def on_launch(self, info, state):
+            if info.index == 2:
+                return Decision(discard=np.array([0]))
+            if info.index == 3:
+                return Decision(populate=np.array(l3_populate, dtype=np.int64))
+            return None
+
+    m = GpuModel(gpu, 8 * MiB, 2 * MiB, 4, Reuse(), check=True, discards=discards)
+    for i, blk in enumerate((0, 1, 2)):
+        m.launch(LaunchInfo(i, 0, 0, 0, 0, D, np.array([blk]), np.array([blk])))
+        if i == 0:
+            m.free(np.array([0]))
+    return m, m.launch(LaunchInfo(3, 0, 0, 0, 0, D, np.array([0]), np.array([0])))
+
+
+def test_a_populate_maps_a_dropped_dead_block_without_a_fault_or_a_transfer():
+    """L0..L2 fault one live block each: e2 = 3 (lat + Tf + d). Before L3 the populate of block 0 (dead, dropped)
+    is one call: it ends at e2 + call + 1 block, and L3 waits for it: end3 = e2 + call + blk + d. No fault, no byte
+    H2D beyond the three faults' 6 MiB. Block 3 (never used: not dead) is prefetched instead (one transfer T,
+    arriving at e2 + T, which L3 does not need): refused."""
+    e2 = 3 * (LAT + TF + D)
+    m, r3 = _reuse_after_drop(POP_GPU, [0, 3])
+    assert r3["faults"] == 0 and r3["start"] == pytest.approx(e2 + POP_CALL + POP_BLK, rel=1e-12)
+    assert r3["end"] == pytest.approx(e2 + POP_CALL + POP_BLK + D, rel=1e-12)
+    res = m.result()
+    assert res["populated_blocks"] == 1 and res["populate_calls"] == 1 and res["refused_populates"] == 1
+    assert res["zero_fill_blocks"] == 0 and res["faults"] == 3
+    assert res["bytes_htod"] == 6 * MiB + 2 * MiB  # three faults + the refused block's prefetch
+    assert m.arrive[3] == pytest.approx(e2 + T, rel=1e-12)
+
+
+def test_without_a_populate_the_reused_dead_block_faults_zero_filled():
+    """The same run with no populate: L3 faults block 0, dead, so no transfer: one fault batch, end3 = e2 + lat +
+    d (one zero-filled block)."""
+    e2 = 3 * (LAT + TF + D)
+    m, r3 = _reuse_after_drop(POP_GPU, [])
+    assert r3["faults"] == 1 and r3["end"] == pytest.approx(e2 + LAT + D, rel=1e-12)
+    assert m.result()["zero_fill_blocks"] == 1 and m.result()["populated_blocks"] == 0
+
+
+@pytest.mark.parametrize("case", ["no populate cost", "no discards"])
+def test_where_the_caller_cannot_populate_a_populate_is_a_prefetch(case):
+    """A profile without a populate cost (the -lit ones): block 0 is prefetched instead, dead, so without a transfer
+    and at once (end3 = e2 + d). Without discards nothing is dead: the discard before L2 is an eviction (block 0 is
+    written back, dirty) and L3's populate a prefetch of its data, one transfer T after L2's end: end3 = e2 + T + d."""
+    e2 = 3 * (LAT + TF + D)
+    gpu, discards = (GPU, True) if case == "no populate cost" else (POP_GPU, False)
+    m, r3 = _reuse_after_drop(gpu, [0], discards=discards)
+    res = m.result()
+    assert res["populated_blocks"] == 0 and res["refused_populates"] == 1 and r3["faults"] == 0
+    assert not m.policy.ctx.populates
+    if discards:
+        assert r3["end"] == pytest.approx(e2 + D, rel=1e-12) and res["bytes_htod"] == 6 * MiB
+    else:
+        assert r3["end"] == pytest.approx(e2 + T + D, rel=1e-12) and res["bytes_htod"] == 8 * MiB

@@ -592,11 +592,15 @@ class ReferencePolicy(UvmPrefetchPolicy):
                     self.stats["evicted_blocks"] += evict.shape[0]
                     self.stats["discarded_blocks"] += discard.shape[0]
                 placed += k_ok
-        pf = EMPTY
+        pf = pop = EMPTY
         if P.prefetch:
             pf, pp = blk[:placed], pos[:placed]
             if pf.size and q > state.now + float(pr["lat"]):
-                keep = pp >= 0  # the running launch's misses fault instead
+                keep = pp >= 0  # the running launch's misses fault instead, but for its first writes into dead memory
+                if pr["populate"] and self._get("history", "phas_w"):
+                    k = self._get("history", "pk")
+                    first = h.pbuf[:k][h.wbuf[:k] == 2]
+                    pop = pf[(pp < 0) & np.isin(pf, first)]
                 if P.fault_late_soft and p is not None and p + 1 < self.end and self._flat("h_soft")[p + 1 - self.base]:
                     arrive = q + t_blk * np.cumsum(~bs.dead[pf])
                     keep &= ~((pp == p + 1) & (arrive > state.now + dur + float(pr["lat"]))
@@ -607,15 +611,18 @@ class ReferencePolicy(UvmPrefetchPolicy):
                     pr["horizon"] = max(int(pr["horizon"]), scan_hi + 1)
                 elif placed:
                     pr["horizon"] = max(int(pr["horizon"]), int(pos[placed]) if pos[placed] >= 0 else p + 1)
+        if pop.size:
+            bs.pf_unused[pop] = True
+            self.stats["populated_blocks"] += pop.shape[0]
         if pf.size:
             bs.pf_unused[pf] = True
             live = int((~bs.dead[pf]).sum())
             pr["q_end"] = q + live * t_blk
             self.stats["prefetched_blocks"] += pf.shape[0]
             self.advice.r["link_blocks"] += live
-        if not (pf.size or evict.size or discard.size):
+        if not (pf.size or evict.size or discard.size or pop.size):
             return None
-        return Decision(prefetch=pf, evict=evict, discard=discard)
+        return Decision(prefetch=pf, evict=evict, discard=discard, populate=pop)
 
     def _margin(self, cur, state, res):
         short = int(self.plan.r["margin"]) - (state.capacity_blocks - state.used_blocks)

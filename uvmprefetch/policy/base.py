@@ -11,7 +11,7 @@ Hook order, per launch ``i`` (the same in the simulator and the runtime)::
     on_start(ctx)                       once, before anything
     on_free(blocks)                     for each range that died since launch i-1 (dead: no write-back needed)
     on_launch(info, state) -> Decision  launch i is the next to run; its accesses are in ``info``
-        ... the caller applies the Decision: discards, evictions, then prefetches in the order given ...
+        ... the caller applies the Decision: discards, evictions, populates, then prefetches in the order given ...
     on_fault(info, blocks)              blocks launch i needed that were neither resident nor in flight
     on_evict(blocks)                    blocks the *driver/simulator* evicted on its own (not by Decision)
     on_iteration(k)                     after the last launch of iteration k (optimizer step done; live without a
@@ -89,6 +89,9 @@ class PolicyContext:
     # True where the caller has the copy path (``--evict copy|auto`` on a profile with copy bandwidth): evictions of
     # copy-eligible blocks can leave at the copy engines' speed without holding the thread (docs/simulator.md)
     copy_path: bool = False
+    # True where the caller populates (``Decision.populate``): dead data is dropped and the GPU profile has a cost for
+    # mapping a dropped range without data (docs/simulator.md "Populates"); elsewhere populates are prefetches
+    populates: bool = False
 
 
 @dataclass
@@ -117,8 +120,11 @@ class Decision:
     """What a policy wants done now. Arrays are int64 block ids; any may be empty.
 
     The caller applies, in this order: ``discard`` (drop contents, no write-back: the data is dead),
-    ``evict`` (move to host, written back if dirty), ``advise``, then ``prefetch`` (to the GPU, queued in
-    the order given: put the soonest-needed first). Blocks already where they are asked to go are skipped.
+    ``evict`` (move to host, written back if dirty), ``advise``, ``populate``, then ``prefetch`` (to the GPU,
+    queued in the order given: put the soonest-needed first). Blocks already where they are asked to go are skipped.
+    ``populate``: blocks the policy takes to be dead whose pages the runtime dropped (discarded), to be mapped on
+    the GPU without data, beside the H2D queue instead of behind it (docs/simulator.md "Populates"); the caller
+    prefetches a block it does not know to be so instead (its data moves; nothing is lost either way).
     ``evict`` leaves by UVM's eviction or by the copy path (``evict_path``, ``EvictPath``); ``PREFER_HOST``
     advice is the third way: the block stays in host memory and kernels reach it over the link.
     """
@@ -135,9 +141,11 @@ class Decision:
     # Per block of ``evict`` (same length; empty = every block ``EvictPath.DEFAULT``): the way out it takes under
     # ``--evict auto``, an ``EvictPath``. A caller without the copy path ignores it (every eviction is UVM's).
     evict_path: np.ndarray = field(default_factory=lambda: EMPTY_PATH)
+    populate: np.ndarray = field(default_factory=lambda: EMPTY)
 
     def is_empty(self) -> bool:
-        return not (self.prefetch.size or self.evict.size or self.discard.size or self.advise or self.evict_ssd.size)
+        return not (self.prefetch.size or self.evict.size or self.discard.size or self.advise or self.evict_ssd.size
+                    or self.populate.size)
 
 
 class ResidencyView(typing.Protocol):

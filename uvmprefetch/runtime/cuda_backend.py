@@ -180,7 +180,8 @@ class CudaBackend(AllocatorDiscards):
             self.cupti_status = why
         policy.on_start(PolicyContext(block_size=self.block_size, capacity_blocks=cap_blocks,
                                       max_blocks=self.max_blocks, gpu=self.gpu, live=True,
-                                      discards=self.discard_on, copy_path=cfg.evict == "auto"))
+                                      discards=self.discard_on, copy_path=cfg.evict == "auto",
+                                      populates=self.discard_on))
 
     def attach_native(self, lib) -> None:
         """Run under the C++ observer (``native_observer.py``): the hooks run on the planner thread, every move
@@ -425,6 +426,8 @@ class CudaBackend(AllocatorDiscards):
             if back.any():
                 self.copy.bring_in(pf[back])  # copy-ins, in the policy's order, on the same stream
                 pf = pf[~back]
+        if on and dec is not None and dec.populate.size and pf.size:
+            pf = self._populate(pf, dec.populate)
         # the policy's order: soonest-needed first
         mv.prefetch(self.ranges(pf, keep_order=True), to_device=True, after=self._after_discards(pf) if on else 0)
         if on and (out.size or pf.size):

@@ -107,6 +107,7 @@ class AllocatorDiscards:
         self._marks_for(self.max_blocks)
         self.discards_as_evictions = 0
         self.discarded_blocks = 0
+        self.populated_blocks = 0
         self.refused = {"not_dead": 0, "reused_before_issue": 0, "released": 0, "unknown": 0, "audit": 0}
         self.audit_cases: list[dict] = []
         cfg = getattr(self, "_cfg", None)
@@ -217,6 +218,20 @@ class AllocatorDiscards:
         self.gate_closures_per_iteration.append(self.gate_closures - self._closures_before)
         self._closures_before = self.gate_closures
 
+    def _populate(self, pf: np.ndarray, populate: np.ndarray) -> np.ndarray:
+        """The prefetches of a Decision's ``populate`` blocks (dead to the policy, written first by the running launch)
+        go to the mover's discard stream (``Mover.populate``): behind the blocks' last discard, which mapped them
+        without data there, and not behind the move stream's queue. A prefetch never loses data, whatever the block
+        holds. Returns the other prefetches."""
+        pp = np.isin(pf, populate)
+        if pp.any():
+            blocks = pf[pp]
+            mark = self.mover.populate(self.ranges(blocks, keep_order=True), after=int(self._move_mark[blocks].max()))
+            if mark:
+                self._disc_mark[blocks] = mark
+            self.populated_blocks += int(blocks.size)
+        return pf[~pp]
+
     def _check(self, blocks: np.ndarray, seqs: np.ndarray) -> np.ndarray:
         """On the mover thread, the compute stream gated: which candidates are still dead from their death (every
         allocator event numbered before now fed first); refused ones are evicted instead and counted by reason.
@@ -266,6 +281,7 @@ class AllocatorDiscards:
                # closures of the compute stream's gate (one per batch of discards), in all and per iteration
                "discard_batch": self.discard_batch, "gate_closures": self.gate_closures,
                "gate_closures_per_iteration": list(self.gate_closures_per_iteration),
+               "populates_issued": self.populated_blocks,
                "discards_refused": dict(self.refused, off=self.discards_as_evictions),
                # kernels no recorded op accounts for (see unknown_kernels); they do not restrict discards: what they
                # may touch is an allocation the caching allocator holds, or memory outside its segments, never a

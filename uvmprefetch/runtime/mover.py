@@ -266,9 +266,10 @@ class Mover:
         else:
             self._prefetch_now(ranges, to_device)
 
-    def _prefetch_now(self, ranges: list[tuple[int, int]], to_device: bool) -> None:
+    def _prefetch_now(self, ranges: list[tuple[int, int]], to_device: bool, stream=None) -> None:
+        stream = self.stream if stream is None else stream
         loc = self.dev_loc if to_device else self.host_loc
-        handle = self.stream.cuda_stream
+        handle = stream.cuda_stream
         what = "cudaMemPrefetch" + ("BatchAsync" if self.batch else "Async") + (" to GPU" if to_device else " to host")
         if self.batch:
             ptrs = [p for p, _ in ranges]
@@ -279,7 +280,7 @@ class Mover:
                 self._check(self.rt.cudaMemPrefetchAsync(p, s, loc, 0, handle), what)
         if self.gate is not None:
             ev = self.torch.cuda.Event()
-            ev.record(self.stream)
+            ev.record(stream)
             self.gate.moving(ranges, ev, to_device)
         if threading.current_thread() is threading.main_thread():  # the training thread, in most programs
             if self.on_main is None:
@@ -318,16 +319,39 @@ class Mover:
         The gate is opened whatever happens (from the host, once the discard stream is idle, if a call failed)."""
         if not items or not self.can_discard:
             return 0
-        ev = self.torch.cuda.Event()
+        return self._on_discard_stream(0, after, self._discard_now, items, check)
+
+    def _on_discard_stream(self, nbytes: int, after: int, fn, *args) -> int:
+        """Run ``fn(*args, move, entry)`` (on the mover thread if there is one): ``move`` the move mark ``after``'s
+        entry (None for 0), ``entry`` a new discard mark's, which ``fn`` records on the discard stream. Returns the
+        new mark."""
         move = self.moves.pending(after) if after else None
-        entry = self.discards.add(ev, recorded=False)
+        entry = self.discards.add(self.torch.cuda.Event(), recorded=False)
         if self.thread is not None:
-            self.thread.submit(0, self._discard_now, items, move, check, entry)
+            self.thread.submit(nbytes, fn, *args, move, entry)
         else:
-            self._discard_now(items, move, check, entry)
+            fn(*args, move, entry)
         return self.discards.n
 
-    def _discard_now(self, items, move, check, entry) -> None:
+    def populate(self, ranges: list[tuple[int, int]], after: int = 0) -> int:
+        """Prefetch ``ranges`` (dead blocks about to be written) to the GPU on the discard stream, after their last
+        discard (stream order: a prefetch of a discarded range maps it without data) and move mark ``after``, beside
+        the move stream's queue. Returns its mark in the discards' numbering (a later move of these blocks waits for
+        it, as for a discard), 0 if nothing was issued. A prefetch moves data and never drops it: no check needed."""
+        if not ranges or not self.can_discard:
+            return 0
+        return self._on_discard_stream(sum(s for _, s in ranges), after, self._populate_now, ranges)
+
+    def _populate_now(self, ranges, move, entry) -> None:
+        try:
+            if move is not None:
+                self.discard_stream.wait_event(move[0])  # (recorded: its job ran before this one)
+            self._prefetch_now(ranges, to_device=True, stream=self.discard_stream)
+            entry[0].record(self.discard_stream)
+        finally:
+            entry[1] = True  # (an unrecorded event reads as complete: nothing waits for a populate not made)
+
+    def _discard_now(self, items, check, move, entry) -> None:
         compute = self.torch.cuda.current_stream(self.device)
         e = self.torch.cuda.Event()
         e.record(compute)  # (a)

@@ -90,6 +90,8 @@ class Residency:
         self.m["dropped_evictions"] += int(ev_all.size - evict.size)
         evict = evict[self.resident[evict]]
         pf = np.asarray(dec.prefetch, dtype=np.int64)
+        if dec.populate.size:  # (populates are prefetches to the books; the backend says how each is issued)
+            pf = np.concatenate((np.asarray(dec.populate, dtype=np.int64), pf))
         if pf.size:
             _, first = np.unique(pf, return_index=True)
             pf = pf[np.sort(first)]  # unique, order kept: soonest-needed first

@@ -22,6 +22,9 @@ launch, and the live runtime's ``dryrun`` backend feeds it live observations thr
   on D2H; a clean or dead one is dropped for free (``writeback_clean=True`` models a driver without dirty
   tracking: every live non-read-mostly block is written back).
 - A dead block (its memory was freed) comes back without a transfer (zero-filled), but still faults.
+  A Decision's ``populate`` maps dead blocks whose pages were dropped on the GPU without data, beside the H2D
+  queue: ``repopulate_call_s + k * repopulate_block_s`` per decision, from the moment the launch it is applied
+  before would start (docs/simulator.md "Populates"); any other block named there is prefetched instead.
   ``discards=False`` models the live cuda backend's default (``UVMPREFETCH_DISCARD`` unset): the driver is
   never told that memory died, so nothing is dead, a Decision's discards are evictions (written back when
   dirty) and freed memory comes back with a transfer.
@@ -52,6 +55,7 @@ from .copypath import CopyPath, EvictModel
 from .faults import _PREFER_HOST, DENSITY, REGION, FaultPath
 from .host import HOST_PRESETS, HostModel, HostThreads, host_launch, parse_host  # noqa: F401 - (re-exported: their old home)
 from .link import Link, Queue, fifo_finish
+from .populate import Populates
 from .room import Room
 from .ssd import SsdTier
 
@@ -60,7 +64,7 @@ _READ_MOSTLY = int(Advice.READ_MOSTLY)  # (a plain int: enum attribute lookups a
 _PER_ITERATION = ("bytes_htod", "bytes_dtoh", "stall_s", "faults")
 
 
-class GpuModel(FaultPath, Room, SsdTier, CopyPath):
+class GpuModel(FaultPath, Room, SsdTier, CopyPath, Populates):
     """One simulated GPU driven launch by launch. See the module docstring for the model.
 
     Parameters
@@ -175,13 +179,15 @@ class GpuModel(FaultPath, Room, SsdTier, CopyPath):
                 self.m.update(mover_busy_s=0.0, planner_pending_max=0)
         self._tier_setup(gpu, n)  # (the SSD tier, when the profile has one: docs/tiers.md)
         self._copy_setup(evict or EvictModel(), copy_blocks, n)  # (the copy path: sim/copypath.py)
+        self._populate_setup(gpu, n)  # (populates: sim/populate.py)
         self.iter_ends: list[tuple[int, float]] = []
         self._iter_counts: list[tuple] = []  # the counters of ``_PER_ITERATION`` at each ``end_iteration``
         self.events: dict[str, list] = {"compute": [], "h2d": [], "d2h": [], "fault": [], "resident": [], "block": []}
         self._since = np.full(n, np.nan) if timeline else None  # when each block landed on the GPU
         ctx = PolicyContext(block_size=bs, capacity_blocks=self.capacity_blocks, max_blocks=n, gpu=gpu,
                             live=False, discards=self.discards, trace=trace if policy.offline else None,
-                            layout=layout if policy.offline else None, copy_path=self.copy_on)
+                            layout=layout if policy.offline else None, copy_path=self.copy_on,
+                            populates=self.populate_on and not self.ideal)
         policy.on_start(ctx)
 
     # The copy engines' clocks live on the (possibly shared) link.
@@ -281,6 +287,8 @@ class GpuModel(FaultPath, Room, SsdTier, CopyPath):
             inf = need[self.in_flight[need]]
             n_late = int(inf.size)
             wait = float(self.arrive[inf].max()) if n_late else now
+            if self._pop_end > now and need.size:  # (a populate of its blocks still running)
+                wait = self._populate_wait(need, max(now, fault_done, wait))
             start = max(now, fault_done, wait)
             m["fault_stall_s"] += fault_done - now
             m["late_stall_s"] += start - max(now, fault_done)
@@ -418,6 +426,7 @@ class GpuModel(FaultPath, Room, SsdTier, CopyPath):
         n = victims.shape[0]
         m = self.m
         live = ~self.dead[victims]
+        self.dropped[victims] = ~live
         if self.writeback_clean:
             wb = live & ((self.advice[victims] != _READ_MOSTLY) | self.dirty[victims])
         else:
@@ -488,6 +497,7 @@ class GpuModel(FaultPath, Room, SsdTier, CopyPath):
                 self.dead[res] = True  # dropped: no write-back
                 self._evict(res, now)
             self.dead[b] = self.touched[b]
+            self.dropped[b] |= self.dead[b]  # (off the GPU too: its host pages are dropped)
             if self.tier:
                 self._release(b[self.dead[b]])
             if self.copy_on:
@@ -517,6 +527,8 @@ class GpuModel(FaultPath, Room, SsdTier, CopyPath):
                 res = b[self.resident[b] & ~self._protect[b]]
                 if res.size:
                     self._evict_to_host(res, now)
+        if dec.populate.size:
+            self._populate(self._ids(dec.populate, "Decision.populate"), now)
         if dec.prefetch.size:
             self._prefetch(self._ids(dec.prefetch, "Decision.prefetch"), now)
 
@@ -535,17 +547,9 @@ class GpuModel(FaultPath, Room, SsdTier, CopyPath):
                 self._wb.push(pb, pr)
 
     def _prefetch(self, b: np.ndarray, now: float) -> None:
-        _, first = np.unique(b, return_index=True)
-        b = b[np.sort(first)]  # unique, in the order given
-        b = b[~self.resident[b] & ~self.in_flight[b] & (self.advice[b] != _PREFER_HOST)]
+        b, rooms = self._room_for(self._to_bring(b), now)
         if not b.size:
             return
-        rooms = self._make_room(b.shape[0], now, can_wait=False)
-        if rooms.shape[0] < b.shape[0]:
-            self.m["prefetch_dropped_blocks"] += b.shape[0] - rooms.shape[0]
-            b = b[: rooms.shape[0]]
-            if not b.size:
-                return
         times = self._transfer_times(b)
         moved = int((times > 0).sum()) * self.block_size
         start = max(self.t_h2d, now)

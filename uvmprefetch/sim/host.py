@@ -220,10 +220,10 @@ def host_launch(gm, info: LaunchInfo, now: float, host: HostModel) -> tuple[floa
     if dec is not None and not dec.is_empty():
         d2h_before = gm.uvm_d2h_end
         mark = gm._copy_mark() if gm.copy_on else None
-        issued = m["prefetch_issued_bytes"]
+        issued = _issued(gm)
         gm._apply(dec, now)
-        if host.prefetch_block_s and m["prefetch_issued_bytes"] > issued:
-            h += host.prefetch_block_s * (m["prefetch_issued_bytes"] - issued) / gm.block_size
+        if host.prefetch_block_s and _issued(gm) > issued:
+            h += host.prefetch_block_s * (_issued(gm) - issued)
             if h > now:  # the prefetch calls return before the launch is issued
                 m["host_stall_s"] += h - now
                 now = h
@@ -274,6 +274,11 @@ def _planned_launch(gm, info: LaunchInfo, now: float, host: HostModel) -> tuple[
     return now, last
 
 
+def _issued(gm) -> int:
+    """Blocks prefetched or populated so far: each a ``cudaMemPrefetchAsync`` range (``prefetch_block_s``)."""
+    return gm.m["prefetch_issued_bytes"] // gm.block_size + gm.m["populated_blocks"]
+
+
 def _apply_on_mover(gm, dec: Decision, now: float, start: float, host: HostModel) -> None:
     """Apply ``dec`` at the GPU's time ``now``; its calls run from ``start`` on the mover thread (``mover``; without
     it the planner makes them): what they hold (UVM write-backs with ``blocking_evict``, discard calls, the copy
@@ -281,11 +286,11 @@ def _apply_on_mover(gm, dec: Decision, now: float, start: float, host: HostModel
     m, th = gm.m, gm.threads
     d2h_before = gm.uvm_d2h_end
     mark = gm._copy_mark() if gm.copy_on else None
-    issued = m["prefetch_issued_bytes"]
+    issued = _issued(gm)
     gm._apply(dec, now)
     # The calls run on the thread's own clock from ``start`` (<= now); the write-backs the engine queued at ``now``:
     # a blocking eviction holds the thread until they end (busy from ``now``, the gap before is the thread's idle).
-    t = start + host.prefetch_block_s * (m["prefetch_issued_bytes"] - issued) / gm.block_size
+    t = start + host.prefetch_block_s * (_issued(gm) - issued)
     if dec.discard.size:
         t += host.discard_call_s + host.discard_block_s * dec.discard.size
     if mark is not None:

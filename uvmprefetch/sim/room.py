@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..policy.base import EMPTY
+from ..policy.base import EMPTY, Advice
+
+_PREFER_HOST = int(Advice.PREFER_HOST)
 
 
 class Room:
@@ -64,3 +66,19 @@ class Room:
                 self.policy.on_evict(victims)
                 r -= victims.shape[0]
         return np.sort(np.concatenate(rooms))
+
+    def _to_bring(self, b: np.ndarray) -> np.ndarray:
+        """``b`` unique, in the order given, without those on the GPU or on their way and the host-preferred."""
+        _, first = np.unique(b, return_index=True)
+        b = b[np.sort(first)]
+        return b[~self.resident[b] & ~self.in_flight[b] & (self.advice[b] != _PREFER_HOST)]
+
+    def _room_for(self, b: np.ndarray, now: float) -> tuple[np.ndarray, np.ndarray]:
+        """Room for the blocks ``b`` bring in, without waiting: ``(b cut to the room, when each slot is free)``."""
+        if not b.size:
+            return b, np.zeros(0)
+        rooms = self._make_room(b.shape[0], now, can_wait=False)
+        if rooms.shape[0] < b.shape[0]:
+            self.m["prefetch_dropped_blocks"] += b.shape[0] - rooms.shape[0]
+            b = b[: rooms.shape[0]]
+        return b, rooms

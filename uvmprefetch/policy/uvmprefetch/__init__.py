@@ -118,7 +118,8 @@ class UvmPrefetchPolicy(Policy):
         self.plan = Plan(n, dict(margin=int(P.margin * ctx.capacity_blocks), t_blk=t_blk,
                                  lat=float(ctx.gpu.fault_batch_latency_s), lead_s=P.lead_s, prefetch=P.prefetch,
                                  pre_evict=P.pre_evict, pace=P.pace, stall_aware=P.stall_aware,
-                                 fault_late_soft=P.fault_late_soft))
+                                 fault_late_soft=P.fault_late_soft,
+                                 populate=P.populate and bool(getattr(ctx, "populates", False))))
         self.advice = AdviceState(n)
         self.monitor = WindowMonitor(P.window, P.window_min, P.window_max, P.patience, P.adaptive_window)
         self.stats = Counts()
@@ -160,15 +161,15 @@ class UvmPrefetchPolicy(Policy):
             self.history.grow()
             self._build()
             out = _step.step(self._state, launch, blocks, writes, view)
-        code, n_pf, n_ev, n_dc, again, late, has_p = out
+        code, n_pf, n_ev, n_dc, again, late, has_p, n_pp = out
         if code == _step.MONITOR:
             if again and has_p:
                 self.monitor.thrash(info.index, again)
             if late:
                 self.monitor.late(info.index, late)
             launch = launch[:6] + (self.monitor.window,)
-            code, n_pf, n_ev, n_dc, _, _, _ = _step.replan(self._state, launch, blocks, view)
-        dec = self._decision(n_pf, n_ev, n_dc)
+            code, n_pf, n_ev, n_dc, _, _, _, n_pp = _step.replan(self._state, launch, blocks, view)
+        dec = self._decision(n_pf, n_ev, n_dc, n_pp)
         if self.advice.pending:
             dec = dec or Decision()
             dec.advise = tuple(self.advice.pending)
@@ -187,16 +188,18 @@ class UvmPrefetchPolicy(Policy):
             self._ep = _step.entry_point(_step.step, args)
             self._ep_state, self._ep_res, self._ep_infl = args[0], resident, in_flight
 
-    def _decision(self, n_pf: int, n_ev: int, n_dc: int) -> Decision | None:
+    def _decision(self, n_pf: int, n_ev: int, n_dc: int, n_pp: int) -> Decision | None:
         """The blocks a plan chose, from the plan's ``out`` (one copy; a part that is all of it or nothing needs no
         slice); None when it moves nothing."""
-        m = n_pf + n_ev + n_dc
+        m = n_pf + n_ev + n_dc + n_pp
         if not m:
             return None
         out = self.plan.out[:m].copy()
+        b = n_pf + n_ev
         return Decision(prefetch=out if n_pf == m else out[:n_pf] if n_pf else EMPTY,
-                        evict=out if n_ev == m else out[n_pf:n_pf + n_ev] if n_ev else EMPTY,
-                        discard=out if n_dc == m else out[m - n_dc:] if n_dc else EMPTY)
+                        evict=out if n_ev == m else out[n_pf:b] if n_ev else EMPTY,
+                        discard=out if n_dc == m else out[b:b + n_dc] if n_dc else EMPTY,
+                        populate=out if n_pp == m else out[m - n_pp:] if n_pp else EMPTY)
 
     def on_fault(self, info: LaunchInfo, blocks: np.ndarray) -> None:
         late = _step.fault(self._state, np.ascontiguousarray(blocks, dtype=np.int64), bool(info.known_accesses))

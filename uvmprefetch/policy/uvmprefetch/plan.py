@@ -11,7 +11,9 @@ link: only until the H2D queue reaches the next decision point, rounded up to a 
 (the link never idles for part of a block: ResNet-152 at 2x, steady state 1.05x -> 1.01x the oracle), down after a
 soft one (an eviction for an uncertain prediction costs more than the idle). With the queue busy, the running
 launch's own misses fault instead (faults go ahead of queued prefetches; their room stays reserved), and so do the
-next launch's blocks of older data at a soft slot that would arrive after it starts (``fault_late_soft``).
+next launch's blocks of older data at a soft slot that would arrive after it starts (``fault_late_soft``); its dead
+misses (memory handed out again: a first write) are populated instead (``populate``: mapped without data beside the
+queue, where a fault would cost a fault batch each).
 
 The *verified span* ``[v_lo, v_hi]`` lists positions whose recorded blocks all have ``p < nu <= t`` (``t``: the
 position); past the list's cut the window pass skips their updates. A pass without translation or layer shift
@@ -42,7 +44,7 @@ PLAN = np.dtype([
     # settings
     ("margin", np.int64), ("t_blk", np.float64), ("lat", np.float64), ("lead_s", np.float64),
     ("prefetch", np.bool_), ("pre_evict", np.bool_), ("pace", np.bool_), ("stall_aware", np.bool_),
-    ("fault_late_soft", np.bool_),
+    ("fault_late_soft", np.bool_), ("populate", np.bool_),
 ], align=True)
 
 FIELDS = ("s", "mark", "out")
@@ -50,7 +52,7 @@ FIELDS = ("s", "mark", "out")
 
 class Plan(Part, fields=FIELDS):
     """The planning part: see the module docstring. ``out`` receives each decision's blocks: those to prefetch,
-    evict and discard, in that order."""
+    evict, discard and populate, in that order."""
 
     def __init__(self, n_blocks: int, settings: dict) -> None:
         self.record_of(PLAN, v_hi=-1, **settings)
@@ -232,45 +234,57 @@ def margin(bs, vs, nu, cur, view, p):
 
 @nb.njit(cache=True, nogil=True)
 def _late_left_out(h, bs, pl, cand, timing):
-    """The prefetches of a decision made while the H2D queue is busy (``cand``: ``(blk, pos, placed, q)``; ``timing``:
-    ``(now, dur)``): the running launch's own misses fault instead (a fault goes ahead of queued prefetches), and so,
-    with ``fault_late_soft``, do a soft next launch's blocks of older data that would arrive after it starts (its
-    guesses; what this iteration wrote is where the record said)."""
+    """The prefetches and populates of a decision made while the H2D queue is busy (``cand``: ``(blk, pos, placed,
+    q)``; ``timing``: ``(now, dur)``): the running launch's own misses fault instead (a fault goes ahead of queued
+    prefetches) but for those it writes first into dead memory, populated with ``populate`` (no data to wait for),
+    and, with ``fault_late_soft``, a soft next launch's blocks of older data that would arrive after it starts fault
+    too (its guesses; what this iteration wrote is where the record said). Returns ``(prefetch, populate)``."""
     s = h.s[0]
     ps = pl.s[0]
     blk, pos, placed, q = cand
     now, dur = timing
     p = s.p
     soft_next = ps.fault_late_soft and s.has_p and p + 1 < s.base + s.n and h.h_soft[p + 1 - s.base] > 0
-    keep = np.empty(placed, dtype=np.bool_)
+    keep = np.zeros(placed, dtype=np.int8)  # 1: prefetched, 2: populated
+    cur = h.pbuf[:s.pk]  # (the running launch's blocks, sorted; their write flags in ``wbuf`` when ``phas_w``)
+    first = ps.populate and s.phas_w
     c = 0
     m = 0
     for i in range(placed):
         if not bs.dead[blk[i]]:
             c += 1  # (arrival = q + t_blk * the live blocks queued up to here)
-        ok = pos[i] >= 0
-        if (ok and soft_next and pos[i] == p + 1 and bs.w_iter[blk[i]] != s.iters
+        if pos[i] < 0:
+            if first and h.wbuf[np.searchsorted(cur, blk[i])] == 2:  # (written while dead: a first write)
+                keep[i] = 2
+            continue
+        if (soft_next and pos[i] == p + 1 and bs.w_iter[blk[i]] != s.iters
                 and q + ps.t_blk * c > now + dur + ps.lat):
-            ok = False
-        keep[i] = ok
-        if ok:
-            m += 1
+            continue
+        keep[i] = 1
+        m += 1
     out = np.empty(m, dtype=np.int64)
+    pop = np.empty(placed - m, dtype=np.int64)
     j = 0
+    k = 0
     for i in range(placed):
-        if keep[i]:
+        if keep[i] == 1:
             out[j] = blk[i]
             j += 1
-    return out
+        elif keep[i] == 2:
+            pop[k] = blk[i]
+            k += 1
+    return out, pop[:k]
 
 
 @nb.njit(cache=True, nogil=True)
-def _write_out(out, pf, evict, discard):
+def _write_out(out, pf, evict, discard, populate):
     a = pf.shape[0]
     b = a + evict.shape[0]
+    c = b + discard.shape[0]
     out[:a] = pf
     out[a:b] = evict
-    out[b:b + discard.shape[0]] = discard
+    out[b:c] = discard
+    out[c:c + populate.shape[0]] = populate
 
 
 @nb.njit(cache=True, nogil=True)
@@ -279,8 +293,8 @@ def plan(parts, cur, view, ctx):
     plan)``; ``view``: ``(resident, in_flight, n_ids, capacity, used, now)``; ``ctx``: ``(duration, window,
     remap_lim, shift_from)``: the running launch's duration, the window, the positions the learned moves apply
     before (0: none) and the first position the layer stride applies to (``INF``: none). The blocks go to the plan's
-    ``out``: those to prefetch, evict, discard. Returns ``(status, n_prefetch, n_evict, n_discard, thrash,
-    mispredicted, live, pooled, refilled)``: status 0 when there was nothing to place (then at most the free
+    ``out``: those to prefetch, evict, discard, populate. Returns ``(status, n_prefetch, n_evict, n_discard,
+    n_populate, thrash, mispredicted, live, pooled, refilled)``: status 0 when there was nothing to place (then at most the free
     margin was kept; counted nowhere), ``live`` the prefetched blocks that cross the link, ``pooled`` whether the
     victims came from the pool, ``refilled`` whether a full scan refilled it."""
     h, mv, bs, vs, pl = parts
@@ -362,9 +376,9 @@ def plan(parts, cur, view, ctx):
     if not (miss.shape[0] or pb > pa or spanned > 0):
         if ps.pre_evict and ps.margin > 0:
             evict, discard = margin(bs, vs, nu, cur, (res, capacity, used, ps.margin), p)
-            _write_out(pl.out, empty, evict, discard)
-            return 0, 0, evict.shape[0], discard.shape[0], 0, 0, 0, False, False
-        return 0, 0, 0, 0, 0, 0, 0, False, False
+            _write_out(pl.out, empty, evict, discard, empty)
+            return 0, 0, evict.shape[0], discard.shape[0], 0, 0, 0, 0, False, False
+        return 0, 0, 0, 0, 0, 0, 0, 0, False, False
     n = blk.shape[0]
     near_pos = p + 1 if has_p else np.int64(-1)
     evict = empty
@@ -390,10 +404,11 @@ def plan(parts, cur, view, ctx):
                 # stamp: take_victims
             placed += k_ok
     pf = empty
+    pop = empty
     if ps.prefetch:
         pf = blk[:placed]
         if placed and q > now + ps.lat:
-            pf = _late_left_out(h, bs, pl, (blk, pos, placed, q), (now, dur))
+            pf, pop = _late_left_out(h, bs, pl, (blk, pos, placed, q), (now, dur))
             # stamp: late blocks left out
         if has_p:
             if placed == n:
@@ -401,6 +416,8 @@ def plan(parts, cur, view, ctx):
             elif placed:
                 ps.horizon = max(ps.horizon, pos[placed] if pos[placed] >= 0 else p + 1)
     live = 0
+    if pop.shape[0]:
+        mark_prefetched(bs, pop)  # (the running launch's blocks: already in the pool)
     if pf.shape[0]:
         live = mark_prefetched(bs, pf)
         ps.q_end = q + live * ps.t_blk
@@ -410,6 +427,7 @@ def plan(parts, cur, view, ctx):
     if refill.shape[0]:
         pool_refill(vs, refill, cur, infl, pf)
         # stamp: pool_refill
-    _write_out(pl.out, pf, evict, discard)
+    _write_out(pl.out, pf, evict, discard, pop)
     # stamp: decision copied out
-    return 1, pf.shape[0], evict.shape[0], discard.shape[0], wasted, mis, live, pooled, refill.shape[0] > 0
+    return (1, pf.shape[0], evict.shape[0], discard.shape[0], pop.shape[0], wasted, mis, live, pooled,
+            refill.shape[0] > 0)

@@ -33,7 +33,7 @@ from .victims import pool_add, pool_due
 
 # The policy's counts (``UvmPrefetchPolicy.stats`` is a mapping over this record).
 STAT_NAMES = ("launches", "matched", "soft", "resync", "unpredicted", "prefetched_blocks", "evicted_blocks",
-              "discarded_blocks", "late_blocks", "predicted_faults", "thrash_blocks", "mispredicted_blocks",
+              "discarded_blocks", "populated_blocks", "late_blocks", "predicted_faults", "thrash_blocks", "mispredicted_blocks",
               "refetched_blocks", "moved_blocks", "read_mostly_blocks", "prefer_host_blocks", "stable_resync",
               "pooled_victim_scans", "pool_refills", "pool_waits_lifted")
 COUNTS = np.dtype([(n, np.int64) for n in STAT_NAMES])
@@ -145,7 +145,7 @@ def _decide(st, cur, view, timing):
     if s.has_p and s.p >= s.iter_start and (mv.s[0].s_old != 0 or mv.s[0].s_new != 0):
         shift_from = s.iter_start
     dur, window = timing
-    status, n_pf, n_ev, n_dc, wasted, mis, live, pooled, refilled = plan(
+    status, n_pf, n_ev, n_dc, n_pp, wasted, mis, live, pooled, refilled = plan(
         (h, mv, st.blocks, st.victims, st.plan), cur, view, (dur, window, lim, shift_from))
     if pooled:
         c.pooled_victim_scans += 1
@@ -156,11 +156,12 @@ def _decide(st, cur, view, timing):
         c.thrash_blocks += wasted
         c.evicted_blocks += n_ev
         c.discarded_blocks += n_dc
+        c.populated_blocks += n_pp
         if n_pf:
             c.prefetched_blocks += n_pf
             st.advice[0].link_blocks += live
     # stamp: counted
-    return n_pf, n_ev, n_dc
+    return n_pf, n_ev, n_dc, n_pp
 
 
 @nb.njit(cache=True, nogil=True)
@@ -182,14 +183,14 @@ def step(st, launch, blocks, writes, view):
     """``on_launch``: see the module docstring. ``launch`` is ``(key, name, sig, index, duration, known, window)``
     (``sig`` only without known accesses: the launch's exact signature is then its exec id's hash); ``blocks`` /
     ``writes`` its accesses (empty when not known); ``view`` is ``(resident, in_flight, n_ids, capacity, used,
-    now)``. Returns ``(code, n_prefetch, n_evict, n_discard, again, late, has_p)``: ``code`` one of ``NEED_ROOM``
-    (nothing done), ``MONITOR`` (``again`` blocks back after thrash, ``late`` ones in flight; the plan is left to
-    ``replan``) or ``DECIDED`` (the decision's lengths in ``out``)."""
+    now)``. Returns ``(code, n_prefetch, n_evict, n_discard, again, late, has_p, n_populate)``: ``code`` one of
+    ``NEED_ROOM`` (nothing done), ``MONITOR`` (``again`` blocks back after thrash, ``late`` ones in flight; the plan
+    is left to ``replan``) or ``DECIDED`` (the decision's lengths in ``out``)."""
     h = st.hist
     s = h.s[0]
     c = st.counts[0]
     if not has_room(h):
-        return NEED_ROOM, 0, 0, 0, 0, 0, False
+        return NEED_ROOM, 0, 0, 0, 0, 0, False, 0
     key, name, sig, index, dur, known, window = launch
     c.launches += 1
     # stamp-start
@@ -253,9 +254,9 @@ def step(st, launch, blocks, writes, view):
     if late:
         c.late_blocks += late
     if again or late:
-        return MONITOR, 0, 0, 0, again, late, s.has_p
-    n_pf, n_ev, n_dc = _decide(st, cur, view, (dur, window))
-    return DECIDED, n_pf, n_ev, n_dc, 0, 0, s.has_p
+        return MONITOR, 0, 0, 0, again, late, s.has_p, 0
+    n_pf, n_ev, n_dc, n_pp = _decide(st, cur, view, (dur, window))
+    return DECIDED, n_pf, n_ev, n_dc, 0, 0, s.has_p, n_pp
 
 
 @nb.njit(cache=True, nogil=True)
@@ -266,8 +267,8 @@ def replan(st, launch, blocks, view):
     s = h.s[0]
     _, _, _, _, dur, known, window = launch
     cur = blocks if known else h.pbuf[:s.pk]
-    n_pf, n_ev, n_dc = _decide(st, cur, view, (dur, window))
-    return DECIDED, n_pf, n_ev, n_dc, 0, 0, s.has_p
+    n_pf, n_ev, n_dc, n_pp = _decide(st, cur, view, (dur, window))
+    return DECIDED, n_pf, n_ev, n_dc, 0, 0, s.has_p, n_pp
 
 
 @nb.njit(cache=True, nogil=True)
