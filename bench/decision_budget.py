@@ -236,12 +236,7 @@ def main() -> int:
     print(f"JSON: {path}\nplot: {png}")
     key = (f"{args.policy} {args.oversub:g}x {args.gpu} {args.launch_us:g}us {blocking}"
            f"{' discards' if args.discards else ''}{' no-sync' if args.no_sync else ''}")
-    try:
-        print(results.close_run(args, "decision_budget", key, {"meta": meta, "results": rows}, out))
-    except UvmPrefetchError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 1 if failed else 0
+    return results.finish_run(args, "decision_budget", key, {"meta": meta, "results": rows}, out, 1 if failed else 0)
 
 
 if __name__ == "__main__":

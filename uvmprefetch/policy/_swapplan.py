@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .base import EMPTY, Decision, LaunchInfo, Policy, PolicyContext, ResidencyView
+from .planned import require_trace
 from .tables import group_by
 
 
@@ -465,10 +466,8 @@ class OfflineSwapPolicy(ProfiledSwapPolicy):
     offline = True
 
     def on_start(self, ctx: PolicyContext) -> None:
-        from ..errors import ConfigError
         super().on_start(ctx)
-        if ctx.layout is None or ctx.trace is None:
-            raise ConfigError(f"{self.name} is an offline planner: it needs the whole trace (use it with replay/bench)")
+        require_trace(ctx, f"{self.name} is an offline planner")
         t = time.perf_counter()
         self.plans: dict = {}
         cache: dict = {}
