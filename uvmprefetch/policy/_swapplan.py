@@ -430,10 +430,7 @@ REPROFILE = ("never", "changed", "always")
 def check_common(owner: str, p) -> None:
     """Validation of the parameters every profiled swap policy has."""
     from ..errors import ConfigError
-    for f in ("profile_iter", "headroom"):
-        v = getattr(p, f)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise ConfigError(f"{owner}: {f} must be an integer >= 0, got {v!r}")
+    p.check_ints(owner, ("profile_iter", "headroom"), least=0)
     if p.reprofile not in REPROFILE:
         raise ConfigError(f"{owner}: reprofile must be one of {', '.join(REPROFILE)}, got {p.reprofile!r}")
     for f in ("lead_blocks", "lead_s"):
