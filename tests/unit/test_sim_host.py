@@ -6,6 +6,8 @@ import time
 import numpy as np
 import pytest
 
+from test_sim_golden import steps_trace
+
 from uvmprefetch.errors import ConfigError
 from uvmprefetch.gpus import get_profile
 from uvmprefetch.policy.base import Decision, Policy
@@ -87,15 +89,7 @@ class EvictAfterUse(Policy):
 
 def two_tensors(free_x=False):
     """``x`` written by launch 0; ``y`` read by launches 1 and 2; with ``free_x``, ``x`` is freed before launch 2."""
-    b = TraceBuilder()
-    x = b.alloc(2 * MiB, "activation")
-    y = b.alloc(2 * MiB, "activation")
-    b.launch("w", [(x, 0, 2 * MiB, WRITE)], duration=D)
-    b.launch("r", [(y, 0, 2 * MiB, READ)], duration=D)
-    if free_x:
-        b.free(x)
-    b.launch("r2", [(y, 0, 2 * MiB, READ)], duration=D)
-    return b.build()
+    return steps_trace("Ab-ab" if free_x else "Abb")
 
 
 def test_blocking_evictions_hold_the_host_for_the_write_back():

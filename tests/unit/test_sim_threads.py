@@ -8,7 +8,7 @@ Tensor A is block 0, B block 1. Launches 0-2 touch A, launch 3 reads B; a policy
 
 import numpy as np
 import pytest
-from test_sim_golden import GPU, LAT, TF, D, MiB, T
+from test_sim_golden import GPU, LAT, TF, D, MiB, T, steps_trace
 
 from uvmprefetch.errors import ConfigError
 from uvmprefetch.policy.base import Decision, Policy
@@ -33,14 +33,7 @@ class PrefetchAt(Policy):
         return None
 
 
-def two_tensors(steps):
-    """Tensors A and B of one block each; ``steps`` is a string of launches: ``A`` A written, ``a`` A read,
-    ``b`` B read, each ``d`` long."""
-    b = TraceBuilder()
-    ts = {"a": b.alloc(2 * MiB, "activation"), "b": b.alloc(2 * MiB, "activation")}
-    for i, c in enumerate(steps):
-        b.launch(f"{c}{i}", [(ts[c.lower()], 0, 2 * MiB, WRITE if c.isupper() else READ)], duration=D)
-    return b.build()
+two_tensors = steps_trace  # tensors A and B of one block each
 
 
 def a_then_b():

@@ -125,14 +125,12 @@ class FlashNeuronPolicy(PlannedPolicy):
         self.n_offloads = int(e.shape[0])
         # Everything else is meant to stay on the GPU; what the driver evicts anyway comes back before its next use.
         self.follow_uses(lay)
+        self.n_planned = len(self.ev_ptr) - 1
         self.returned = 0
         self.issued_offload = 0
         self.issued_prefetch = 0
 
-    def on_launch(self, info: LaunchInfo, state: ResidencyView) -> Decision | None:
-        i = info.index
-        if not self.advance(i, len(self.ev_ptr) - 1):
-            return None
+    def _decide(self, i: int, info: LaunchInfo, state: ResidencyView) -> Decision | None:
         ev = self.ev[self.ev_ptr[i]:self.ev_ptr[i + 1]]
         pf = self.pf[self.pf_ptr[i]:self.pf_ptr[i + 1]]
         if self.params.keep_resident and self.stray.any():

@@ -177,6 +177,7 @@ class G10Policy(PlannedPolicy):
         self.t_blk = t_h2d
         # Blocks the driver evicted on its own (the plan's headroom was short): brought back before their next use.
         self.follow_uses(lay)
+        self.n_planned = len(self.due_ptr) - 1
         self.issued = dict(prefetch=0, prefetch_early=0, prefetch_stray=0, evict_host=0, evict_ssd=0, drop_last=0)
 
     @staticmethod
@@ -188,10 +189,7 @@ class G10Policy(PlannedPolicy):
         hi = np.searchsorted(key, blk * (L + 2) + np.minimum(nxt, L), side="right")
         return hi > lo
 
-    def on_launch(self, info: LaunchInfo, state: ResidencyView) -> Decision | None:
-        i = info.index
-        if not self.advance(i, len(self.due_ptr) - 1):
-            return None
+    def _decide(self, i: int, info: LaunchInfo, state: ResidencyView) -> Decision | None:
         evh = self.evh[self.evh_ptr[i]:self.evh_ptr[i + 1]]
         evs = self.evs[self.evs_ptr[i]:self.evs_ptr[i + 1]]
         dl = self.dl[self.dl_ptr[i]:self.dl_ptr[i + 1]]

@@ -66,6 +66,7 @@ class VdnnPolicy(PlannedPolicy):
 
     def _plan(self, ctx: PolicyContext) -> None:
         self._build(ctx.trace, ctx.layout, ctx.capacity_blocks)
+        self.n_planned = self.ev_ptr.shape[0] - 1
         self.stats = dict(offloaded_blocks=0, prefetched_blocks=0)
 
     def _pairs(self, t, lay, conv_only: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -159,10 +160,7 @@ class VdnnPolicy(PlannedPolicy):
         else:
             self.pf_ptr, self.pf = np.zeros(L + 1, dtype=np.int64), EMPTY
 
-    def on_launch(self, info: LaunchInfo, state: ResidencyView) -> Decision | None:
-        i = info.index
-        if i >= self.ev_ptr.shape[0] - 1:
-            return None
+    def _decide(self, i: int, info: LaunchInfo, state: ResidencyView) -> Decision | None:
         ev = self.ev[self.ev_ptr[i]:self.ev_ptr[i + 1]]
         pf = self.pf[self.pf_ptr[i]:self.pf_ptr[i + 1]]
         if not (ev.size or pf.size):
