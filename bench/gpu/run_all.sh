@@ -179,7 +179,7 @@ next2)
     keep_next distributed.json
     ;;
 replay)
-    # issue 38: the four standard traces replayed with touch kernels at 1/8 of their size, 1.5x, demand and
+    # issue 38: four of the standard traces (not T5 base) replayed with touch kernels at 1/8 of their size, 1.5x, demand and
     #    uvmprefetch under the live runtime, each with the simulator's prediction (~2.5 min, at most 3.5: it
     #    records the traces, ~30 s, and compiles the policy, ~1 min on a fresh machine, first; no case starts
     #    after 150 s, so the smaller traces go first). Written into $OUT after every case: a cut keeps them.

@@ -150,12 +150,15 @@ def test_parse_host_presets_overrides_and_errors():
     assert parse_host("live-sync:decision_scale=0.5").decision_scale == 0.5
     assert parse_host("live-sync:decision_scale=0.5").blocking_evict  # the preset's other fields stay
     assert parse_host("decision_s=2e-5") == HostModel(decision_s=2e-5)
-    with pytest.raises(ConfigError, match="unknown"):
-        parse_host("fast")
-    with pytest.raises(ConfigError, match="launch_s must be"):
-        parse_host("launch_s=-1")
-    with pytest.raises(ConfigError, match="unknown parameter"):
-        parse_host("speed=3")
+
+
+@pytest.mark.parametrize("spec, says", [
+    ("fast", "unknown"), ("launch_s=-1", "launch_s must be"), ("speed=3", "unknown parameter"),
+    ("planner_lag=3", "planner_lag needs planner"), ("live:planner_lag=-1", "planner_lag"),
+    ("live:planner_lag=1.5", "planner_lag")])
+def test_parse_host_names_what_is_wrong(spec, says):
+    with pytest.raises(ConfigError, match=says):
+        parse_host(spec)
 
 
 def test_a_discard_of_live_data_is_refused_and_written_back():

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from test_sim_golden import GPU, LAT, TF, D, MiB, T, steps_trace
 
-from uvmprefetch.errors import ConfigError
 from uvmprefetch.policy.base import Decision, Policy
 from uvmprefetch.sim.host import HOST_PRESETS, HostModel, host_name, parse_host
 from uvmprefetch.sim.replay import replay
@@ -194,13 +193,7 @@ def test_presets_and_parsing():
     assert parse_host("free") is None and host_name(None) == "free"
     assert host_name(parse_host("live")) == "live" and host_name(parse_host("live-sync")) == "live-sync"
     assert host_name(parse_host("live:planner_lag=8")) == "custom"
-    assert parse_host("live:planner_lag=8").planner_lag == 8
-    with pytest.raises(ConfigError, match="planner_lag needs planner"):
-        parse_host("planner_lag=3")
-    with pytest.raises(ConfigError, match="planner_lag"):
-        parse_host("live:planner_lag=-1")
-    with pytest.raises(ConfigError, match="planner_lag"):
-        parse_host("live:planner_lag=1.5")
+    assert parse_host("live:planner_lag=8").planner_lag == 8  # (its bad values: test_sim_host.py)
 
 
 def test_prefetch_calls_hold_their_thread():
