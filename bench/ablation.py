@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from uvmprefetch import results  # noqa: E402
-from uvmprefetch.errors import ConfigError  # noqa: E402
+from uvmprefetch.errors import UvmPrefetchError  # noqa: E402
 from uvmprefetch.gpus import get_profile  # noqa: E402
 from uvmprefetch.jsonutil import json_default  # noqa: E402
 from uvmprefetch.sim import bench as B  # noqa: E402
@@ -58,17 +58,12 @@ def geomean(xs):
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
 
-def get_traces(paths):
-    if paths:
-        return B.load_traces(paths), "command line"
-    try:
-        return B.standard_trace_set(), "standard traces"
-    except ConfigError:
-        from uvmprefetch.sim.synthetic import training_trace
-        return ([("synthetic-24x8MiB", training_trace(layers=24, iterations=3, bw=0.3e12)),
-                 ("synthetic-12x16MiB", training_trace(layers=12, param_bytes=16 << 20, act_bytes=12 << 20,
-                                                        iterations=3, bw=0.5e12))],
-                "SYNTHETIC fallback (no standard traces available)")
+def synthetic_traces():
+    """Stand-ins where no standard traces are available."""
+    from uvmprefetch.sim.synthetic import training_trace
+    return [("synthetic-24x8MiB", training_trace(layers=24, iterations=3, bw=0.3e12)),
+            ("synthetic-12x16MiB", training_trace(layers=12, param_bytes=16 << 20, act_bytes=12 << 20, iterations=3,
+                                                   bw=0.5e12))]
 
 
 def time_of(rows, trace, policy, ov):
@@ -91,8 +86,7 @@ def recovery(it_times, changes, alternating):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--traces", nargs="*", help="trace files instead of the standard set")
-    ap.add_argument("--gpu", default="h100-pcie")
+    B.add_trace_arguments(ap)
     ap.add_argument("--oversub", default="1.5,2,3")
     ap.add_argument("--no-patterns", action="store_true", help="skip the changing-pattern traces")
     results.add_arguments(ap, "ablation")
@@ -100,9 +94,9 @@ def main() -> int:
     try:
         gpu = get_profile(args.gpu)
         oversubs = B.parse_oversub_list(args.oversub)
-        traces, source = get_traces(args.traces)
+        traces, source = B.bench_traces(args.traces, synthetic_traces)
         out = results.run_dir(args.out, "ablation")
-    except ConfigError as e:
+    except UvmPrefetchError as e:  # (a bad profile, trace file or --oversub)
         print(f"error: {e}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
@@ -212,13 +206,8 @@ def main() -> int:
     lines += ["", f"wall {wall:.1f} s; JSON: {path}"]
     # the baseline keeps the tables only; the run folder keeps every replay's row
     setting = f"{args.gpu} {','.join(f'{o:g}' for o in oversubs)}" + ("" if args.traces is None else f" {source}")
-    try:
-        lines.append(results.close_run(args, "ablation", setting, tables, out))
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     print("\n".join(lines))
-    return 0
+    return results.finish_run(args, "ablation", setting, tables, out)
 
 
 if __name__ == "__main__":

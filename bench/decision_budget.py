@@ -23,7 +23,7 @@ with ``--launch-us``, ``--no-blocking-evict`` (an asynchronous mover), ``--disca
                                     [--costs 0,5,10,20,45,100,200,400] [--tolerance 0.01] [--out DIR]
                                     [--update-baseline]
 
-Without traces it takes the four standard traces (``uvmprefetch bench`` records them once). Small kernels are
+Without traces it takes the standard traces (``uvmprefetch bench`` records them once). Small kernels are
 where a decision cannot hide: add the shipped ``traces/gpt2-small-b2s128.uvmt`` (23 us of GPU time per launch)
 in a run of its own with ``--oversub 1.5`` (its widest launch does not fit at 2x). Writes
 ``decision-budget-<date>.json`` and ``.png`` to ``--out`` (default ``./decision_budget-<date>/``) and, with
@@ -120,7 +120,7 @@ def plot(rows: list[dict], path: Path, tol: float, setting: str = "") -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("traces", nargs="*", help="trace files (.uvmt); default: the four standard traces")
+    ap.add_argument("traces", nargs="*", help="trace files (.uvmt); default: the standard traces")
     ap.add_argument("--oversub", type=float, default=2.0, help="working footprint / capacity (default 2)")
     ap.add_argument("--policy", default="uvmprefetch", help="policy spec (default uvmprefetch)")
     ap.add_argument("--gpu", default="h100-pcie", help="GPU profile (default h100-pcie)")
@@ -236,12 +236,7 @@ def main() -> int:
     print(f"JSON: {path}\nplot: {png}")
     key = (f"{args.policy} {args.oversub:g}x {args.gpu} {args.launch_us:g}us {blocking}"
            f"{' discards' if args.discards else ''}{' no-sync' if args.no_sync else ''}")
-    try:
-        print(results.close_run(args, "decision_budget", key, {"meta": meta, "results": rows}, out))
-    except UvmPrefetchError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 1 if failed else 0
+    return results.finish_run(args, "decision_budget", key, {"meta": meta, "results": rows}, out, 1 if failed else 0)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from uvmprefetch import results  # noqa: E402
-from uvmprefetch.errors import ConfigError  # noqa: E402
+from uvmprefetch.errors import UvmPrefetchError  # noqa: E402
 from uvmprefetch.gpus import get_profile  # noqa: E402
 from uvmprefetch.runtime.iterations import IterationEnds  # noqa: E402
 from uvmprefetch.sim import bench as B  # noqa: E402
@@ -65,16 +65,15 @@ def with_marks(trace, its: np.ndarray):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--traces", nargs="*", help="trace files instead of the standard set")
-    ap.add_argument("--gpu", default="h100-pcie")
+    B.add_trace_arguments(ap)
     ap.add_argument("--oversub", type=float, default=2.0)
     results.add_arguments(ap, "iteration_marks")
     args = ap.parse_args()
     try:
         gpu = get_profile(args.gpu)
-        traces = B.load_traces(args.traces) if args.traces else B.standard_trace_set()
+        traces, _ = B.bench_traces(args.traces)
         out = results.run_dir(args.out, "iteration_marks")
-    except ConfigError as e:
+    except UvmPrefetchError as e:  # (a bad profile, trace file or --oversub)
         print(f"error: {e}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
@@ -105,12 +104,7 @@ def main() -> int:
     print("\n".join(lines))
     print(f"\nwrote {path}")
     setting = f"{gpu.name} {args.oversub:g}x" + ("" if args.traces is None else " " + ",".join(n for n, _ in traces))
-    try:
-        print(results.close_run(args, "iteration_marks", setting, payload, out))
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return results.finish_run(args, "iteration_marks", setting, payload, out)
 
 
 if __name__ == "__main__":

@@ -269,12 +269,7 @@ def main() -> int:
     print("(us/op, us/launch: end-to-end overhead vs plain; right: median (and mean) us per observed launch, "
           "timed run)")
     setting = f"gpt2 {args.layers}x{args.embd} b{args.batch}x{args.seq} budget={args.budget}"
-    try:
-        print(results.close_run(args, "observe_overhead", setting, res, out))
-    except UvmPrefetchError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return results.finish_run(args, "observe_overhead", setting, res, out)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from uvmprefetch import results  # noqa: E402
-from uvmprefetch.errors import ConfigError  # noqa: E402
+from uvmprefetch.errors import UvmPrefetchError  # noqa: E402
 from uvmprefetch.gpus import get_profile  # noqa: E402
 from uvmprefetch.policy import available  # noqa: E402
 from uvmprefetch.sim import bench as B  # noqa: E402
@@ -50,31 +50,30 @@ def pick_gpt2l(traces, explicit):
     return None
 
 
+def synthetic_traces():
+    """Stand-ins where no standard traces are available."""
+    from uvmprefetch.sim.synthetic import training_trace
+    return [("synthetic-24x32MiB", training_trace(layers=24, param_bytes=32 << 20, act_bytes=24 << 20)),
+            ("synthetic-96x8MiB", training_trace(layers=96, param_bytes=8 << 20, act_bytes=6 << 20))]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--traces", nargs="*", help="trace files instead of the standard set")
+    B.add_trace_arguments(ap)
     ap.add_argument("--gpt2l", help="the GPT-2-large 2-iteration trace (default: found in the standard set)")
-    ap.add_argument("--gpu", default="h100-pcie")
     ap.add_argument("--policies", default="all")
     ap.add_argument("--oversub", default="1,1.25,1.5,2,3")
     results.add_arguments(ap, "replay_bench")
     args = ap.parse_args()
-    gpu = get_profile(args.gpu)
-    source = "command line"
-    if args.traces:
-        traces = B.load_traces(args.traces)
-    else:
-        try:
-            traces = B.standard_trace_set()
-            source = "standard traces"
-        except ConfigError:
-            from uvmprefetch.sim.synthetic import training_trace
-            source = "SYNTHETIC fallback (no standard traces available)"
-            traces = [("synthetic-24x32MiB", training_trace(layers=24, param_bytes=32 << 20, act_bytes=24 << 20)),
-                      ("synthetic-96x8MiB", training_trace(layers=96, param_bytes=8 << 20, act_bytes=6 << 20))]
+    try:
+        gpu = get_profile(args.gpu)
+        traces, source = B.bench_traces(args.traces, synthetic_traces)
+        oversubs = B.parse_oversub_list(args.oversub)
+        out = results.run_dir(args.out, "replay_bench")
+    except UvmPrefetchError as e:  # (a bad profile, trace file or --oversub)
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     policies = available() if args.policies == "all" else args.policies.split(",")
-    oversubs = B.parse_oversub_list(args.oversub)
-    out = results.run_dir(args.out, "replay_bench")
     figures: dict = {"source": source, "traces": [n for n, _ in traces], "policies": policies, "oversub": oversubs}
 
     g = pick_gpt2l(traces, args.gpt2l)
@@ -106,9 +105,9 @@ def main() -> int:
     print(f"benchmark matrix: {len(rows)} results in {wall:.1f} s (target < {TARGET_BENCH_S:.0f} s: "
           f"{'OK' if wall < TARGET_BENCH_S else 'MISSED'}); traces: {source}; wrote {res_path}", file=sys.stderr)
     print(B.markdown(rows, oversubs))
-    print(results.close_run(args, "replay_bench", f"{args.gpu} {source}", {"meta": meta, "figures": figures}, out))
     ok = figures["bench_ok"] and figures.get("gpt2l", {}).get("ok", True)
-    return 0 if ok else 1
+    return results.finish_run(args, "replay_bench", f"{args.gpu} {source}", {"meta": meta, "figures": figures}, out,
+                              0 if ok else 1)
 
 
 if __name__ == "__main__":

@@ -242,21 +242,26 @@ def parse_budget(text: str, var: str = "UVMPREFETCH_BUDGET") -> Budget:
     ConfigError
         Naming ``var`` and the accepted forms.
     """
-    t = str(text).strip()
     try:
-        if t.endswith("%"):
-            return Budget(fraction=_percent(t))
-        try:
-            num = float(t)
-        except ValueError:
-            return Budget(nbytes=parse_size(t, var))
-        if 0 < num <= 1:
-            return Budget(fraction=num)
-        if num > 1 and num.is_integer():
-            return Budget(nbytes=int(num))
-        raise ValueError
+        return _bytes_or_share(str(text).strip(), var, Budget, bare_fraction=True)
     except (ValueError, ConfigError):
         raise _bad(var, text) from None
+
+
+def _bytes_or_share(t: str, var: str, cls, bare_fraction: bool):
+    """``cls(fraction=...)`` for ``"30%"`` (and, where ``bare_fraction``, for a bare number up to 1), else
+    ``cls(nbytes=...)`` for a size with a unit or a bare whole number above 0; ValueError or ConfigError otherwise."""
+    if t.endswith("%"):
+        return cls(fraction=_percent(t))
+    try:
+        num = float(t)
+    except ValueError:
+        return cls(nbytes=parse_size(t, var))
+    if bare_fraction and 0 < num <= 1:
+        return cls(fraction=num)
+    if num > 0 and num.is_integer():
+        return cls(nbytes=int(num))
+    raise ValueError
 
 
 def parse_host_limit(text: str, var: str = "UVMPREFETCH_HOST_LIMIT") -> HostLimit:
@@ -271,18 +276,10 @@ def parse_host_limit(text: str, var: str = "UVMPREFETCH_HOST_LIMIT") -> HostLimi
     t = str(text).strip()
     if not t:
         return DEFAULT_HOST_LIMIT
+    if t == "0":
+        return HostLimit(nbytes=0)
     try:
-        if t.endswith("%"):
-            return HostLimit(fraction=_percent(t))
-        if t == "0":
-            return HostLimit(nbytes=0)
-        try:
-            num = float(t)
-        except ValueError:
-            return HostLimit(nbytes=parse_size(t, var))
-        if num > 0 and num.is_integer():
-            return HostLimit(nbytes=int(num))
-        raise ValueError
+        return _bytes_or_share(t, var, HostLimit, bare_fraction=False)
     except (ValueError, ConfigError):
         raise _bad(var, text) from None
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -142,3 +143,14 @@ def close_run(args, benchmark: str, setting: str, payload: dict, out: Path) -> s
         lines.append(f"baseline: {update_baseline(benchmark, setting, payload)}")
     lines.append(f"results: {out}")
     return "\n".join(lines)
+
+
+def finish_run(args, benchmark: str, setting: str, payload: dict, out: Path, status: int = 0) -> int:
+    """A benchmark's last step: prints ``close_run``'s lines and returns ``status`` (its exit status); a baseline
+    that cannot be stored is one line on stderr and exit status 2."""
+    try:
+        print(close_run(args, benchmark, setting, payload, out))
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return status

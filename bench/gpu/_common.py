@@ -514,6 +514,97 @@ class PairedRuns:
     ws: int
     t_plain: float | None
 
+    def run_pairs(self, variants: list[tuple[str, dict, dict]]) -> tuple[list[dict], list[str]]:
+        """Each ratio with each variant ``(case suffix, fields, env)`` in turn, until the deadline: a ``uvmprefetch``
+        run at the ratio's budget with ``env``, its result updated with ``ratio`` and ``fields``. Name the setting
+        under test first: when the deadline cuts, its reference is what goes. Returns (runs, skipped cases)."""
+        runs, skipped = [], []
+        for ratio in self.ratios:
+            for suffix, fields, env in variants:
+                case = f"{ratio:g}x-{suffix}"
+                if self.left() <= 0:
+                    skipped.append(case)
+                    continue
+                r = self.run("uvmprefetch", case, budget=int(self.ws / ratio), extra_env=env)
+                r.update(ratio=ratio, **fields)
+                runs.append(r)
+        return runs, skipped
+
+    def each(self, runs: list[dict], dry_run: bool):
+        """Each run with its figures (``facts``) and the other run at its ratio (None where that one did not run)."""
+        for r in runs:
+            yield r, self.facts(r, dry_run), next((o for o in runs if o is not r and o["ratio"] == r["ratio"]), None)
+
+    def facts(self, r: dict, dry_run: bool) -> "RunFacts":
+        """What every run of these scripts reports: see ``RunFacts``."""
+        ok, why = run_ok(r)
+        rep = r.get("report")
+        iters = int(report_get(rep, "iterations", default=len(r.get("losses", [])))) or 1
+        t = steady_median(iteration_times(r, dry_run)[0], self.work.warmup) if ok else math.nan
+        d2h, h2d, src = d2h_h2d(rep)
+        return RunFacts(ok, why, rep, t, *(None if x is None else x / iters / GIB for x in (d2h, h2d)), src)
+
+    def finish(self, args, name: str, baseline_file: Path, runs: list[dict], skipped: list[str], headers: list[str],
+               rows: list[list], checks: list[Check]) -> int:
+        """``finish`` with the payload these scripts share; a case the deadline skipped is a failed check."""
+        checks += [Check(f"{case} ran", "skipped: --deadline reached", "ok", False) for case in skipped]
+        payload = {"workload": self.work.__dict__, "working_set_bytes": self.ws, "ratios": self.ratios,
+                   "plain_s_per_iter": self.t_plain, "baseline_file": str(baseline_file), "skipped": skipped,
+                   "runs": [{k: v for k, v in r.items() if k != "stderr_tail" or not run_ok(r)[0]} for r in runs]}
+        return finish(args, name, payload, headers, rows, checks)
+
+
+GIB = float(1 << 30)
+
+
+@dataclass
+class RunFacts:
+    """A paired run's figures: it ran (``ok``) or why not, its runtime ``report``, steady s/iter ``t`` (NaN when it
+    failed), GiB moved per iteration each way, and where those bytes come from (``d2h_h2d``)."""
+
+    ok: bool
+    why: str
+    report: dict | None
+    t: float
+    d2h_gib_per_iter: float | None
+    h2d_gib_per_iter: float | None
+    bytes_source: str
+
+
+def d2h_h2d(report: dict | None) -> tuple[float | None, float | None, str]:
+    """(D2H bytes, H2D bytes, source) of a run: CUPTI's unified-memory counters where the runtime had them,
+    else the runtime's books (blocks it evicted / prefetched or faulted, times the block size)."""
+    d = report_get(report, "backend_result.cupti.um_bytes_dtoh")
+    h = report_get(report, "backend_result.cupti.um_bytes_htod")
+    if d is not None and h is not None:
+        return float(d), float(h), "cupti"
+    d, h = report_get(report, "bytes_dtoh"), report_get(report, "bytes_htod")
+    return (float(d) if d is not None else None), (float(h) if h is not None else None), "books"
+
+
+def same_losses(r: dict, ok: bool, ref: dict | None) -> bool | None:
+    """Whether run ``r`` (``ok``: it ran) computed bit-equal losses to ``ref`` (None: no pair to compare)."""
+    if ref is None or not ok or not run_ok(ref)[0]:
+        return None
+    return r["losses_hex"] == ref["losses_hex"]
+
+
+def losses_check(label: str, r: dict, ref: dict, equal: bool, strict: bool = True) -> Check:
+    """Two runs that must compute the same losses: a difference is lost data, named by its first iteration.
+    ``strict=False`` (nondeterministic kernels, which cannot tell lost data from noise): informational."""
+    first = next((i for i, (a, b) in enumerate(zip(r["losses_hex"], ref["losses_hex"])) if a != b), None)
+    return Check(label, "bit-equal" if equal else f"differ from iteration {first}",
+                 "bit-equal (a difference is lost data)" if strict else "informational", equal if strict else None)
+
+
+def add_paired_arguments(p: argparse.ArgumentParser, *, deadline: float, why: str) -> None:
+    """The arguments ``paired_runs`` reads: the workload (GPT-2 large, 7 iterations, 2 warm-up), the time budget
+    (``deadline`` seconds in all: ``why``) and ``--working-set``."""
+    add_workload_arguments(p, config="large", iters=7, warmup=2)
+    add_budget_arguments(p, timeout=150.0, deadline=deadline, why=why)
+    p.add_argument("--working-set", type=int, default=None,
+                   help="working set in bytes (e.g. oversub.json's working_set_bytes): skips the plain sizing run")
+
 
 def paired_runs(name: str, args, dry_env: dict | None = None) -> PairedRuns:
     """Check the arguments (``add_workload_arguments``, ``add_budget_arguments``, ``--working-set``,

@@ -16,12 +16,10 @@ demand_copy_ins, ineligible_evictions, mirror_full_evictions, mirror.peak_bytes,
 
 from __future__ import annotations
 
-import math
 import sys
 
 import _common as C
 import baseline as B
-from discards import d2h_h2d
 
 NAME = "copypath"
 EPILOG = """\
@@ -36,7 +34,6 @@ runtime report fields read: iterations, degraded, errors, backend_result.copy_pa
   mirror.peak_bytes, unattributed_launches}
 """
 TARGET = {1.5: 2.0, 2.0: 3.0}  # s/iter over plain at each ratio (issue #33, done-when)
-GIB = float(1 << 30)
 DRY_GPU = "h100-pcie-cal"  # a profile with the copy path, for the dryrun backend
 
 
@@ -56,44 +53,25 @@ def copy_facts(report: dict | None, dry_run: bool) -> dict:
 
 def main(argv=None) -> int:
     p = C.parser(NAME, __doc__.split("\n\n")[0], EPILOG)
-    C.add_workload_arguments(p, config="large", iters=7, warmup=2)
-    C.add_budget_arguments(p, timeout=150.0, deadline=480.0, why="the script fits 9 minutes")
-    p.add_argument("--working-set", type=int, default=None,
-                   help="working set in bytes (e.g. oversub.json's working_set_bytes): skips the plain sizing run")
+    C.add_paired_arguments(p, deadline=480.0, why="the script fits 9 minutes")
     args = p.parse_args(argv)
     gpu_env = {"UVMPREFETCH_GPU": DRY_GPU} if args.dry_run else {}
     pr = C.paired_runs(NAME, args, dry_env=gpu_env)
-    ratios, work, run, left, ws, t_plain = pr.ratios, pr.work, pr.run, pr.left, pr.ws, pr.t_plain
-
-    runs, skipped = [], []
-    for ratio in ratios:
-        for evict in ("auto", "uvm"):  # the copy path first: if the deadline cuts, the pair's reference goes
-            case = f"{ratio:g}x-evict-{evict}"
-            if left() <= 0:
-                skipped.append(case)
-                continue
-            r = run("uvmprefetch", case, budget=int(ws / ratio), extra_env={"UVMPREFETCH_EVICT": evict, **gpu_env})
-            r.update(ratio=ratio, evict=evict)
-            runs.append(r)
+    work, t_plain = pr.work, pr.t_plain
+    runs, skipped = pr.run_pairs([(f"evict-{e}", {"evict": e}, {"UVMPREFETCH_EVICT": e, **gpu_env})
+                                  for e in ("auto", "uvm")])  # the copy path first
 
     checks: list[C.Check] = []
     rows, cases = [], []
-    by = {(r["ratio"], r["evict"]): r for r in runs}
-    for r in runs:
-        ok, why = C.run_ok(r)
-        rep = r.get("report")
-        iters = int(C.report_get(rep, "iterations", default=len(r.get("losses", [])))) or 1
-        t = C.steady_median(C.iteration_times(r, args.dry_run)[0], work.warmup) if ok else math.nan
-        d2h, _, src = d2h_h2d(rep)
-        d2h_it = d2h / iters / GIB if d2h is not None else None
+    for r, f, other in pr.each(runs, args.dry_run):
+        ok, why, rep, t = f.ok, f.why, f.report, f.t
+        d2h_it, src = f.d2h_gib_per_iter, f.bytes_source
         cp = copy_facts(rep, args.dry_run)
-        ref = by.get((r["ratio"], "uvm")) if r["evict"] == "auto" else None
-        equal = None
-        if ref is not None and ok and C.run_ok(ref)[0]:
-            equal = r["losses_hex"] == ref["losses_hex"]
+        ref = other if r["evict"] == "auto" else None  # the same ratio with UVM's eviction only
+        equal = C.same_losses(r, ok, ref)
         vs_plain = t / t_plain if t_plain and ok else None
         rows.append([r["case"], r["budget"], len(r.get("losses", [])), t, vs_plain, d2h_it, cp["evictions"],
-                     (cp["peak"] or 0) / GIB, cp["fallbacks"], cp["demand"],
+                     (cp["peak"] or 0) / C.GIB, cp["fallbacks"], cp["demand"],
                      "-" if equal is None else ("yes" if equal else "NO"), why if not ok else (cp["why"] or "")])
         checks.append(C.Check(f"{r['case']} ran, losses finite", "ok" if ok else why, "ok, runtime active", ok))
         if ok and r["evict"] == "auto":
@@ -101,10 +79,7 @@ def main(argv=None) -> int:
                                   + ("" if cp["on"] else f"; off: {cp['why']}"), "> 0, the path still on",
                                   cp["on"] and cp["evictions"] > 0))
             if equal is not None:
-                first = next((i for i, (a, b) in enumerate(zip(r["losses_hex"], ref["losses_hex"])) if a != b), None)
-                checks.append(C.Check(f"{r['ratio']:g}x losses, copy path vs UVM only",
-                                      "bit-equal" if equal else f"differ from iteration {first}",
-                                      "bit-equal (a difference is lost data)", equal))
+                checks.append(C.losses_check(f"{r['ratio']:g}x losses, copy path vs UVM only", r, ref, equal))
             if vs_plain is not None and r["ratio"] in TARGET:
                 checks.append(C.Check(f"{r['ratio']:g}x s/iter over plain with the copy path", f"{vs_plain:.2f}x",
                                       f"<= {TARGET[r['ratio']]:g}x", vs_plain <= TARGET[r["ratio"]]))
@@ -116,18 +91,12 @@ def main(argv=None) -> int:
                       "losses_finite": ok, "losses_bit_equal_uvm": equal, "copy_path_on": cp["on"],
                       "copy_evictions": cp["evictions"], "mirror_peak_bytes": cp["peak"],
                       "mirror_fallbacks": cp["fallbacks"], "demand_copy_ins": cp["demand"]})
-    for case in skipped:
-        checks.append(C.Check(f"{case} ran", "skipped: --deadline reached", "ok", False))
-
     env = C.environment(args.dry_run)
     path = B.path_for(args.dry_run)
     B.update(path, env.get("device") or "unknown", env, cases)
     headers = ["case", "budget B", "iters", "s/iter (steady)", "x plain", "D2H GiB/iter", "copy evictions",
                "mirror peak GiB", "mirror fallbacks", "demand copy-ins", "losses = uvm", "note"]
-    payload = {"workload": work.__dict__, "working_set_bytes": ws, "ratios": ratios, "plain_s_per_iter": t_plain,
-               "baseline_file": str(path), "skipped": skipped,
-               "runs": [{k: v for k, v in r.items() if k != "stderr_tail" or not C.run_ok(r)[0]} for r in runs]}
-    return C.finish(args, NAME, payload, headers, rows, checks)
+    return pr.finish(args, NAME, path, runs, skipped, headers, rows, checks)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ the dryrun backend has none),
 
 from __future__ import annotations
 
-import math
 import sys
 
 import _common as C
@@ -40,18 +39,6 @@ runtime report fields read: iterations, degraded, errors, bytes_dtoh, bytes_htod
   unknown_kernels_seen, gate_closures_per_iteration}
 """
 D2H_TARGET_GIB = 20.0  # at 1.5x with discards (issue #32)
-GIB = float(1 << 30)
-
-
-def d2h_h2d(report: dict | None) -> tuple[float | None, float | None, str]:
-    """(D2H bytes, H2D bytes, source) of a run: CUPTI's unified-memory counters where the runtime had them,
-    else the runtime's books (blocks it evicted / prefetched or faulted, times the block size)."""
-    d = C.report_get(report, "backend_result.cupti.um_bytes_dtoh")
-    h = C.report_get(report, "backend_result.cupti.um_bytes_htod")
-    if d is not None and h is not None:
-        return float(d), float(h), "cupti"
-    d, h = C.report_get(report, "bytes_dtoh"), C.report_get(report, "bytes_htod")
-    return (float(d) if d is not None else None), (float(h) if h is not None else None), "books"
 
 
 def discarded_blocks(report: dict | None) -> int:
@@ -60,10 +47,7 @@ def discarded_blocks(report: dict | None) -> int:
 
 def main(argv=None) -> int:
     p = C.parser(NAME, __doc__.split("\n\n")[0], EPILOG)
-    C.add_workload_arguments(p, config="large", iters=7, warmup=2)
-    C.add_budget_arguments(p, timeout=150.0, deadline=340.0, why="the script fits 6 minutes")
-    p.add_argument("--working-set", type=int, default=None,
-                   help="working set in bytes (e.g. oversub.json's working_set_bytes): skips the plain sizing run")
+    C.add_paired_arguments(p, deadline=340.0, why="the script fits 6 minutes")
     p.add_argument("--discard-batch", type=int, default=None, metavar="N",
                    help="UVMPREFETCH_DISCARD_BATCH for the discard runs: discarding launches per gate closure "
                         "(default: the runtime's, 16)")
@@ -73,40 +57,19 @@ def main(argv=None) -> int:
     if args.discard_batch is not None and args.discard_batch <= 0:
         p.error(f"--discard-batch must be a positive integer, not {args.discard_batch}")
     pr = C.paired_runs(NAME, args)
-    ratios, work, run, left, ws, t_plain = pr.ratios, pr.work, pr.run, pr.left, pr.ws, pr.t_plain
+    work, t_plain = pr.work, pr.t_plain
     det = not args.nondeterministic
-
-    runs, skipped = [], []
-    for ratio in ratios:
-        for on in (True, False):  # the discard run first: if the deadline cuts, the pair's reference goes
-            case = f"{ratio:g}x-discard-{'on' if on else 'off'}"
-            if left() <= 0:
-                skipped.append(case)
-                continue
-            env = {"UVMPREFETCH_DISCARD": "1" if on else "0"}
-            if on and args.discard_batch is not None:
-                env["UVMPREFETCH_DISCARD_BATCH"] = str(args.discard_batch)
-            r = run("uvmprefetch", case, budget=int(ws / ratio), extra_env=env)
-            r.update(ratio=ratio, discard=on)
-            runs.append(r)
+    batch = {} if args.discard_batch is None else {"UVMPREFETCH_DISCARD_BATCH": str(args.discard_batch)}
+    runs, skipped = pr.run_pairs([("discard-on", {"discard": True}, {"UVMPREFETCH_DISCARD": "1", **batch}),
+                                  ("discard-off", {"discard": False}, {"UVMPREFETCH_DISCARD": "0"})])
 
     checks: list[C.Check] = []
     rows, cases = [], []
-    by = {(r["ratio"], r["discard"]): r for r in runs}
-    for r in runs:
-        ok, why = C.run_ok(r)
-        rep = r.get("report")
-        iters = int(C.report_get(rep, "iterations", default=len(r.get("losses", [])))) or 1
-        times, _ = C.iteration_times(r, args.dry_run)
-        t = C.steady_median(times, work.warmup) if ok else math.nan
-        d2h, h2d, src = d2h_h2d(rep)
-        d2h_it = d2h / iters / GIB if d2h is not None else None
-        h2d_it = h2d / iters / GIB if h2d is not None else None
+    for r, f, other in pr.each(runs, args.dry_run):
+        ok, why, rep, t = f.ok, f.why, f.report, f.t
+        d2h_it, h2d_it, src = f.d2h_gib_per_iter, f.h2d_gib_per_iter, f.bytes_source
         live = C.report_get(rep, "backend_result.liveness", default={}) or {}
-        other = by.get((r["ratio"], not r["discard"]))
-        equal = None
-        if other is not None and ok and C.run_ok(other)[0]:
-            equal = r["losses_hex"] == other["losses_hex"]
+        equal = C.same_losses(r, ok, other)
         n_disc = discarded_blocks(rep)
         gates = gate_closures(live, work.warmup)
         rows.append([r["case"], r["budget"], len(r.get("losses", [])), t, d2h_it, h2d_it, src, n_disc,
@@ -117,11 +80,7 @@ def main(argv=None) -> int:
             checks.append(C.Check(f"{r['case']} discarded", f"{n_disc} blocks", "> 0 (the discard path ran)",
                                   n_disc > 0))
             if equal is not None:
-                first = next((i for i, (a, b) in enumerate(zip(r["losses_hex"], other["losses_hex"])) if a != b), None)
-                checks.append(C.Check(f"{r['ratio']:g}x losses, discards on vs off",
-                                      "bit-equal" if equal else f"differ from iteration {first}",
-                                      "bit-equal (a difference is lost data)" if det else "informational",
-                                      equal if det else None))
+                checks.append(C.losses_check(f"{r['ratio']:g}x losses, discards on vs off", r, other, equal, det))
             if r["ratio"] == 1.5 and d2h_it is not None:
                 checks.append(C.Check("1.5x D2H per iteration with discards", f"{d2h_it:.3g} GiB ({src})",
                                       f"<= {D2H_TARGET_GIB:g} GiB", None if args.dry_run else d2h_it <= D2H_TARGET_GIB,
@@ -147,18 +106,12 @@ def main(argv=None) -> int:
                       "unknown_kernels_seen": live.get("unknown_kernels_seen"),
                       "discard_batch": live.get("discard_batch") if r["discard"] else None,
                       "gate_closures_per_iter": gates})
-    for case in skipped:
-        checks.append(C.Check(f"{case} ran", "skipped: --deadline reached", "ok", False))
-
     env = C.environment(args.dry_run)
     path = B.path_for(args.dry_run)
     B.update(path, env.get("device") or "unknown", env, cases)
     headers = ["case", "budget B", "iters", "s/iter (steady)", "D2H GiB/iter", "H2D GiB/iter", "bytes from",
                "discarded blocks", "gate closures/iter", "populated blocks", "refused", "losses = other", "problem"]
-    payload = {"workload": work.__dict__, "working_set_bytes": ws, "ratios": ratios, "plain_s_per_iter": t_plain,
-               "baseline_file": str(path), "skipped": skipped,
-               "runs": [{k: v for k, v in r.items() if k != "stderr_tail" or not C.run_ok(r)[0]} for r in runs]}
-    return C.finish(args, NAME, payload, headers, rows, checks)
+    return pr.finish(args, NAME, path, runs, skipped, headers, rows, checks)
 
 
 def gate_closures(live: dict, warmup: int) -> float | None:

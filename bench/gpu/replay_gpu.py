@@ -41,7 +41,6 @@ examples:
 SHIPPED = C.REPO / "traces" / "gpt2-small-b2s128.uvmt"
 TARGET = 0.20  # fidelity target, as bench/gpu/fidelity.py
 DRY_SCALE = "1/8"  # the dry run's default: the shipped trace's 2.7 GiB footprint becomes ~350 MiB of host arrays
-STEADY_FROM = 2  # the standard traces' steady state starts at iteration 2 (uvmprefetch/trace/standard.py)
 
 
 def resolve_traces(args) -> list[tuple[str, Path]]:
@@ -151,8 +150,10 @@ def predict(run, profile, host) -> dict:
 
 
 def steady(times: list[float]) -> float | None:
-    xs = times[STEADY_FROM:] if len(times) > STEADY_FROM else times[-1:]
-    return statistics.median(xs) if xs else None
+    """The steady-state iteration time: the last iteration's, as ``uvmprefetch bench``'s ``steady_slowdown``
+    (sim/replay.py). The caching allocator's layout settles at a trace's own iteration (2 for most standard traces,
+    3 for T5 base: uvmprefetch/trace/standard.py); the last one is past it on each of them."""
+    return times[-1] if times else None
 
 
 def rel_err(pred, meas) -> float | None:
@@ -167,7 +168,8 @@ def parse_args(argv):
     p = C.parser(NAME, __doc__.split("\n\n")[0], EPILOG)
     p.add_argument("traces", nargs="*",
                    help="trace files (.uvmt) or standard trace names (uvmprefetch/trace/standard.py)")
-    p.add_argument("--standard", action="store_true", help="also the four standard traces (recorded on first use)")
+    p.add_argument("--standard", action="store_true",
+                   help="also every standard trace (uvmprefetch/trace/standard.py; recorded on first use)")
     p.add_argument("--trace-dir", default=None,
                    help="cache of the standard traces (default ~/.cache/uvmprefetch/traces)")
     p.add_argument("--policies", default="demand,uvmprefetch", help="online policies (default demand,uvmprefetch)")

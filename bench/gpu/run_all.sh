@@ -115,6 +115,17 @@ replay(load('traces/gpt2-small-b2s128.uvmt'), 'uvmprefetch', oversub=1.5)"
 
 # GPT-2 large at the 1.5x budget oversub.py measured, uvmprefetch with and without discards, 7 iterations (on an
 # H200 a run with discards went NaN at iteration 3 of 7 and was finite over 4)
+# One bench/gpu script that writes its cases into bench/baselines/gpu.json: DIR SCRIPT LIMIT ARGS... runs
+# bench/gpu/SCRIPT.py ARGS --out $RES/DIR within LIMIT seconds; its SCRIPT.json and the baseline file go to $OUT.
+baseline_script() {
+    local dir=$1 script=$2 limit=$3; shift 3
+    mkdir -p "$RES/$dir"
+    numba_warm
+    step "$script" "$limit" "$PY" "bench/gpu/$script.py" "$@" --out "$RES/$dir"
+    [ -n "${OUT:-}" ] && cp "$RES/$dir/$script.json" bench/baselines/gpu.json "$OUT/" 2>/dev/null
+    save
+}
+
 discard_diagnose() {
     step diagnose-discard 330 "$PY" bench/gpu/diagnose.py --budget "${BUDGET:-34636562432}" --iters 7 --warmup 3 \
         --timeout 150 --deadline 160 --out "$RES/discard" --policies 'uvmprefetch|UVMPREFETCH_DISCARD=1;uvmprefetch'
@@ -168,7 +179,7 @@ next2)
     keep_next distributed.json
     ;;
 replay)
-    # issue 38: the four standard traces replayed with touch kernels at 1/8 of their size, 1.5x, demand and
+    # issue 38: four of the standard traces (not T5 base) replayed with touch kernels at 1/8 of their size, 1.5x, demand and
     #    uvmprefetch under the live runtime, each with the simulator's prediction (~2.5 min, at most 3.5: it
     #    records the traces, ~30 s, and compiles the policy, ~1 min on a fresh machine, first; no case starts
     #    after 150 s, so the smaller traces go first). Written into $OUT after every case: a cut keeps them.
@@ -228,13 +239,9 @@ runtime)
     # the C++ observer, planner and mover threads (docs/runtime.md, "Threads"): events on CUDA against the dispatch
     # mode and a real gated wait, then the overhead when the model fits and the cost at 1.5x (baseline cases)
     setup
-    mkdir -p "$RES/runtime"
     step tests-gpu-observer 90 "$PY" -m pytest -q -p no:cacheprovider tests/gpu/test_native_observer_cuda.py -rs
     save
-    numba_warm
-    step runtime-cost 360 "$PY" bench/gpu/runtime_cost.py --time-limit 330 --out "$RES/runtime"
-    [ -n "${OUT:-}" ] && cp "$RES/runtime/runtime_cost.json" bench/baselines/gpu.json "$OUT/" 2>/dev/null
-    save
+    baseline_script runtime runtime_cost 360 --time-limit 330
     ;;
 tracker)
     setup
@@ -248,23 +255,13 @@ discards)
     # liveness from the caching allocator (docs/runtime.md section 11): losses with discards on must be
     # bit-equal to the same run without; D2H per iteration both ways; cases into bench/baselines/gpu.json
     setup
-    mkdir -p "$RES/discards"
-    numba_warm
-    step discards 380 "$PY" bench/gpu/discards.py --iters 7 --warmup 2 --timeout 150 --deadline 340 \
-        --out "$RES/discards"
-    [ -n "${OUT:-}" ] && cp "$RES/discards/discards.json" bench/baselines/gpu.json "$OUT/" 2>/dev/null
-    save
+    baseline_script discards discards 380 --iters 7 --warmup 2 --timeout 150 --deadline 340
     ;;
 copypath)
     # the copy path (docs/runtime.md "The copy path"): losses with UVMPREFETCH_EVICT=auto must be bit-equal to
     # UVM's eviction only; s/iter against plain; cases into bench/baselines/gpu.json
     setup
-    mkdir -p "$RES/copypath"
-    numba_warm
-    step copypath 500 "$PY" bench/gpu/copypath.py --iters 7 --warmup 2 --timeout 150 --deadline 480 \
-        --out "$RES/copypath"
-    [ -n "${OUT:-}" ] && cp "$RES/copypath/copypath.json" bench/baselines/gpu.json "$OUT/" 2>/dev/null
-    save
+    baseline_script copypath copypath 500 --iters 7 --warmup 2 --timeout 150 --deadline 480
     ;;
 part2 | part2b)
     setup

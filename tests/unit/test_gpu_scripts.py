@@ -53,6 +53,20 @@ def _result(out: Path, name: str, proc: subprocess.CompletedProcess) -> dict:
     return res
 
 
+def _dry_run(out: Path, name: str, *args: str) -> dict:
+    """``bench/gpu/NAME.py --dry-run ARGS --out OUT`` within SCRIPT_LIMITS: its checked result, which passed."""
+    proc = _run([str(GPU / f"{name}.py"), "--dry-run", *args, "--out", str(out), *SCRIPT_LIMITS])
+    res = _result(out, name, proc)
+    assert res["passed"], proc.stdout[-3000:]
+    return res
+
+
+def _dry_run_cases(res: dict) -> dict:
+    """The cases a dry run wrote to the dry-run baseline file (never the committed one), by name."""
+    assert "out/gpu-dryrun" in res["baseline_file"].replace("\\", "/")
+    return {c["name"]: c for c in json.loads(Path(res["baseline_file"]).read_text())["cpu (dry-run)"]["cases"]}
+
+
 def _runtime_runs(res: dict) -> list[dict]:
     return [r for r in res.get("runs", []) if r.get("policy")]
 
@@ -81,6 +95,22 @@ def test_refuses_without_gpu(name):
     err = proc.stderr.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"{name}: no GPU:") and "--dry-run" in err[0], proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("name, help_word", [("copypath", "backend_result.copy_path"),
+                                             ("discards", "backend_result.liveness")])
+def test_paired_scripts_help_and_refusals(tmp_path, name, help_word):
+    """The scripts of ``paired_runs``: ``--help`` names the report fields read, no GPU is one line and exit 5, each
+    bad argument one line naming it and exit 2."""
+    proc = _run([str(GPU / f"{name}.py"), "--help"], timeout=60)
+    assert proc.returncode == 0 and "usage:" in proc.stdout and help_word in proc.stdout
+    proc = _run([str(GPU / f"{name}.py")], timeout=120)
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 5 and len(err) == 1 and err[0].startswith(f"{name}: no GPU:"), proc.stderr
+    for bad, word in ((["--ratios", "1,2"], "--ratios"), (["--iters", "2", "--warmup", "2"], "--iters"),
+                      (["--working-set", "-5"], "--working-set")):
+        proc = _run([str(GPU / f"{name}.py"), "--dry-run", *bad, "--out", str(tmp_path)], timeout=120)
+        assert proc.returncode == 2 and word in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
 def test_bad_arguments_are_one_line(tmp_path):

@@ -50,15 +50,14 @@ def ref_shape_key(args, kwargs):
 
 
 def ref_tensor_extent(t):
+    """By brute force: the lowest and the highest storage offset over every element of ``t``."""
     es = t.element_size()
     if t.numel() == 0:
         return t.storage_offset() * es, 0
-    lo = hi = 0
+    offs = np.zeros((), dtype=np.int64)
     for n, st in zip(t.shape, t.stride()):
-        if st >= 0:
-            hi += (n - 1) * st
-        else:
-            lo += (n - 1) * st
+        offs = np.add.outer(offs, np.arange(n, dtype=np.int64) * st)
+    lo, hi = int(offs.min()), int(offs.max())
     return (t.storage_offset() + lo) * es, (hi - lo + 1) * es
 
 

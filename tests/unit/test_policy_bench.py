@@ -203,3 +203,13 @@ def test_decision_budget_replays_each_cost_and_the_measured_one(small_trace, tmp
 def test_decision_budget_names_a_bad_argument(small_trace, tmp_path, flag, value, says):
     r = run(["bench/decision_budget.py", str(small_trace), "--out", str(tmp_path), flag, value])
     assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("script", ["replay_bench", "ablation", "iteration_marks"])
+def test_a_trace_file_that_does_not_load_is_one_line(script, tmp_path):
+    bad = tmp_path / "bad.uvmt"
+    bad.write_bytes(b"NOTTRACE")
+    r = run([f"bench/{script}.py", "--traces", str(bad), "--out", str(tmp_path / "out")])
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(err) == 1 and err[0].startswith("error:") and "bad.uvmt" in err[0], r.stderr
+    assert not (tmp_path / "out").exists()

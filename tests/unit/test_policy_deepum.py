@@ -9,48 +9,20 @@ from uvmprefetch.policy import make_policy
 from uvmprefetch.policy.base import LaunchInfo, PolicyContext
 from uvmprefetch.policy.deepum import DeepUMPolicy
 
+from _hooks import FakeView, drive
+
 SEQ = [np.array([0, 1]), np.array([2, 3, 4]), np.array([5]), np.array([6, 7])]
 
 
-class View:
-    def __init__(self, n, cap):
-        self.resident = np.zeros(n, dtype=bool)
-        self.in_flight = np.zeros(n, dtype=bool)
-        self.capacity_blocks = cap
-        self.now = 0.0
-
-    @property
-    def used_blocks(self):
-        return int(self.resident.sum())
-
-
 def run(pol, view, iters, capture=None, forget=True):
-    i = 0
-    for it in range(iters):
-        if forget:
-            view.resident[:] = False
-        for k, blocks in enumerate(SEQ):
-            # DeepUM's setting: accesses are unknown; `blocks` is only what would fault.
-            info = LaunchInfo(index=i, exec_id=500 + k, name=k, phase=1, iteration=it, duration=1e-3,
-                              known_accesses=False)
-            dec = pol.on_launch(info, view)
-            if capture is not None:
-                capture[(it, k)] = dec
-            if dec is not None:
-                view.resident[dec.evict] = False
-                view.resident[dec.discard] = False
-                view.resident[dec.prefetch] = True
-            missing = blocks[~view.resident[blocks]]
-            if missing.size:
-                pol.on_fault(info, missing)
-                view.resident[missing] = True
-            i += 1
-        pol.on_iteration(it)
+    # DeepUM's setting: accesses are unknown; a launch's blocks are only what would fault.
+    drive(pol, view, SEQ, iters, known_accesses=False, forget=forget,
+          on_decision=None if capture is None else lambda it, k, dec: capture.__setitem__((it, k), dec))
 
 
 def test_learns_from_faults_and_chains_the_next_kernels():
     pol = DeepUMPolicy(n_kernels=2)
-    view = View(16, 16)
+    view = FakeView(16, 16)
     pol.on_start(PolicyContext(block_size=2 << 20, capacity_blocks=16, max_blocks=16, gpu=get_profile("h100-pcie-lit")))
     cap = {}
     run(pol, view, 3, cap)
@@ -72,7 +44,7 @@ def test_never_reads_info_blocks():
     pol_a, pol_b = DeepUMPolicy(n_kernels=2), DeepUMPolicy(n_kernels=2)
     for p in (pol_a, pol_b):
         p.on_start(PolicyContext(block_size=2 << 20, capacity_blocks=16, max_blocks=64, gpu=get_profile("h100-pcie-lit")))
-    va, vb = View(64, 16), View(64, 16)
+    va, vb = FakeView(64, 16), FakeView(64, 16)
     run(pol_a, va, 2)
     orig = DeepUMPolicy.on_launch
 
@@ -89,13 +61,13 @@ def test_never_reads_info_blocks():
 
 def test_pre_evicts_blocks_outside_the_next_kernels_dead_first():
     pol = DeepUMPolicy(n_kernels=1)
-    view = View(16, 5)
+    view = FakeView(16, 5)
     pol.on_start(PolicyContext(block_size=2 << 20, capacity_blocks=5, max_blocks=16, gpu=get_profile("h100-pcie-lit")))
     run(pol, view, 2)
     view.resident[:] = False
     view.resident[[9, 10, 11, 12, 13]] = True  # full, nothing of kernels 0/1
     pol.on_free(np.array([12]))
-    info = LaunchInfo(index=8, exec_id=500, name=0, phase=1, iteration=2, duration=1e-3, known_accesses=False)
+    info = LaunchInfo(index=8, exec_id=1000, name=0, phase=1, iteration=2, duration=1e-3, known_accesses=False)
     dec = pol.on_launch(info, view)
     # needs 0,1 (kernel 0) + 2,3,4 (kernel 1): 5 victims, the freed one discarded
     assert dec.discard.tolist() == [12]

@@ -14,6 +14,7 @@ from uvmprefetch.policy.base import EMPTY, Advice, LaunchInfo, PolicyContext
 from uvmprefetch.policy.uvmprefetch import INF, UvmPrefetchPolicy
 from uvmprefetch.policy.uvmprefetch import correlation, moves, plan, victims
 from uvmprefetch.policy.uvmprefetch.window import WindowMonitor
+from _hooks import FakeView, drive
 from uvmprefetch_reference import ReferencePolicy, learn_shift_ref, victims_ref
 
 BS = 2 << 20
@@ -22,54 +23,12 @@ SMALL = REPO / "traces" / "gpt2-small-b2s128.uvmt"
 EMPTY_W = np.zeros(0, dtype=np.int64)
 
 
-class FakeView:
-    """Minimal ResidencyView: the test moves blocks by applying Decisions instantly."""
-
-    def __init__(self, n, cap):
-        self.resident = np.zeros(n, dtype=bool)
-        self.in_flight = np.zeros(n, dtype=bool)
-        self.capacity_blocks = cap
-        self.now = 0.0
-
-    @property
-    def used_blocks(self):
-        return int(self.resident.sum() + self.in_flight.sum())
-
-    def apply(self, dec):
-        if dec is None:
-            return
-        for arr in (dec.discard, dec.evict):
-            self.resident[arr] = False
-        for b in dec.prefetch:
-            assert self.used_blocks < self.capacity_blocks, "policy over-committed the capacity"
-            self.resident[b] = True
-
-
 def ctx(n, cap):
     return PolicyContext(block_size=BS, capacity_blocks=cap, max_blocks=n, gpu=get_profile("h100-pcie-lit"))
 
 
 # A repeating 4-launch "iteration": each launch touches its own blocks.
 SEQ = [np.array([0, 1]), np.array([2, 3]), np.array([4, 5]), np.array([6, 7])]
-
-
-def drive(pol, view, seq, iters, start_index=0, on_decision=None):
-    i = start_index
-    for it in range(iters):
-        for k, blocks in enumerate(seq):
-            info = LaunchInfo(index=i, exec_id=1000 + k, name=k, phase=1, iteration=it, duration=1e-3,
-                              blocks=blocks, write_blocks=blocks[:1])
-            dec = pol.on_launch(info, view)
-            if on_decision:
-                on_decision(it, k, dec)
-            view.apply(dec)
-            missing = blocks[~view.resident[blocks]]
-            if missing.size:
-                pol.on_fault(info, missing)
-                view.resident[missing] = True
-            i += 1
-        pol.on_iteration(it)
-    return i
 
 
 def set_p(pol, p):
@@ -304,24 +263,10 @@ def test_without_known_accesses_it_learns_from_faults():
     pol = UvmPrefetchPolicy(window=2, adaptive_window=False, advice=False)
     view = FakeView(16, 16)
     pol.on_start(ctx(16, 16))
-    got = []
-    i = 0
-    for it in range(3):
-        view.resident[:] = False
-        for k, blocks in enumerate(SEQ):
-            info = LaunchInfo(index=i, exec_id=1000 + k, name=k, phase=1, iteration=it, duration=1e-3,
-                              known_accesses=False)
-            dec = pol.on_launch(info, view)
-            if it == 2 and k == 0:
-                got = [] if dec is None else dec.prefetch.tolist()
-            view.apply(dec)
-            missing = blocks[~view.resident[blocks]]
-            if missing.size:
-                pol.on_fault(info, missing)
-                view.resident[missing] = True
-            i += 1
-        pol.on_iteration(it)
-    assert {2, 3, 4, 5} <= set(got)
+    got = {}
+    drive(pol, view, SEQ, 3, known_accesses=False, forget=True,
+          on_decision=lambda it, k, dec: got.setdefault((it, k), [] if dec is None else dec.prefetch.tolist()))
+    assert {2, 3, 4, 5} <= set(got[(2, 0)])
 
 
 def test_window_monitor_widens_on_late_and_narrows_on_thrash():

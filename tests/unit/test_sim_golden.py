@@ -42,17 +42,28 @@ class Quiet(Policy):
     name = "quiet"
 
 
+def steps_trace(steps, tensors="ab"):
+    """One 2 MiB tensor (one block) per letter of ``tensors``, in order (blocks 0, 1, ...). ``steps``: a launch per
+    letter, each ``D`` long: an upper-case letter writes its tensor, a lower-case one reads it; ``-x`` frees tensor
+    ``x`` before the next launch."""
+    b = TraceBuilder()
+    ts = {c: b.alloc(2 * MiB, "activation") for c in tensors}
+    free = False
+    for i, c in enumerate(steps):
+        if c == "-":
+            free = True
+        elif free:
+            b.free(ts[c])
+            free = False
+        else:
+            b.launch(f"{c}{i}", [(ts[c.lower()], 0, 2 * MiB, WRITE if c.isupper() else READ)], duration=D)
+    return b.build()
+
+
 def three_blocks(first_mode, free_a=False):
     """A, B, C: 2 MiB each (one block each, blocks 0, 1, 2). L0 touches A (first_mode), L1 reads B,
     L2 reads C. With ``free_a`` A is freed before L2."""
-    b = TraceBuilder()
-    a, bb, c = (b.alloc(2 * MiB, "activation") for _ in range(3))
-    b.launch("l0", [(a, 0, 2 * MiB, first_mode)], duration=D)
-    b.launch("l1", [(bb, 0, 2 * MiB, READ)], duration=D)
-    if free_a:
-        b.free(a)
-    b.launch("l2", [(c, 0, 2 * MiB, READ)], duration=D)
-    return b.build()
+    return steps_trace(("A" if first_mode == WRITE else "a") + "b" + ("-a" if free_a else "") + "c", "abc")
 
 
 def test_single_fault_cold_start():

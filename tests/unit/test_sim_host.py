@@ -6,6 +6,8 @@ import time
 import numpy as np
 import pytest
 
+from test_sim_golden import steps_trace
+
 from uvmprefetch.errors import ConfigError
 from uvmprefetch.gpus import get_profile
 from uvmprefetch.policy.base import Decision, Policy
@@ -87,15 +89,7 @@ class EvictAfterUse(Policy):
 
 def two_tensors(free_x=False):
     """``x`` written by launch 0; ``y`` read by launches 1 and 2; with ``free_x``, ``x`` is freed before launch 2."""
-    b = TraceBuilder()
-    x = b.alloc(2 * MiB, "activation")
-    y = b.alloc(2 * MiB, "activation")
-    b.launch("w", [(x, 0, 2 * MiB, WRITE)], duration=D)
-    b.launch("r", [(y, 0, 2 * MiB, READ)], duration=D)
-    if free_x:
-        b.free(x)
-    b.launch("r2", [(y, 0, 2 * MiB, READ)], duration=D)
-    return b.build()
+    return steps_trace("Ab-ab" if free_x else "Abb")
 
 
 def test_blocking_evictions_hold_the_host_for_the_write_back():
@@ -156,12 +150,15 @@ def test_parse_host_presets_overrides_and_errors():
     assert parse_host("live-sync:decision_scale=0.5").decision_scale == 0.5
     assert parse_host("live-sync:decision_scale=0.5").blocking_evict  # the preset's other fields stay
     assert parse_host("decision_s=2e-5") == HostModel(decision_s=2e-5)
-    with pytest.raises(ConfigError, match="unknown"):
-        parse_host("fast")
-    with pytest.raises(ConfigError, match="launch_s must be"):
-        parse_host("launch_s=-1")
-    with pytest.raises(ConfigError, match="unknown parameter"):
-        parse_host("speed=3")
+
+
+@pytest.mark.parametrize("spec, says", [
+    ("fast", "unknown"), ("launch_s=-1", "launch_s must be"), ("speed=3", "unknown parameter"),
+    ("planner_lag=3", "planner_lag needs planner"), ("live:planner_lag=-1", "planner_lag"),
+    ("live:planner_lag=1.5", "planner_lag")])
+def test_parse_host_names_what_is_wrong(spec, says):
+    with pytest.raises(ConfigError, match=says):
+        parse_host(spec)
 
 
 def test_a_discard_of_live_data_is_refused_and_written_back():

@@ -30,44 +30,41 @@ def _mutate(t, **arrays) -> Trace:
     return Trace(names=list(t.names), meta=dict(t.meta), **kw)
 
 
-def test_wrong_magic(tmp_path):
+def _saved_then_edited(tmp_path, edit):
+    """The small trace saved to a file whose bytes ``edit(bytearray)`` then changes in place; the file's path."""
     p = tmp_path / "t.uvmt"
     save(_trace(), p)
     data = bytearray(p.read_bytes())
-    data[:8] = b"NOTTRACE"
+    edit(data)
     p.write_bytes(bytes(data))
+    return p
+
+
+def test_wrong_magic(tmp_path):
+    def edit(data):
+        data[:8] = b"NOTTRACE"
     with pytest.raises(TraceError, match="not a uvmprefetch trace"):
-        load(p)
+        load(_saved_then_edited(tmp_path, edit))
 
 
 def test_wrong_version(tmp_path):
-    p = tmp_path / "t.uvmt"
-    save(_trace(), p)
-    data = bytearray(p.read_bytes())
-    struct.pack_into("<I", data, 8, 99)
-    p.write_bytes(bytes(data))
     with pytest.raises(TraceError, match="version 99 is not supported"):
-        load(p)
+        load(_saved_then_edited(tmp_path, lambda data: struct.pack_into("<I", data, 8, 99)))
 
 
 @pytest.mark.parametrize("keep", [5, 30, -7])
 def test_truncated(tmp_path, keep):
-    p = tmp_path / "t.uvmt"
-    save(_trace(), p)
-    data = p.read_bytes()
-    p.write_bytes(data[:keep])
+    def edit(data):
+        del data[keep:]
     with pytest.raises(TraceError, match="truncated"):
-        load(p)
+        load(_saved_then_edited(tmp_path, edit))
 
 
 def test_corrupted_blob_named(tmp_path):
-    p = tmp_path / "t.uvmt"
-    save(_trace(), p)
-    data = bytearray(p.read_bytes())
-    data[-3] ^= 0xFF  # inside the last array's compressed blob
-    p.write_bytes(bytes(data))
+    def edit(data):
+        data[-3] ^= 0xFF  # inside the last array's compressed blob
     with pytest.raises(TraceError, match="array acc_mode"):
-        load(p)
+        load(_saved_then_edited(tmp_path, edit))
 
 
 def test_access_to_freed_allocation_names_launch():

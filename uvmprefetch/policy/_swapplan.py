@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .base import EMPTY, Decision, LaunchInfo, Policy, PolicyContext, ResidencyView
+from .planned import require_trace
 from .tables import group_by
 
 
@@ -429,10 +430,7 @@ REPROFILE = ("never", "changed", "always")
 def check_common(owner: str, p) -> None:
     """Validation of the parameters every profiled swap policy has."""
     from ..errors import ConfigError
-    for f in ("profile_iter", "headroom"):
-        v = getattr(p, f)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise ConfigError(f"{owner}: {f} must be an integer >= 0, got {v!r}")
+    p.check_ints(owner, ("profile_iter", "headroom"), least=0)
     if p.reprofile not in REPROFILE:
         raise ConfigError(f"{owner}: reprofile must be one of {', '.join(REPROFILE)}, got {p.reprofile!r}")
     for f in ("lead_blocks", "lead_s"):
@@ -465,10 +463,8 @@ class OfflineSwapPolicy(ProfiledSwapPolicy):
     offline = True
 
     def on_start(self, ctx: PolicyContext) -> None:
-        from ..errors import ConfigError
         super().on_start(ctx)
-        if ctx.layout is None or ctx.trace is None:
-            raise ConfigError(f"{self.name} is an offline planner: it needs the whole trace (use it with replay/bench)")
+        require_trace(ctx, f"{self.name} is an offline planner")
         t = time.perf_counter()
         self.plans: dict = {}
         cache: dict = {}

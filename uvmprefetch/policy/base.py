@@ -168,6 +168,14 @@ class ResidencyView(typing.Protocol):
 class Params:
     """Base of every policy's parameters: a frozen dataclass validated in ``__post_init__``."""
 
+    def check_ints(self, owner: str, names: tuple[str, ...], least: int = 1) -> None:
+        """Each field in ``names`` must be an integer (not a bool) >= ``least``: else a ConfigError naming it."""
+        for f in names:
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < least:
+                what = "a positive integer" if least == 1 else f"an integer >= {least}"
+                raise ConfigError(f"{owner}: {f} must be {what}, got {v!r}")
+
 
 class Policy:
     """Base class: every hook is a no-op; override only what you need.

@@ -66,10 +66,7 @@ class DeepUMParams(Params):
     cut_to_room: bool = True  # prefetch only what free + pre-evictable room holds (False: the driver evicts)
 
     def __post_init__(self) -> None:
-        for f in ("n_kernels", "rows", "ways", "successors", "history", "exec_entries", "max_tables"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise ConfigError(f"deepum: {f} must be a positive integer, got {v!r}")
+        self.check_ints("deepum", ("n_kernels", "rows", "ways", "successors", "history", "exec_entries", "max_tables"))
         if self.exec_key not in ("occurrence", "shape"):
             raise ConfigError(f"deepum: exec_key must be 'occurrence' or 'shape', got {self.exec_key!r}")
 

@@ -40,7 +40,8 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..trace.format import KIND, PHASE
-from .base import Decision, LaunchInfo, Params, Policy, PolicyContext, ResidencyView
+from .base import Decision, LaunchInfo, Params, PolicyContext, ResidencyView
+from .planned import PlannedPolicy
 from .tables import group_by
 
 
@@ -59,24 +60,24 @@ class FlashNeuronParams(Params):
             raise ConfigError(f"flashneuron: keep_last must be >= 2, got {self.keep_last}")
 
 
-class FlashNeuronPolicy(Policy):
+class FlashNeuronPolicy(PlannedPolicy):
     """Activations to the SSD after their last forward use, back one layer ahead of the backward use."""
 
     name: ClassVar[str] = "flashneuron"
-    offline: ClassVar[bool] = True
+    needs: ClassVar[str] = "reads allocation kinds from the trace"
     Params: ClassVar[type] = FlashNeuronParams
     description: ClassVar[str] = ("FlashNeuron (FAST'21): forward activations offloaded to the SSD, "
                                   "read back in backward")
 
     def on_start(self, ctx: PolicyContext) -> None:
-        super().on_start(ctx)
         self.tier = "ssd" if getattr(ctx.gpu, "ssd_bw", 0) > 0 else "host"
         if self.tier == "host" and self.params.require_ssd:
             raise ConfigError("flashneuron offloads activations to an SSD: the GPU profile has no SSD tier; set "
                               "its fields ssd_bw (and optionally ssd_write_bw, ssd_latency_s, host_capacity_bytes),"
                               " e.g. --ssd pcie4-nvme or --gpu-set ssd_bw=7e9")
-        if ctx.layout is None or ctx.trace is None:
-            raise ConfigError("flashneuron reads allocation kinds from the trace: use it with replay/bench")
+        super().on_start(ctx)
+
+    def _plan(self, ctx: PolicyContext) -> None:
         p = self.params
         lay, tr, bs = ctx.layout, ctx.trace, ctx.block_size
         L = lay.n_launches
@@ -106,15 +107,7 @@ class FlashNeuronPolicy(Policy):
                            & (nxt - launch_of >= p.keep_last))
         self.candidates = int(e.shape[0])
         if p.select:  # offload only what the capacity needs, earliest layers first (FlashNeuron's selection)
-            first = np.full(lay.max_blocks, L, dtype=np.int64)
-            np.minimum.at(first, blk, launch_of)
-            last = np.full(lay.max_blocks, -1, dtype=np.int64)
-            np.maximum.at(last, blk, launch_of)
-            used = first < L
-            d = np.zeros(L + 1, dtype=np.int64)
-            np.add.at(d, first[used], 1)
-            np.add.at(d, last[used] + 1, -1)
-            press = np.cumsum(d)[:L]
+            press = lay.pressure()
             cap = ctx.capacity_blocks
             keep = []
             if (press > cap).any():
@@ -131,22 +124,13 @@ class FlashNeuronPolicy(Policy):
         self.pf_ptr, self.pf = group_by(back, b, L + 1, order=v)
         self.n_offloads = int(e.shape[0])
         # Everything else is meant to stay on the GPU; what the driver evicts anyway comes back before its next use.
-        self.lay = lay
-        self.nu = lay.first_use()
-        self.stray = np.zeros(lay.max_blocks, dtype=bool)
+        self.follow_uses(lay)
+        self.n_planned = len(self.ev_ptr) - 1
         self.returned = 0
         self.issued_offload = 0
         self.issued_prefetch = 0
 
-    def on_evict(self, blocks: np.ndarray) -> None:
-        self.stray[blocks] = True
-
-    def on_launch(self, info: LaunchInfo, state: ResidencyView) -> Decision | None:
-        i = info.index
-        if i >= len(self.ev_ptr) - 1:
-            return None
-        if i > 0:
-            self.lay.ran(self.nu, i - 1)
+    def _decide(self, i: int, info: LaunchInfo, state: ResidencyView) -> Decision | None:
         ev = self.ev[self.ev_ptr[i]:self.ev_ptr[i + 1]]
         pf = self.pf[self.pf_ptr[i]:self.pf_ptr[i + 1]]
         if self.params.keep_resident and self.stray.any():

@@ -26,14 +26,14 @@ Without an SSD tier in the GPU profile it plans over GPU and host only.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 
 from ..errors import ConfigError
-from .base import EMPTY, Decision, LaunchInfo, Params, Policy, PolicyContext, ResidencyView
+from .base import EMPTY, Decision, LaunchInfo, Params, PolicyContext, ResidencyView
+from .planned import PlannedPolicy
 from .tables import group_by
 
 
@@ -57,21 +57,12 @@ class G10Params(Params):
             raise ConfigError(f"g10: lead_s must be a finite number >= 0, got {self.lead_s}")
 
 
-class G10Policy(Policy):
+class G10Policy(PlannedPolicy):
     """G10: vitality analysis + planned evictions to host/SSD + backward-scheduled prefetches (offline)."""
 
     name: ClassVar[str] = "g10"
-    offline: ClassVar[bool] = True
     Params: ClassVar[type] = G10Params
     description: ClassVar[str] = "G10 (MICRO'23): planned GPU/host/SSD migrations from tensor inactive periods"
-
-    def on_start(self, ctx: PolicyContext) -> None:
-        super().on_start(ctx)
-        if ctx.layout is None or ctx.trace is None:
-            raise ConfigError("g10 is an offline policy: it needs the whole trace (use it with replay/bench)")
-        t0 = time.perf_counter()
-        self._plan(ctx)
-        self.planning_s = time.perf_counter() - t0
 
     def _plan(self, ctx: PolicyContext) -> None:
         from ..sim.replay import launch_durations  # lazy: sim imports policy
@@ -95,15 +86,9 @@ class G10Policy(Policy):
             t_rd = rt_ssd = 0.0
         rt_host = t_h2d + t_d2h
         # Memory pressure without migrations: a block holds room from its first to its last use.
-        first = np.full(lay.max_blocks, L, dtype=np.int64)
-        np.minimum.at(first, blk, launch_of)
-        last = np.full(lay.max_blocks, -1, dtype=np.int64)
-        np.maximum.at(last, blk, launch_of)
+        first = lay.first_use()
         used = first < L
-        d = np.zeros(L + 1, dtype=np.int64)
-        np.add.at(d, first[used], 1)
-        np.add.at(d, last[used] + 1, -1)
-        press = np.cumsum(d)[:L]
+        press = lay.pressure()
         cap = ctx.capacity_blocks * (1.0 - p.headroom)
         self.peak_pressure = int(press.max()) if L else 0
         # Inactive periods: entry e = (launch u, block b) whose next use v is at least two launches later.
@@ -191,9 +176,8 @@ class G10Policy(Policy):
         self.q_end = 0.0  # estimated end of the H2D queue
         self.t_blk = t_h2d
         # Blocks the driver evicted on its own (the plan's headroom was short): brought back before their next use.
-        self.lay = lay
-        self.nu = lay.first_use()
-        self.stray = np.zeros(lay.max_blocks, dtype=bool)
+        self.follow_uses(lay)
+        self.n_planned = len(self.due_ptr) - 1
         self.issued = dict(prefetch=0, prefetch_early=0, prefetch_stray=0, evict_host=0, evict_ssd=0, drop_last=0)
 
     @staticmethod
@@ -205,15 +189,7 @@ class G10Policy(Policy):
         hi = np.searchsorted(key, blk * (L + 2) + np.minimum(nxt, L), side="right")
         return hi > lo
 
-    def on_evict(self, blocks: np.ndarray) -> None:
-        self.stray[blocks] = True
-
-    def on_launch(self, info: LaunchInfo, state: ResidencyView) -> Decision | None:
-        i = info.index
-        if i >= len(self.due_ptr) - 1:
-            return None
-        if i > 0:
-            self.lay.ran(self.nu, i - 1)
+    def _decide(self, i: int, info: LaunchInfo, state: ResidencyView) -> Decision | None:
         evh = self.evh[self.evh_ptr[i]:self.evh_ptr[i + 1]]
         evs = self.evs[self.evs_ptr[i]:self.evs_ptr[i + 1]]
         dl = self.dl[self.dl_ptr[i]:self.dl_ptr[i + 1]]

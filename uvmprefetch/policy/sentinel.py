@@ -59,12 +59,8 @@ class SentinelParams(Params):
 
     def __post_init__(self) -> None:
         check_common("sentinel", self)
-        for f in ("short_launches", "max_uses"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise ConfigError(f"sentinel: {f} must be an integer >= 0, got {v!r}")
-        if not isinstance(self.interval, int) or isinstance(self.interval, bool) or self.interval < 1:
-            raise ConfigError(f"sentinel: interval must be a positive integer, got {self.interval!r}")
+        self.check_ints("sentinel", ("short_launches", "max_uses"), least=0)
+        self.check_ints("sentinel", ("interval",))
         if not self.rare_weight >= 1:
             raise ConfigError(f"sentinel: rare_weight must be >= 1, got {self.rare_weight!r}")
         if not self.short_s >= 0:

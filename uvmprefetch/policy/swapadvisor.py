@@ -60,10 +60,7 @@ class SwapAdvisorParams(Params):
 
     def __post_init__(self) -> None:
         check_common("swapadvisor", self)
-        for f in ("population", "generations"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 2:
-                raise ConfigError(f"swapadvisor: {f} must be an integer >= 2, got {v!r}")
+        self.check_ints("swapadvisor", ("population", "generations"), least=2)
         if not self.time_limit_s > 0:
             raise ConfigError(f"swapadvisor: time_limit_s must be > 0, got {self.time_limit_s!r}")
         if not self.volume_weight >= 0:

@@ -32,7 +32,6 @@ Not reproduced:
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -40,7 +39,8 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..trace.format import KIND, PHASE, READ
-from .base import EMPTY, Decision, LaunchInfo, Params, Policy, PolicyContext, ResidencyView
+from .base import EMPTY, Decision, LaunchInfo, Params, PolicyContext, ResidencyView
+from .planned import PlannedPolicy
 from .tables import group_by
 
 MODES = ("dyn", "all", "conv", "none")
@@ -55,21 +55,18 @@ class VdnnParams(Params):
             raise ConfigError(f"vdnn: mode must be one of {', '.join(MODES)}, got {self.mode!r}")
 
 
-class VdnnPolicy(Policy):
+class VdnnPolicy(PlannedPolicy):
     """vDNN: offload layer inputs after their last forward use, prefetch them one layer ahead in backward."""
 
     name: ClassVar[str] = "vdnn"
-    offline: ClassVar[bool] = True  # given the network's structure up front, like vDNN (no timing is read)
+    # offline: given the network's structure up front, like vDNN (no timing is read)
+    needs: ClassVar[str] = "plans from the network's structure"
     Params: ClassVar[type] = VdnnParams
     description: ClassVar[str] = "vDNN (MICRO'16): offload forward activations, prefetch one layer ahead in backward"
 
-    def on_start(self, ctx: PolicyContext) -> None:
-        super().on_start(ctx)
-        if ctx.layout is None or ctx.trace is None:
-            raise ConfigError("vdnn plans from the network's structure: it needs the trace (use it with replay/bench)")
-        t0 = time.perf_counter()
+    def _plan(self, ctx: PolicyContext) -> None:
         self._build(ctx.trace, ctx.layout, ctx.capacity_blocks)
-        self.planning_s = time.perf_counter() - t0
+        self.n_planned = self.ev_ptr.shape[0] - 1
         self.stats = dict(offloaded_blocks=0, prefetched_blocks=0)
 
     def _pairs(self, t, lay, conv_only: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -125,20 +122,15 @@ class VdnnPolicy(Policy):
         return li, bb, nu, trig
 
     def _peak(self, lay, li, bb, trig) -> int:
+        """The modelled peak: blocks live from first to last use, less the offloaded intervals [li + 1, trig)."""
         L = lay.n_launches
-        lo = np.repeat(np.arange(L, dtype=np.int64), np.diff(lay.ptr))
-        first = np.full(lay.max_blocks, L, dtype=np.int64)
-        last = np.full(lay.max_blocks, -1, dtype=np.int64)
-        np.minimum.at(first, lay.blocks, lo)
-        np.maximum.at(last, lay.blocks, lo)
-        used = last >= 0
-        d = np.zeros(L + 2, dtype=np.int64)
-        np.add.at(d, first[used], 1)
-        np.subtract.at(d, last[used] + 1, 1)
+        press = lay.pressure()
         if li.size:
+            d = np.zeros(L + 2, dtype=np.int64)
             np.subtract.at(d, li + 1, 1)
             np.add.at(d, trig, 1)
-        return int(np.cumsum(d)[:L].max()) if L else 0
+            press += np.cumsum(d)[:L]
+        return int(press.max()) if L else 0
 
     def _build(self, t, lay, cap: int) -> None:
         L = t.n_launches
@@ -168,10 +160,7 @@ class VdnnPolicy(Policy):
         else:
             self.pf_ptr, self.pf = np.zeros(L + 1, dtype=np.int64), EMPTY
 
-    def on_launch(self, info: LaunchInfo, state: ResidencyView) -> Decision | None:
-        i = info.index
-        if i >= self.ev_ptr.shape[0] - 1:
-            return None
+    def _decide(self, i: int, info: LaunchInfo, state: ResidencyView) -> Decision | None:
         ev = self.ev[self.ev_ptr[i]:self.ev_ptr[i + 1]]
         pf = self.pf[self.pf_ptr[i]:self.pf_ptr[i + 1]]
         if not (ev.size or pf.size):

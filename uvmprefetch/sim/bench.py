@@ -346,6 +346,31 @@ def save_outputs(rows: list[dict], oversubs: list[float], out: Path, meta: dict)
 
 
 
+def add_trace_arguments(ap) -> None:
+    """The replay benchmarks' ``--traces FILE...`` (default: the standard set) and ``--gpu PROFILE``."""
+    ap.add_argument("--traces", nargs="*", help="trace files instead of the standard set")
+    ap.add_argument("--gpu", default="h100-pcie", help="GPU profile (default h100-pcie)")
+
+
+def bench_traces(paths: list[str] | None, fallback=None) -> tuple[list[tuple[str, Trace]], str]:
+    """The traces a benchmark runs, and where they come from: the files in ``paths``, else the standard set, else
+    (when there is none and ``fallback`` is given) ``fallback()``'s synthetic traces.
+
+    Raises
+    ------
+    ConfigError
+        A trace file that cannot be loaded, or no standard traces and no ``fallback``.
+    """
+    if paths:
+        return load_traces(paths), "command line"
+    try:
+        return standard_trace_set(), "standard traces"
+    except ConfigError:
+        if fallback is None:
+            raise
+        return fallback(), "SYNTHETIC fallback (no standard traces available)"
+
+
 def load_traces(paths: list[str]) -> list[tuple[str, Trace]]:
     """Load trace files given on the command line (TraceError names the bad one)."""
     return [(Path(p).stem, load(p)) for p in paths]

@@ -45,6 +45,7 @@ launch, and the live runtime's ``dryrun`` backend feeds it live observations thr
 from __future__ import annotations
 
 import math
+from operator import attrgetter
 
 import numpy as np
 
@@ -62,6 +63,13 @@ from .ssd import SsdTier
 _READ_MOSTLY = int(Advice.READ_MOSTLY)  # (a plain int: enum attribute lookups are slow in the per-launch path)
 # Counters also reported per iteration (``result()``: ``iteration_<name>``, from one ``end_iteration`` to the next)
 _PER_ITERATION = ("bytes_htod", "bytes_dtoh", "stall_s", "faults")
+
+
+def _link_clock(direction: str) -> property:
+    """A copy engine's clock (when its queue drains, seconds): it lives on the (possibly shared) link."""
+    def fset(self, t: float) -> None:
+        setattr(self.link, direction, t)
+    return property(attrgetter(f"link.{direction}"), fset)
 
 
 class GpuModel(FaultPath, Room, SsdTier, CopyPath, Populates):
@@ -190,22 +198,8 @@ class GpuModel(FaultPath, Room, SsdTier, CopyPath, Populates):
                             populates=self.populate_on and not self.ideal)
         policy.on_start(ctx)
 
-    # The copy engines' clocks live on the (possibly shared) link.
-    @property
-    def t_h2d(self) -> float:
-        return self.link.h2d
-
-    @t_h2d.setter
-    def t_h2d(self, t: float) -> None:
-        self.link.h2d = t
-
-    @property
-    def t_d2h(self) -> float:
-        return self.link.d2h
-
-    @t_d2h.setter
-    def t_d2h(self, t: float) -> None:
-        self.link.d2h = t
+    t_h2d = _link_clock("h2d")
+    t_d2h = _link_clock("d2h")
 
     # ------------------------------------------------------------------------------------ ResidencyView
     @property

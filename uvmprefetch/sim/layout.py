@@ -119,11 +119,28 @@ class Layout:
 
     def first_use(self) -> np.ndarray:
         """Per block id: the first launch that touches it (``n_launches`` if none)."""
+        return self.use_span()[0]
+
+    def use_span(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per block id: the first and the last launch that touch it (``n_launches`` and -1 if none)."""
         L = self.n_launches
         launch_of = np.repeat(np.arange(L, dtype=np.int64), np.diff(self.ptr))
         first = np.full(self.max_blocks, L, dtype=np.int64)
         np.minimum.at(first, self.blocks, launch_of)
-        return first
+        last = np.full(self.max_blocks, -1, dtype=np.int64)
+        np.maximum.at(last, self.blocks, launch_of)
+        return first, last
+
+    def pressure(self) -> np.ndarray:
+        """Per launch: how many blocks the GPU holds when every block stays from its first use to its last (the
+        memory pressure without migrations). A new array each call: planners carve it down in place."""
+        L = self.n_launches
+        first, last = self.use_span()
+        used = first < L
+        d = np.zeros(L + 1, dtype=np.int64)
+        np.add.at(d, first[used], 1)
+        np.add.at(d, last[used] + 1, -1)
+        return np.cumsum(d)[:L]
 
 
 class _FreeList:

@@ -62,11 +62,8 @@ class UvmPrefetchParams(Params):
     pool_launches: int = 64  # ... refilled at least this often (a bound on what its bookkeeping could miss)
 
     def __post_init__(self) -> None:
-        for f in ("window", "window_min", "window_max", "patience", "ngram", "history_launches", "table_entries",
-                  "scan_max", "pool_launches"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise ConfigError(f"uvmprefetch: {f} must be a positive integer, got {v!r}")
+        self.check_ints("uvmprefetch", ("window", "window_min", "window_max", "patience", "ngram", "history_launches",
+                                        "table_entries", "scan_max", "pool_launches"))
         if self.window_min > self.window_max:
             raise ConfigError(f"uvmprefetch: window_min {self.window_min} > window_max {self.window_max}")
         if not self.window <= self.window_max:
@@ -77,7 +74,6 @@ class UvmPrefetchParams(Params):
             raise ConfigError(f"uvmprefetch: lead_s must be >= 0, got {self.lead_s!r}")
         if not (isinstance(self.margin, (int, float)) and 0 <= self.margin < 0.5):
             raise ConfigError(f"uvmprefetch: margin must be in [0, 0.5), got {self.margin!r}")
-        if not isinstance(self.victim_pool, int) or isinstance(self.victim_pool, bool) or self.victim_pool < 0:
-            raise ConfigError(f"uvmprefetch: victim_pool must be an integer >= 0, got {self.victim_pool!r}")
+        self.check_ints("uvmprefetch", ("victim_pool",), least=0)
         if self.history_launches < 16:
             raise ConfigError(f"uvmprefetch: history_launches must be >= 16, got {self.history_launches}")

@@ -60,6 +60,12 @@ def _worse(ka, ba, kb, bb):
 
 
 @nb.njit(cache=True, nogil=True)
+def _swap(hk, hb, i, j):
+    hk[i], hk[j] = hk[j], hk[i]
+    hb[i], hb[j] = hb[j], hb[i]
+
+
+@nb.njit(cache=True, nogil=True)
 def _sift_down(hk, hb, i, n):
     while True:
         left = 2 * i + 1
@@ -69,12 +75,10 @@ def _sift_down(hk, hb, i, n):
         r = left + 1
         if r < n and _worse(hk[r], hb[r], hk[left], hb[left]):
             w = r
-        if _worse(hk[w], hb[w], hk[i], hb[i]):
-            hk[i], hk[w] = hk[w], hk[i]
-            hb[i], hb[w] = hb[w], hb[i]
-            i = w
-        else:
+        if not _worse(hk[w], hb[w], hk[i], hb[i]):
             return
+        _swap(hk, hb, i, w)
+        i = w
 
 
 @nb.njit(cache=True, nogil=True)
@@ -88,12 +92,10 @@ def _offer(hk, hb, h, key, x):
         h += 1
         while i > 0:
             par = (i - 1) // 2
-            if _worse(hk[i], hb[i], hk[par], hb[par]):
-                hk[i], hk[par] = hk[par], hk[i]
-                hb[i], hb[par] = hb[par], hb[i]
-                i = par
-            else:
+            if not _worse(hk[i], hb[i], hk[par], hb[par]):
                 break
+            _swap(hk, hb, i, par)
+            i = par
         return h
     if _worse(hk[0], hb[0], key, x):
         hk[0] = key

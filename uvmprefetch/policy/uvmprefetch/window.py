@@ -48,23 +48,23 @@ class WindowMonitor:
 
     def late(self, index: int, n: int = 1) -> None:
         """``n`` predicted blocks of launch ``index`` were late."""
-        if n <= 0:
-            return
-        self.late_events += n
-        self._thrash.add(-1)
-        if self._late.add(1) >= self._late.hi:
-            self._late.reset()
-            self._set(index, self.window * 2)
+        if n > 0:
+            self.late_events += n
+            self._vote(index, self._late, self._thrash, self.window * 2)
 
     def thrash(self, index: int, n: int = 1) -> None:
         """``n`` prefetched blocks were evicted unused (noticed at launch ``index``)."""
-        if n <= 0:
-            return
-        self.thrash_events += n
-        self._late.add(-1)
-        if self._thrash.add(1) >= self._thrash.hi:
-            self._thrash.reset()
-            self._set(index, self.window // 2)
+        if n > 0:
+            self.thrash_events += n
+            self._vote(index, self._thrash, self._late, self.window // 2)
+
+    def _vote(self, index: int, signal: SaturatingCounter, other: SaturatingCounter, w: int) -> None:
+        """An event of ``signal`` takes one from the ``other`` signal's counter; once ``signal``'s counter is full,
+        it empties and the window moves to ``w``."""
+        other.add(-1)
+        if signal.add(1) >= signal.hi:
+            signal.reset()
+            self._set(index, w)
 
     def _set(self, index: int, w: int) -> None:
         if not self.adaptive:
