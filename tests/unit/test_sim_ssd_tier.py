@@ -148,8 +148,8 @@ def test_host_room_first_then_ssd():
 # Figures of the engine before the SSD tier existed (h100-pcie-lit, 2 MiB blocks unless noted), captured
 # with replay(t, policy, "h100-pcie-lit", oversub=1.5): the tier-off engine must reproduce them exactly. The oracle
 # rows run the oracle as it was then (refetch and stall_aware came later: tests/unit/test_oracle.py). The deepum
-# rows were re-captured on 2026-11-23, when deepum learned that a block a launch uses is live again (before, it
-# discarded live blocks: docs/reference-systems.md); they pin the engine from then on, not the pre-tier one.
+# rows are of the deepum that treats a block a launch uses as live again (docs/reference-systems.md); they pin the
+# engine with that deepum, not the pre-tier one.
 BEFORE = {
     ("gpt2-small-b2s128", "demand", 1.5, 2 * MiB): (0.3081530314566884, 4818, 10104078336, 7486832640, [0.12611570330951144, 0.09067220154164818, 0.09136512660552876]),
     ("gpt2-small-b2s128", "oracle:refetch=false,stall_aware=false", 1.5, 2 * MiB): (0.18627840017381234, 0, 7337934848, 5486149632, [0.08449615777979085, 0.050789864825500644, 0.05099237756852085]),
