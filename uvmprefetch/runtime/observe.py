@@ -160,23 +160,24 @@ class StorageTracker:
     def drain_dead(self) -> tuple[list[Storage], list[int]]:
         """Storages that died since the last call, and the blocks no live storage touches any more."""
         died, freed = [], []
-        while self.dead:
-            s = self.dead.popleft()
-            with self._lock:
+        dead, live, refs, layout = self.dead, self.live, self.block_refs, self.layout
+        with self._lock:
+            while dead:
+                s = dead.popleft()
                 if s.gone:
                     continue
                 s.gone = True
-                if self.live.get(s.key) is s:
-                    del self.live[s.key]
+                if live.get(s.key) is s:
+                    del live[s.key]
                 self.live_bytes -= s.nbytes
                 for b in self.blocks_of(s.base, s.nbytes):
-                    self.block_refs[b] -= 1
-                    if self.block_refs[b] <= 0:
-                        del self.block_refs[b]
+                    refs[b] -= 1
+                    if refs[b] <= 0:
+                        del refs[b]
                         freed.append(b)
-                if self.layout is not None:
-                    self.layout.free(s.base, s.nbytes)
-            died.append(s)
+                if layout is not None:
+                    layout.free(s.base, s.nbytes)
+                died.append(s)
         return died, freed
 
 
