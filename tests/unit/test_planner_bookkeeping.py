@@ -35,7 +35,8 @@ def test_launch_blocks_is_the_union_of_block_ids(backend):
         spans = []
         for _ in range(rng.randrange(0, 7)):
             st = rng.choice([0, bs - 512, bs, 5 * bs + 4096, rng.randrange(0, 64 * bs)])
-            ln = rng.choice([0, 1, 512, bs - 1, bs, bs + 1, 3 * bs, rng.randrange(0, 4 * bs)] + [big] * (rng.random() < .05))
+            lengths = [0, 1, 512, bs - 1, bs, bs + 1, 3 * bs, rng.randrange(0, 4 * bs)]
+            ln = big if rng.random() < .05 else rng.choice(lengths)
             spans.append((st, ln, rng.choice([READ, WRITE, READ | WRITE])))
         b, w = backend.launch_blocks(spans)
         rb, rw = _reference_blocks(backend, spans)
@@ -62,3 +63,20 @@ def test_estimator_is_estimate_bit_for_bit():
                 ref = max(flops / (prof.peak_flops(dtype) * prof.matmul_efficiency),
                           nbytes / (prof.hbm_bw * prof.memory_efficiency)) + prof.launch_overhead_s
                 assert est(flops, nbytes, dtype) == ref == estimate(flops, nbytes, dtype, prof)
+
+
+def test_simulator_block_checks_small_and_large_arrays_alike():
+    """The simulator's range check (a list's min/max for a launch's few blocks, NumPy's for more) refuses the same
+    ids with the same message."""
+    from uvmprefetch.sim.engine import SimError
+    be = DryrunBackend(RuntimeConfig(enabled=True, backend="dryrun", policy="demand", budget=None),
+                       make_policy("demand"))
+    m, top = be.model, be.model.max_blocks
+    for n in (1, 5, 32, 33, 200):
+        ok = np.arange(top - n, top, dtype=np.int64)
+        assert m._ids(ok, "x") is not None and m._ids(ok[::-1].copy(), "x").tolist() == ok[::-1].tolist()
+        for bad in (np.append(ok[1:], top), np.append(ok[1:], -1)):
+            lo, hi = int(min(bad.tolist())), int(max(bad.tolist()))
+            with pytest.raises(SimError, match=rf"x: block id out of range 0\.\.{top - 1} \(got {lo}\.\.{hi}\)"):
+                m._ids(bad, "x")
+    assert m._ids(np.zeros(0, dtype=np.int64), "x").size == 0 and m._ids(np.int64(3), "x").shape == ()
