@@ -12,8 +12,11 @@ import os
 
 import numpy as np
 
+from ..errors import ConfigError
 from ..gpus import get_profile
 from ..policy.base import LaunchInfo, Policy
+from ..sim.engine import SimError
+from ..trace.format import WRITE
 
 BLOCK_SIZE = 2 << 20  # the driver's VA block
 
@@ -23,6 +26,16 @@ def _host_memory_bytes() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
         return 64 << 30
+
+
+_SPAN_SET_MAX = 64  # blocks of one span above which ``launch_blocks`` takes NumPy's set routines
+
+
+def _union_ranges(spans: list, bs: int) -> tuple[np.ndarray, np.ndarray]:
+    rs = [(np.arange(st // bs, (st + max(ln, 1) - 1) // bs + 1, dtype=np.int64), m) for st, ln, m in spans]
+    w = [r for r, m in rs if m & WRITE]
+    return (np.unique(np.concatenate([r for r, _ in rs])),
+            np.unique(np.concatenate(w)) if w else np.zeros(0, dtype=np.int64))
 
 
 class DryrunBackend:
@@ -69,12 +82,32 @@ class DryrunBackend:
         return np.arange(start // self.block_size, (start + max(length, 1) - 1) // self.block_size + 1,
                          dtype=np.int64)
 
+    def launch_blocks(self, spans: list) -> tuple[np.ndarray, np.ndarray]:
+        """A launch's sorted unique block ids and written block ids from its ``(address, length, mode)`` spans
+        (the session's per-launch step: what ``block_ids`` per span and their union give, in integer arithmetic
+        for the few blocks of a typical launch)."""
+        bs = self.block_size
+        ids: set = set()
+        wids: set = set()
+        for st, ln, m in spans:
+            lo, hi = st // bs, (st + max(ln, 1) - 1) // bs
+            if lo == hi:
+                ids.add(lo)
+                if m & WRITE:
+                    wids.add(lo)
+            elif hi - lo > _SPAN_SET_MAX:  # a big tensor: NumPy over ranges
+                return _union_ranges(spans, bs)
+            else:
+                r = range(lo, hi + 1)
+                ids.update(r)
+                if m & WRITE:
+                    wids.update(r)
+        return np.array(sorted(ids), dtype=np.int64), np.array(sorted(wids), dtype=np.int64)
+
     def free(self, blocks: np.ndarray) -> None:
         self.model.free(blocks)
 
     def launch(self, info: LaunchInfo) -> None:
-        from ..errors import ConfigError
-        from ..sim.engine import SimError
         if info.blocks.size > self.model.capacity_blocks:
             # the model cannot run a launch bigger than the GPU: say which variable to change
             raise ConfigError(f"UVMPREFETCH_BUDGET: launch {info.index} alone touches {info.blocks.size} blocks "

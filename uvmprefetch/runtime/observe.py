@@ -75,7 +75,7 @@ class StorageTracker:
         self.next_id = 0
         self.live_bytes = 0
         self.peak_live_bytes = 0
-        self.block_refs: dict[int, int] = collections.Counter()
+        self.block_refs: dict[int, int] = {}  # block -> live storages on it
         self._lock = threading.Lock()
         self._by_owner: dict[int, Storage] = {}  # id(Python storage object) -> its current memory
 
@@ -129,8 +129,9 @@ class StorageTracker:
         self.live[key] = s
         self.live_bytes += nbytes
         self.peak_live_bytes = max(self.peak_live_bytes, self.live_bytes)
+        refs = self.block_refs
         for b in self.blocks_of(base, nbytes):
-            self.block_refs[b] += 1
+            refs[b] = refs.get(b, 0) + 1
         return s
 
     def _owner_died(self, owner: int) -> None:
@@ -160,23 +161,26 @@ class StorageTracker:
     def drain_dead(self) -> tuple[list[Storage], list[int]]:
         """Storages that died since the last call, and the blocks no live storage touches any more."""
         died, freed = [], []
-        while self.dead:
-            s = self.dead.popleft()
-            with self._lock:
+        dead, live, refs, layout = self.dead, self.live, self.block_refs, self.layout
+        with self._lock:
+            while dead:
+                s = dead.popleft()
                 if s.gone:
                     continue
                 s.gone = True
-                if self.live.get(s.key) is s:
-                    del self.live[s.key]
+                if live.get(s.key) is s:
+                    del live[s.key]
                 self.live_bytes -= s.nbytes
                 for b in self.blocks_of(s.base, s.nbytes):
-                    self.block_refs[b] -= 1
-                    if self.block_refs[b] <= 0:
-                        del self.block_refs[b]
+                    n = refs.get(b, 0) - 1
+                    if n <= 0:
+                        refs.pop(b, None)
                         freed.append(b)
-                if self.layout is not None:
-                    self.layout.free(s.base, s.nbytes)
-            died.append(s)
+                    else:
+                        refs[b] = n
+                if layout is not None:
+                    layout.free(s.base, s.nbytes)
+                died.append(s)
         return died, freed
 
 

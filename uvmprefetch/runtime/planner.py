@@ -153,6 +153,7 @@ class Planner:
         self._feed = getattr(session.backend, "feed", None)
         self._deaths = getattr(session.backend, "deaths_before", None) if self._feed is not None else None
         self._feed_allocs = getattr(session.backend, "allocator_events", None)  # the copy path's book (cuda)
+        self._names: dict[int, str] = {}  # op id -> name (interned by the observer: an id never changes its name)
         self._thread = threading.Thread(target=self._run, name="uvmprefetch-planner", daemon=True)
 
     # ------------------------------------------------------------------------------------------ lifecycle
@@ -365,7 +366,8 @@ class Planner:
         ev_addr: list = []
         ev_kill: list = []
         j = m = 0  # events applied; events converted to lists (a prefix: the next heads' worth at a time)
-        kill = self.s.tracker.kill
+        kill, live = self.s.tracker.kill, self.s.tracker.live
+        deaths, session = self._deaths, self.s
         a, b, c, d = (ops[k].tolist() for k in "abcd")
         f = ops["a"].view("<f8").tolist()
         clock = time.perf_counter
@@ -381,18 +383,19 @@ class Planner:
                 ev_kill += ((act == no.FREE_COMPLETED) | (act == no.ALLOC)).tolist()
                 m = m2
             while j < m and ev_seq[j] < seq:
-                if ev_kill[j]:  # a FREE, or an ALLOC over a live storage: a free that was not seen
+                if ev_kill[j] and ev_addr[j] in live:  # a FREE, or an ALLOC over a live storage: a free not seen
                     kill(ev_addr[j])
                 j += 1
-            if self._deaths is not None:
-                self._deaths(seq)
-            if c[i] >> 56 == no.MARK:
+            if deaths is not None:
+                deaths(seq)
+            if c[i] >> 56 == _MARK:
                 self._mark(c[i] & 0xFFFFFFFF, b[i])
             else:
                 self._waiting -= 1
                 self._op(a, b, c, d, f, i)
-            self.done_seq = max(self.done_seq, seq)
-            if not self.s.active:
+            if seq > self.done_seq:
+                self.done_seq = seq
+            if not session.active:
                 done, more = n + 1, False
                 break
             if until is not None and clock() >= until:
@@ -446,21 +449,30 @@ class Planner:
             gate = range(i + 2 + n, i + 2 + n + ng)
             self._note_gate([a[j] for j in gate if b[j] == 1], [a[j] for j in gate if b[j] == 2])
         phase = PHASE_NAMES[(c[i] >> 32) & 0xFF]
-        at = s.tracker.at
+        tracker = s.tracker
+        live, at = tracker.live, tracker.at
         builder = s.builder
         accesses: dict = {}
         for j in range(i + 2, i + 2 + n):
-            st = at(a[j], d[j])
+            st = live.get(a[j])
+            if st is None or st.nbytes != d[j]:  # (``at``'s own first test, without the call for a known storage)
+                st = at(a[j], d[j])
             if builder is not None and st.id == s._alloc_seen:
                 s._note_alloc(st, bool((c[j] >> 52) & no.LEAF_GRAD), phase == "optimizer")
-            k = (st, b[j], c[j] & no.LEN_MASK)
+            k = (st, b[j], c[j] & _LEN_MASK)
             accesses[k] = accesses.get(k, 0) | ((c[j] >> 48) & 0xF)
         if self._note_seq is not None:
             self._note_seq(a[i])
         # A forward-phase op on another thread than the training loop's (a communication library's worker:
         # gloo's copies while FSDP2 all-gathers during the backward pass) says nothing about where iterations end.
         infer = phase != "forward" or not (c[i] >> 48) & 1
-        s.launch(self.lib.op_name(c[i] & 0xFFFFFFFF), b[i], phase, accesses, f[i + 1], DTYPES[c[i + 1] & 0xFF],
+        op = c[i] & 0xFFFFFFFF
+        name = self._names.get(op)
+        if name is None:
+            name = self.lib.op_name(op)
+            if not name.startswith("op#"):  # (not interned yet: asked again next time)
+                self._names[op] = name
+        s.launch(name, b[i], phase, accesses, f[i + 1], DTYPES[c[i + 1] & 0xFF],
                  infer=infer)
         if self._fail_after >= 0 and s.index >= self._fail_after:
             raise RuntimeError("injected planner failure (UVMPREFETCH_TEST_FAIL=planner)")
@@ -475,6 +487,7 @@ class Planner:
 
 
 _TURN_WAIT_US = 300  # how long a turn waits for the training thread to park (a few of its small ops)
+_LEN_MASK, _MARK = no.LEN_MASK, no.MARK
 _CHUNK = 256  # launches converted to Python lists per burst (a burst plans tens of them)
 
 

@@ -23,7 +23,7 @@ from ..policy import DEFAULT_POLICY, available, make_policy
 from ..policy.base import LaunchInfo, Policy
 from ..trace.format import PHASE, READ, WRITE
 from ..trace.recorder import _DTYPE_NAMES, cached_exec_id, cached_flops, scan_op
-from ..trace.roofline import estimate
+from ..trace.roofline import estimator
 from .observe import StorageTracker, make_mode, tensor_extent
 from .iterations import IterationEnds
 
@@ -138,11 +138,14 @@ class Session:
             self.policy.rank, self.policy.world = rank.rank, rank.world_size
         self.backend = backend if backend is not None else make_backend(cfg, self.policy)
         self.block_size = self.backend.block_size
+        # a launch's (address, length, mode) spans -> its sorted unique block ids and written block ids
+        self._launch_blocks = getattr(self.backend, "launch_blocks", None) or self._blocks_by_range
         self.tracker = StorageTracker(self.block_size, virtual=self.backend.virtual_addresses)
         if hasattr(self.backend, "copy_status"):  # the copy path (cuda): an allocation is observed once an op touched it
             self.backend.observed = self.tracker.live.__contains__
         self.device_type = self.backend.device_type
         self.gpu = getattr(self.backend, "gpu", None)
+        self._estimate = estimator(self.gpu) if self.gpu is not None else None
         self.active = False
         self.index = 0
         self.iteration = 0
@@ -420,21 +423,19 @@ class Session:
             self._end_iteration()
             if not self.active:
                 return
-        block_ids = self.backend.block_ids
-        rs = [(block_ids(s.base + off, ln), m) for (s, off, ln), m in accesses.items()]
-        b = _union([r for r, _ in rs])
-        w = _union([r for r, m in rs if m & WRITE])
+        spans = [(s.base + off, ln, m) for (s, off, ln), m in accesses.items()]
+        b, w = self._launch_blocks(spans)
         nid = self.names.get(name)
         if nid is None:
             nid = self.names[name] = len(self.names)
         self.phase_launches[phase] += 1
-        nbytes = sum(ln * (2 if m == READ | WRITE else 1) for (_, _, ln), m in accesses.items())
+        nbytes = sum(ln * (2 if m == READ | WRITE else 1) for _, ln, m in spans)
         builder = self.builder
         if flops and builder is not None:
             # as the recorder does: a replay on another profile re-estimates from FLOPs in this dtype
             # (without it every bf16 matmul of a live trace counted as fp32)
             builder.note_flop_dtype(dtype)
-        duration = estimate(flops, nbytes, dtype, self.gpu) if self.gpu is not None else 0.0
+        duration = self._estimate(flops, nbytes, dtype) if self._estimate is not None else 0.0
         info = LaunchInfo(index=self.index, exec_id=exec_id, name=nid, phase=PHASE[phase], iteration=self.iteration,
                           duration=duration, blocks=b, write_blocks=w)
         self.backend.launch(info)
@@ -447,6 +448,13 @@ class Session:
             if now - self._t_window >= 0.05:  # the policy's report sums its tables: ~10 us per launch every 64
                 self._t_window = now
                 self._sample_window()
+
+    def _blocks_by_range(self, spans: list) -> tuple[np.ndarray, np.ndarray]:
+        """``launch_blocks`` for a backend without one: its ``block_ids`` per span, in span order (the cuda
+        backend numbers blocks in first-sight order)."""
+        block_ids = self.backend.block_ids
+        rs = [(block_ids(st, ln), m) for st, ln, m in spans]
+        return _union([r for r, _ in rs]), _union([r for r, m in rs if m & WRITE])
 
     def _sample_window(self) -> None:
         try:

@@ -378,6 +378,10 @@ class GpuModel(FaultPath, Room, SsdTier, CopyPath, Populates):
     # ------------------------------------------------------------------------------------ internals
     def _ids(self, blocks, what: str) -> np.ndarray:
         b = np.asarray(blocks, dtype=np.int64)
+        if b.ndim == 1 and b.size <= 32:  # a launch's few blocks: a list's min/max cost a fraction of two reductions
+            ids = b.tolist()
+            if not ids or (min(ids) >= 0 and max(ids) < self.max_blocks):
+                return b
         if b.size and (b.min() < 0 or b.max() >= self.max_blocks):
             raise SimError(f"{what}: block id out of range 0..{self.max_blocks - 1} "
                            f"(got {int(b.min())}..{int(b.max())})")
