@@ -447,8 +447,9 @@ class ReferencePolicy(UvmPrefetchPolicy):
     def _launch_marks(self, blocks, writes, index, state):
         bs = self.blocks
         wmask = np.zeros(blocks.shape[0], dtype=np.int8)
-        wmask[np.searchsorted(blocks, writes)] = np.where(bs.dead[writes], 2, 1)
+        wmask[np.searchsorted(blocks, writes)] = np.where(bs.dead[writes] | bs.fresh[writes], 2, 1)
         bs.dead[blocks] = False
+        bs.fresh[blocks] = False
         bs.pf_unused[blocks] = False
         bs.uses[blocks] += 1
         bs.last_use[blocks] = index
