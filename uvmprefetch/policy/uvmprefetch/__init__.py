@@ -113,7 +113,9 @@ class UvmPrefetchPolicy(Policy):
         self.correlation = Correlation(P.table_entries, P.ngram, P.stable_sync)
         self.moves = Moves(n, P.track_moves, P.layer_stride)
         populates = P.populate and bool(getattr(ctx, "populates", False))
-        self.blocks = Blocks(n, fresh=populates)
+        # (where memory nothing has used is mapped without data: docs/simulator.md "Cold start")
+        self.blocks = Blocks(n, fresh=bool(getattr(ctx, "fresh_memory", False)))
+        self._fresh = bool(self.blocks.fresh.any())
         # Below 2 MiB blocks the driver's density prefetch makes blocks resident that no hook reports: no pool.
         self.victims = Victims(n, P.victim_pool if ctx.block_size >= 2 << 20 else 0, P.pool_launches, P.dead_reuse)
         self.plan = Plan(n, dict(margin=int(P.margin * ctx.capacity_blocks), t_blk=t_blk,
@@ -142,6 +144,9 @@ class UvmPrefetchPolicy(Policy):
             blocks, writes, sig = info.blocks, info.write_blocks, 0
         else:
             blocks, writes, sig = EMPTY, EMPTY, hash((key,))
+            if self._fresh:  # (no launch without accesses marks its blocks used: none is taken for fresh)
+                self.blocks.fresh[:] = False
+                self._fresh = False
         launch = (key, int(info.name), sig, int(info.index), float(info.duration), known, self.monitor.window)
         resident, in_flight = state.resident, state.in_flight
         view = (resident, in_flight, ids_in_use(state), int(state.capacity_blocks), int(state.used_blocks),

@@ -21,9 +21,9 @@ class Blocks(Part, fields=FIELDS):
     def __init__(self, n_blocks: int, fresh: bool = False) -> None:
         self.dirty = np.zeros(n_blocks, dtype=bool)
         self.dead = np.zeros(n_blocks, dtype=bool)
-        # With ``fresh`` (the caller populates: memory nothing has used is mapped without data), every block until a
-        # launch touches it: a first write there is a new tensor's, as into dead memory (the caller checks that no
-        # older data lies there and prefetches it otherwise)
+        # With ``fresh`` (the GPU maps memory nothing has used without data), every block until a launch touches it: a
+        # first write there is a new tensor's, as into dead memory, and moves no data (the caller checks that no older
+        # data lies there). A block the running launch writes stays fresh until its decision is made.
         self.fresh = np.full(n_blocks, bool(fresh))
         self.pf_unused = np.zeros(n_blocks, dtype=bool)
         self.thrashed = np.zeros(n_blocks, dtype=bool)
@@ -41,7 +41,8 @@ def launch_marks(bs, launch, it, index, wbuf):
     """A launch with known accesses (``launch``: ``(blocks, writes)``, sorted, writes a subset): its blocks are not
     dead, not unused prefetches, used once more this iteration and last used now; its writes are dirty, written
     and from iteration ``it``. The write flags over its blocks go to ``wbuf`` (0 read, 1 written, 2 written while
-    dead or fresh: a new tensor's first write, as the history keeps them). A block listed twice counts one use."""
+    dead or fresh: a new tensor's first write, as the history keeps them); those it only reads are no longer fresh
+    (``decided`` clears the others). A block listed twice counts one use."""
     blocks, writes = launch
     n = blocks.shape[0]
     dead = bs.dead
@@ -57,7 +58,8 @@ def launch_marks(bs, launch, it, index, wbuf):
     for i in range(n):
         x = blocks[i]
         dead[x] = False
-        fresh[x] = False
+        if wbuf[i] == 0:
+            fresh[x] = False
         bs.pf_unused[x] = False
         uses[x] = inc[i]
         bs.last_use[x] = index
@@ -66,6 +68,19 @@ def launch_marks(bs, launch, it, index, wbuf):
         bs.dirty[x] = True
         bs.written[x] = True
         bs.w_iter[x] = it
+
+
+@nb.njit(cache=True, nogil=True)
+def decided(bs, cur):
+    """The running launch's decision is made: its blocks are no longer fresh."""
+    for i in range(cur.shape[0]):
+        bs.fresh[cur[i]] = False
+
+
+@nb.njit(cache=True, nogil=True)
+def moves_data(bs, x):
+    """Whether bringing block ``x`` to the GPU moves data: not dead, not fresh."""
+    return not (bs.dead[x] or bs.fresh[x])
 
 
 @nb.njit(cache=True, nogil=True)
@@ -154,10 +169,10 @@ def take_victims(bs, chosen, nu, p, lim):
 
 @nb.njit(cache=True, nogil=True)
 def mark_prefetched(bs, pf):
-    """Prefetched blocks are unused until a launch touches them; returns how many are live (move data)."""
+    """Prefetched blocks are unused until a launch touches them; returns how many move data (``moves_data``)."""
     live = 0
     for i in range(pf.shape[0]):
         bs.pf_unused[pf[i]] = True
-        if not bs.dead[pf[i]]:
+        if moves_data(bs, pf[i]):
             live += 1
     return live
