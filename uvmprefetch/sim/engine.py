@@ -99,9 +99,8 @@ class GpuModel(FaultPath, Room, SsdTier, CopyPath, Populates):
         The eviction paths (``EvictModel``; None = UVM's only, as the live runtime today) and which blocks are
         copy-eligible (bool per block; None = all: ``sim/copypath.py``).
     fresh
-        Bool per block: nothing populated its pages before its first touch (``Layout.fresh``); None = every block
-        holds data. Used only on a profile that models populates (``GpuProfile.populates``): there a fresh block
-        is dead (no data) until a launch touches it.
+        Bool per block: nothing populated its pages before its first touch (``Layout.fresh``; None = none). On a
+        profile that models populates (``GpuProfile.populates``) a fresh block is dead until a launch touches it.
 
     Raises
     ------
