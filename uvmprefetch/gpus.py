@@ -91,6 +91,12 @@ class GpuProfile:
         return self.copy_dtoh_bw > 0
 
     @property
+    def populates(self) -> bool:
+        """True when the profile has a cost for mapping memory on the GPU without data (``repopulate_*``): it models
+        populates and the zero-filled first touch of memory no processor has used (docs/simulator.md "Populates")."""
+        return self.repopulate_call_s > 0 or self.repopulate_block_s > 0
+
+    @property
     def ssd_tier(self) -> bool:
         """True when the profile has an SSD tier (``ssd_bw > 0``)."""
         return self.ssd_bw > 0

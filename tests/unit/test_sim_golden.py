@@ -13,6 +13,7 @@ The expected values are computed from these formulas here, independently of the 
 import dataclasses
 import math
 
+import numpy as np
 import pytest
 
 from uvmprefetch.gpus import get_profile
@@ -329,3 +330,58 @@ def test_where_the_caller_cannot_populate_a_populate_is_a_prefetch(case):
         assert r3["end"] == pytest.approx(e2 + D, rel=1e-12) and res["bytes_htod"] == 6 * MiB
     else:
         assert r3["end"] == pytest.approx(e2 + T + D, rel=1e-12) and res["bytes_htod"] == 8 * MiB
+
+
+def _weight_and_output(small: bool):
+    """W (a weight: registered before the first launch, first read) and X (a new output, first written), 2 MiB each
+    (blocks 0 and 1) or, with ``small``, 100 KiB each packed into one small-pool block. L0 reads W and writes X."""
+    b = TraceBuilder()
+    size = 100 * 1024 if small else 2 * MiB
+    w, x = b.alloc(size, "param"), b.alloc(size, "activation")
+    b.launch("l0", [(w, 0, size, READ), (x, 0, size, WRITE)], duration=D)
+    return b.build()
+
+
+@pytest.mark.parametrize("gpu", ["populates", "lit"])
+def test_fresh_memory_faults_zero_filled_on_first_touch(gpu):
+    """Both blocks fault in one batch (34 entries). With populates modelled (``POP_GPU``) X's block is fresh (no tensor
+    from before the trace lies there): zero-filled, no transfer: time = lat + Tf + d, 2 MiB H2D, and the cold
+    first-touch cost is W's alone (lat + Tf, 2 MiB). The -lit profile moves both: lat + 2 Tf + d, 4 MiB."""
+    moved = 1 if gpu == "populates" else 2
+    r = replay(_weight_and_output(False), "demand", POP_GPU if gpu == "populates" else GPU, capacity_bytes=4 * MiB,
+               check=True)
+    assert r["faults"] == 2 and r["fault_batches"] == 1 and r["zero_fill_blocks"] == 2 - moved
+    assert r["time_s"] == pytest.approx(LAT + moved * TF + D, rel=1e-12)
+    assert r["bytes_htod"] == moved * 2 * MiB and r["cold_first_touch_bytes"] == moved * 2 * MiB
+    assert r["cold_first_touch_s"] == pytest.approx(LAT + moved * TF, rel=1e-12)
+
+
+def test_a_block_a_tensor_from_before_the_trace_shares_is_not_fresh():
+    """W and X share one small-pool block: W's data lies there, so the block moves: lat + Tf + d, 2 MiB H2D."""
+    r = replay(_weight_and_output(True), "demand", POP_GPU, capacity_bytes=4 * MiB, check=True)
+    assert r["faults"] == 1 and r["zero_fill_blocks"] == 0 and r["bytes_htod"] == 2 * MiB
+    assert r["time_s"] == pytest.approx(LAT + TF + D, rel=1e-12)
+
+
+def test_a_populate_maps_a_fresh_block_and_a_prefetch_of_one_moves_nothing():
+    """Stepping the GpuModel with blocks 0 and 1 fresh, 2 not. Before L0 (writes block 0) the policy populates 0 and
+    2: block 0 is mapped by one call (L0 starts at call + blk, no fault); block 2 holds data: refused, prefetched (one
+    transfer T). Before L1 (writes block 1) it prefetches block 1: fresh, so it arrives at once, behind block 2 in
+    the H2D queue (at T, the queue's end): L1 starts at max(call + blk + d, T), no fault. 2 MiB H2D in all: block
+    2's."""
+    from uvmprefetch.policy.base import LaunchInfo
+
+    class Pop(Quiet):
+        def on_launch(self, info, state):
+            if info.index == 0:
+                return Decision(populate=np.array([0, 2]))
+            return Decision(prefetch=np.array([1]))
+
+    m = GpuModel(POP_GPU, 8 * MiB, 2 * MiB, 4, Pop(), check=True, fresh=np.array([True, True, False, False]))
+    assert m.policy.ctx.populates
+    r0 = m.launch(LaunchInfo(0, 0, 0, 0, 0, D, np.array([0]), np.array([0])))
+    assert r0["faults"] == 0 and r0["start"] == pytest.approx(POP_CALL + POP_BLK, rel=1e-12)
+    r1 = m.launch(LaunchInfo(1, 0, 0, 0, 0, D, np.array([1]), np.array([1])))
+    assert r1["faults"] == 0 and r1["start"] == pytest.approx(max(POP_CALL + POP_BLK + D, T), rel=1e-12)
+    res = m.result()
+    assert res["populated_blocks"] == 1 and res["refused_populates"] == 1 and res["bytes_htod"] == 2 * MiB

@@ -137,3 +137,40 @@ def test_against_slow_reference(t, bs):
                 overlaps = lay.base[x] < hi and lo < lay.base[x] + t.alloc_size[x]
                 alive = t.alloc_at[x] < i < ends[x]
                 assert not (overlaps and alive), (i, blk, x)
+    # fresh blocks: no allocation whose first launch reads it (or that no launch touches: data from before the trace)
+    # was placed over the block by the time a launch first touches it (any time, for a block no launch touches)
+    first = {}
+    for i in range(L):
+        for blk in lay.launch_blocks(i).tolist():
+            first.setdefault(blk, i)
+    holds = []
+    for x in range(A):
+        acc = [j for j in range(t.acc_ptr[-1]) if t.acc_alloc[j] == x]
+        if not acc:
+            holds.append(x)
+            continue
+        i0 = min(next(i for i in range(L) if t.acc_ptr[i] <= j < t.acc_ptr[i + 1]) for j in acc)
+        if any(t.acc_mode[j] & READ for j in range(t.acc_ptr[i0], t.acc_ptr[i0 + 1]) if t.acc_alloc[j] == x):
+            holds.append(x)
+    for blk in range(lay.max_blocks):
+        lo, hi = blk * bs, (blk + 1) * bs
+        held = any(lay.base[x] < hi and lo < lay.base[x] + max(int(t.alloc_size[x]), 1)
+                   and t.alloc_at[x] <= first.get(blk, L) for x in holds)
+        assert bool(lay.fresh[blk]) == (not held), blk
+
+
+def test_the_shipped_trace_holds_data_in_its_parameters_only():
+    """The recorder registers a model's parameters before the first launch; every other tensor is an op's output."""
+    from pathlib import Path
+
+    import numpy as np
+
+    from uvmprefetch.sim.layout import born_in_trace, fresh_for
+    from uvmprefetch.trace import load
+    from uvmprefetch.trace.format import KIND
+    t = load(Path(__file__).resolve().parents[2] / "traces" / "gpt2-small-b2s128.uvmt")
+    assert np.array_equal(~born_in_trace(t), t.alloc_kind == KIND["param"])
+    lay = build_layout(t)
+    touched = lay.first_use() < t.n_launches
+    assert 0.5 * touched.sum() < lay.fresh[touched].sum() < touched.sum()
+    assert fresh_for(t, lay) is lay.fresh

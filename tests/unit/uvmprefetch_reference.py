@@ -146,6 +146,7 @@ class ReferencePolicy(UvmPrefetchPolicy):
             wmask, again, late = self._launch_marks(blocks, writes, int(info.index), state)
             cur = blocks
         else:
+            self.blocks.fresh[:] = False  # (no launch without accesses marks its blocks used)
             cur = self._blocks_at(p).copy() if p is not None else EMPTY
             again, late = self._cur_marks(cur, state) if cur.size else (0, 0)
             wmask = None
@@ -159,6 +160,7 @@ class ReferencePolicy(UvmPrefetchPolicy):
             self.stats["late_blocks"] += late
             self.monitor.late(info.index, late)
         dec = self._plan(cur, state, float(info.duration))
+        self.blocks.fresh[cur] = False
         if self.advice.pending:
             dec = dec or Decision()
             dec.advise = tuple(self.advice.pending)
@@ -447,8 +449,9 @@ class ReferencePolicy(UvmPrefetchPolicy):
     def _launch_marks(self, blocks, writes, index, state):
         bs = self.blocks
         wmask = np.zeros(blocks.shape[0], dtype=np.int8)
-        wmask[np.searchsorted(blocks, writes)] = np.where(bs.dead[writes], 2, 1)
+        wmask[np.searchsorted(blocks, writes)] = np.where(bs.dead[writes] | bs.fresh[writes], 2, 1)
         bs.dead[blocks] = False
+        bs.fresh[blocks[wmask == 0]] = False  # (the written ones once the decision is made)
         bs.pf_unused[blocks] = False
         bs.uses[blocks] += 1
         bs.last_use[blocks] = index
@@ -602,7 +605,7 @@ class ReferencePolicy(UvmPrefetchPolicy):
                     first = h.pbuf[:k][h.wbuf[:k] == 2]
                     pop = pf[(pp < 0) & np.isin(pf, first)]
                 if P.fault_late_soft and p is not None and p + 1 < self.end and self._flat("h_soft")[p + 1 - self.base]:
-                    arrive = q + t_blk * np.cumsum(~bs.dead[pf])
+                    arrive = q + t_blk * np.cumsum(~(bs.dead[pf] | bs.fresh[pf]))
                     keep &= ~((pp == p + 1) & (arrive > state.now + dur + float(pr["lat"]))
                               & (bs.w_iter[pf] != self.it))
                 pf = pf[keep]
@@ -616,7 +619,7 @@ class ReferencePolicy(UvmPrefetchPolicy):
             self.stats["populated_blocks"] += pop.shape[0]
         if pf.size:
             bs.pf_unused[pf] = True
-            live = int((~bs.dead[pf]).sum())
+            live = int((~(bs.dead[pf] | bs.fresh[pf])).sum())
             pr["q_end"] = q + live * t_blk
             self.stats["prefetched_blocks"] += pf.shape[0]
             self.advice.r["link_blocks"] += live

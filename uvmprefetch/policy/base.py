@@ -92,6 +92,10 @@ class PolicyContext:
     # True where the caller populates (``Decision.populate``): dead data is dropped and the GPU profile has a cost for
     # mapping a dropped range without data (docs/simulator.md "Populates"); elsewhere populates are prefetches
     populates: bool = False
+    # True where memory no launch has touched yet is mapped without data when first touched or brought in (the driver
+    # zero-fills it): the simulator given the trace's fresh blocks on a profile that models populates
+    # (docs/simulator.md "Cold start"); False elsewhere, where such memory may hold data and moves like any other
+    fresh_memory: bool = False
 
 
 @dataclass

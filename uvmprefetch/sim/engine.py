@@ -21,7 +21,9 @@ launch, and the live runtime's ``dryrun`` backend feeds it live observations thr
   *migrated* resident block, never one of the running launch. Evicting a dirty live block writes it back
   on D2H; a clean or dead one is dropped for free (``writeback_clean=True`` models a driver without dirty
   tracking: every live non-read-mostly block is written back).
-- A dead block (its memory was freed) comes back without a transfer (zero-filled), but still faults.
+- A dead block (its memory was freed) comes back without a transfer (zero-filled), but still faults. So does a
+  *fresh* block (``fresh``: no processor has populated its pages, as the trace's allocations show) on its first
+  touch, on a profile that models populates (``GpuProfile.populates``): the driver maps it without data.
   A Decision's ``populate`` maps dead blocks whose pages were dropped on the GPU without data, beside the H2D
   queue: ``repopulate_call_s + k * repopulate_block_s`` per decision, from the moment the launch it is applied
   before would start (docs/simulator.md "Populates"); any other block named there is prefetched instead.
@@ -104,6 +106,9 @@ class GpuModel(FaultPath, Room, SsdTier, CopyPath, Populates):
     evict, copy_blocks
         The eviction paths (``EvictModel``; None = UVM's only, as the live runtime today) and which blocks are
         copy-eligible (bool per block; None = all: ``sim/copypath.py``).
+    fresh
+        Bool per block: nothing populated its pages before its first touch (``Layout.fresh``; None = none). On a
+        profile that models populates (``GpuProfile.populates``) a fresh block is dead until a launch touches it.
 
     Raises
     ------
@@ -114,7 +119,8 @@ class GpuModel(FaultPath, Room, SsdTier, CopyPath, Populates):
     def __init__(self, gpu: GpuProfile, capacity_bytes: int, block_size: int, max_blocks: int, policy: Policy,
                  *, timeline: bool = False, trace=None, layout=None, writeback_clean: bool = False,
                  discards: bool = True, check: bool = False, link: Link | None = None,
-                 host: HostModel | None = None, evict: EvictModel | None = None, copy_blocks=None) -> None:
+                 host: HostModel | None = None, evict: EvictModel | None = None, copy_blocks=None,
+                 fresh=None) -> None:
         if block_size <= 0:
             raise ConfigError(f"block size must be positive, got {block_size}")
         self.gpu = gpu
@@ -187,7 +193,7 @@ class GpuModel(FaultPath, Room, SsdTier, CopyPath, Populates):
                 self.m.update(mover_busy_s=0.0, planner_pending_max=0)
         self._tier_setup(gpu, n)  # (the SSD tier, when the profile has one: docs/tiers.md)
         self._copy_setup(evict or EvictModel(), copy_blocks, n)  # (the copy path: sim/copypath.py)
-        self._populate_setup(gpu, n)  # (populates: sim/populate.py)
+        self._populate_setup(gpu, n, fresh)  # (populates and fresh blocks: sim/populate.py)
         self.iter_ends: list[tuple[int, float]] = []
         self._iter_counts: list[tuple] = []  # the counters of ``_PER_ITERATION`` at each ``end_iteration``
         self.events: dict[str, list] = {"compute": [], "h2d": [], "d2h": [], "fault": [], "resident": [], "block": []}
@@ -195,7 +201,7 @@ class GpuModel(FaultPath, Room, SsdTier, CopyPath, Populates):
         ctx = PolicyContext(block_size=bs, capacity_blocks=self.capacity_blocks, max_blocks=n, gpu=gpu,
                             live=False, discards=self.discards, trace=trace if policy.offline else None,
                             layout=layout if policy.offline else None, copy_path=self.copy_on,
-                            populates=self.populate_on and not self.ideal)
+                            populates=self.populate_on and not self.ideal, fresh_memory=bool(self.fresh.any()))
         policy.on_start(ctx)
 
     t_h2d = _link_clock("h2d")
@@ -213,7 +219,7 @@ class GpuModel(FaultPath, Room, SsdTier, CopyPath, Populates):
 
         Calls ``policy.on_free``; unless the policy models a driver that never learns of frees
         (``invalidates_frees = False``), touched blocks are marked dead: evicting them is free and they
-        come back without a transfer. Resident dead blocks keep their room until evicted.
+        come back without a transfer (fresh ones stay dead). Resident dead blocks keep their room until evicted.
         """
         blocks = self._ids(blocks, "free")
         if not blocks.size:
@@ -221,7 +227,7 @@ class GpuModel(FaultPath, Room, SsdTier, CopyPath, Populates):
         self.freed[blocks] = True
         self.policy.on_free(blocks)
         if self.invalidate_frees and not self.ideal:
-            self.dead[blocks] = self.touched[blocks]
+            self.dead[blocks] = self.touched[blocks] | self.fresh[blocks]
             if self.tier:
                 self._release(blocks[self.dead[blocks]])
             if self.copy_on:
@@ -249,8 +255,9 @@ class GpuModel(FaultPath, Room, SsdTier, CopyPath, Populates):
         m["block_accesses"] += nb
         first = blocks[~self.touched[blocks]]
         if first.size:
-            m["cold_first_touch_bytes"] += first.size * self.block_size
-            m["cold_first_touch_s"] += (first.size * self.t_fault_blk + self.gpu.fault_batch_latency_s *
+            moved = first.size - int(self.fresh[first].sum())  # (fresh ones are zero-filled: nothing moves)
+            m["cold_first_touch_bytes"] += moved * self.block_size
+            m["cold_first_touch_s"] += (moved * self.t_fault_blk + self.gpu.fault_batch_latency_s *
                                         math.ceil(first.size * self.entries_per_block / self.gpu.fault_batch_size))
         if self.ideal:
             self.policy.on_launch(info, self)
@@ -313,6 +320,7 @@ class GpuModel(FaultPath, Room, SsdTier, CopyPath, Populates):
                 if self.copy_on:
                     self._unmirror(wr)
             self.dead[blocks] = False
+            self.fresh[blocks] = False
             self._protect[blocks] = False
         self.touched[blocks] = True
         self.freed[blocks] = False
@@ -494,7 +502,7 @@ class GpuModel(FaultPath, Room, SsdTier, CopyPath, Populates):
             if res.size:
                 self.dead[res] = True  # dropped: no write-back
                 self._evict(res, now)
-            self.dead[b] = self.touched[b]
+            self.dead[b] = self.touched[b] | self.fresh[b]
             self.dropped[b] |= self.dead[b]  # (off the GPU too: its host pages are dropped)
             if self.tier:
                 self._release(b[self.dead[b]])

@@ -41,7 +41,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..trace.addrspace import FirstFit, alloc_events, first_fit_addresses
-from ..trace.format import WRITE, Trace
+from ..trace.format import READ, WRITE, Trace
 
 SEGMENT = 2 << 20  # 2 MiB: PyTorch's small-pool segment and large-request rounding (kRoundLarge)
 SMALL_LIMIT = 1 << 20  # requests up to and including 1 MiB go to the small pool (kSmallSize)
@@ -59,7 +59,9 @@ class Layout:
     wholly dead at free point ``i`` (after launch ``i-1``, before launch ``i``; ``i == n_launches`` is the
     end of the trace). ``footprint_blocks`` is the number of distinct blocks any launch touches: the
     working footprint that ``oversub`` is measured against. ``reserved_bytes`` is the peak address space
-    the allocator model reserved (what ``torch.cuda.max_memory_reserved`` would report).
+    the allocator model reserved (what ``torch.cuda.max_memory_reserved`` would report). ``fresh[b]``: no tensor
+    that holds data from before the trace overlaps block ``b`` before its first touch (``fresh_blocks``): nothing
+    has populated its pages, so a real GPU maps them without data when a launch or a prefetch first touches them.
     """
 
     block_size: int
@@ -74,6 +76,7 @@ class Layout:
     footprint_blocks: int
     reserved_bytes: int
     allocator: str = "caching"
+    fresh: np.ndarray | None = None
     _next_use: np.ndarray | None = field(default=None, repr=False)
 
     @property
@@ -332,6 +335,43 @@ def build_layout(t: Trace, block_size: int = 2 << 20, allocator: str = "auto") -
     ptr, blocks = csr(None)
     wptr, wblocks = csr((t.acc_mode & WRITE) != 0)
     footprint = int(np.unique(blocks).size)
-    return Layout(block_size=block_size, base=base, max_blocks=max_blocks, ptr=ptr, blocks=blocks, wptr=wptr,
-                  write_blocks=wblocks, dptr=dptr, dead_blocks=dead_blocks, footprint_blocks=footprint,
-                  reserved_bytes=int(top), allocator=allocator)
+    lay = Layout(block_size=block_size, base=base, max_blocks=max_blocks, ptr=ptr, blocks=blocks, wptr=wptr,
+                 write_blocks=wblocks, dptr=dptr, dead_blocks=dead_blocks, footprint_blocks=footprint,
+                 reserved_bytes=int(top), allocator=allocator)
+    lay.fresh = fresh_blocks(t, lay, b0s, b1s)
+    return lay
+
+
+def fresh_for(t: Trace, lay: Layout) -> np.ndarray | None:
+    """``lay.fresh`` for the simulated GPU of a replay of ``t``; None for a trace the live dryrun runtime recorded:
+    that runtime models no fresh memory (it cannot tell, launch by launch, which blocks a tensor from before the run
+    shares), and its replay must agree with it (tests/unit/test_sim_live_consistency.py)."""
+    return None if allocator_for(t) == "first-fit" else lay.fresh
+
+
+def born_in_trace(t: Trace) -> np.ndarray:
+    """Per allocation: made inside the trace, i.e. the first launch that touches it writes it and reads none of it
+    (an op's new output). The recorders register a tensor that existed before the trace (a weight, a buffer) when
+    they start or when a launch first touches it, and its first use reads it: that holds data. An allocation no
+    launch touches counts as holding data."""
+    L, A = t.n_launches, t.n_allocs
+    launch_of = np.repeat(np.arange(L, dtype=np.int64), np.diff(t.acc_ptr))
+    first = np.full(A, L, dtype=np.int64)
+    np.minimum.at(first, t.acc_alloc, launch_of)
+    at_first = launch_of == first[t.acc_alloc]
+    read_first = at_first & ((t.acc_mode & READ) != 0)
+    return (first < L) & (np.bincount(t.acc_alloc[read_first], minlength=A) == 0)
+
+
+def fresh_blocks(t: Trace, lay: Layout, b0s: np.ndarray, b1s: np.ndarray) -> np.ndarray:
+    """Per block of ``lay``: no allocation that holds data (``born_in_trace`` false) was placed over it by the time
+    a launch first touches it (``first_use``; any time for a block no launch touches). ``b0s``/``b1s``: each
+    allocation's first and last block."""
+    held = np.flatnonzero(~born_in_trace(t))
+    fresh = np.ones(lay.max_blocks, dtype=bool)
+    if held.size:
+        lo, n = b0s[held], b1s[held] - b0s[held] + 1
+        blk = np.repeat(lo, n) + (np.arange(int(n.sum()), dtype=np.int64) - np.repeat(np.cumsum(n) - n, n))
+        at = np.repeat(t.alloc_at[held], n)
+        fresh[blk[at <= lay.first_use()[blk]]] = False
+    return fresh

@@ -40,7 +40,7 @@ from ..trace.format import Trace
 from .copypath import copy_eligible, parse_evict
 from .engine import GpuModel, SimError
 from .link import Link
-from .layout import Layout, build_layout
+from .layout import Layout, build_layout, fresh_for
 from .replay import DEFAULT_BLOCK, capacity_for, launch_durations
 
 _SUMMED = ("faults", "fault_batches", "bytes_htod", "bytes_dtoh", "prefetch_issued_bytes", "prefetch_useful_bytes",
@@ -100,7 +100,8 @@ def replay_multi(trace: Trace, policy: str, gpu: GpuProfile | str = "h100-pcie",
     evict = parse_evict(evict)
     copy_blocks = copy_eligible(trace, layout, evict.ineligible) if evict.mode != "uvm" and gpu.copy_path else None
     engines = [GpuModel(gpu, cap, bs, layout.max_blocks, p, trace=trace, layout=layout, check=check,
-                        link=shared if shared_link else Link(), evict=evict, copy_blocks=copy_blocks)
+                        link=shared if shared_link else Link(), evict=evict, copy_blocks=copy_blocks,
+                        fresh=fresh_for(trace, layout))
                for p in policies]
     L = trace.n_launches
     its = trace.launch_iter.tolist()

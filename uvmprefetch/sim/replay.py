@@ -23,7 +23,7 @@ from ..trace.format import Trace
 from .copypath import copy_eligible, parse_evict
 from .engine import GpuModel, SimError
 from .host import parse_host
-from .layout import Layout, build_layout
+from .layout import Layout, build_layout, fresh_for
 
 DEFAULT_BLOCK = 2 << 20
 
@@ -144,7 +144,7 @@ def replay(trace: Trace, policy: Policy | str, gpu: GpuProfile | str = "h100-pci
     copy_blocks = copy_eligible(trace, layout, evict.ineligible) if evict.mode != "uvm" and gpu.copy_path else None
     eng = GpuModel(gpu, cap, bs, layout.max_blocks, policy, timeline=timeline, trace=trace, layout=layout,
                    writeback_clean=writeback_clean, discards=discards, check=check, host=parse_host(host),
-                   evict=evict, copy_blocks=copy_blocks)
+                   evict=evict, copy_blocks=copy_blocks, fresh=fresh_for(trace, layout))
     L = trace.n_launches
     its = trace.launch_iter.tolist()
     exec_ids = trace.launch_exec_id.tolist()

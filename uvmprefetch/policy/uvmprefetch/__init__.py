@@ -112,14 +112,17 @@ class UvmPrefetchPolicy(Policy):
         self.history = History(n, P.history_launches, P.scan_max)
         self.correlation = Correlation(P.table_entries, P.ngram, P.stable_sync)
         self.moves = Moves(n, P.track_moves, P.layer_stride)
-        self.blocks = Blocks(n)
+        populates = P.populate and bool(getattr(ctx, "populates", False))
+        # (where memory nothing has used is mapped without data: docs/simulator.md "Cold start")
+        self.blocks = Blocks(n, fresh=bool(getattr(ctx, "fresh_memory", False)))
+        self._fresh = bool(self.blocks.fresh.any())
         # Below 2 MiB blocks the driver's density prefetch makes blocks resident that no hook reports: no pool.
         self.victims = Victims(n, P.victim_pool if ctx.block_size >= 2 << 20 else 0, P.pool_launches, P.dead_reuse)
         self.plan = Plan(n, dict(margin=int(P.margin * ctx.capacity_blocks), t_blk=t_blk,
                                  lat=float(ctx.gpu.fault_batch_latency_s), lead_s=P.lead_s, prefetch=P.prefetch,
                                  pre_evict=P.pre_evict, pace=P.pace, stall_aware=P.stall_aware,
                                  fault_late_soft=P.fault_late_soft,
-                                 populate=P.populate and bool(getattr(ctx, "populates", False))))
+                                 populate=populates))
         self.advice = AdviceState(n)
         self.monitor = WindowMonitor(P.window, P.window_min, P.window_max, P.patience, P.adaptive_window)
         self.stats = Counts()
@@ -141,6 +144,9 @@ class UvmPrefetchPolicy(Policy):
             blocks, writes, sig = info.blocks, info.write_blocks, 0
         else:
             blocks, writes, sig = EMPTY, EMPTY, hash((key,))
+            if self._fresh:  # (no launch without accesses marks its blocks used: none is taken for fresh)
+                self.blocks.fresh[:] = False
+                self._fresh = False
         launch = (key, int(info.name), sig, int(info.index), float(info.duration), known, self.monitor.window)
         resident, in_flight = state.resident, state.in_flight
         view = (resident, in_flight, ids_in_use(state), int(state.capacity_blocks), int(state.used_blocks),

@@ -1,7 +1,7 @@
 """What the policy knows of each block besides its predicted next use: dirty (written since it came to the GPU),
-dead (freed, where the caller can discard), prefetched and not used yet, thrashed (prefetched, evicted unused while
-still predicted), ever written, the last iteration that wrote it, its last use, and how many launches used it this
-iteration. The running launch's blocks are marked here (``launch_marks``, ``cur_marks``); so are prefetches and
+dead (freed, where the caller can discard), fresh (no launch touched it yet, where the caller populates),
+prefetched and not used yet, thrashed (prefetched, evicted unused while still predicted), ever written, the last
+iteration that wrote it, its last use, and how many launches used it this iteration. The running launch's blocks are marked here (``launch_marks``, ``cur_marks``); so are prefetches and
 victims (``mark_prefetched``, ``take_victims``)."""
 
 from __future__ import annotations
@@ -12,15 +12,19 @@ import numpy as np
 from .history import INF
 from .parts import Part
 
-FIELDS = ("dirty", "dead", "pf_unused", "thrashed", "written", "w_iter", "last_use", "uses")
+FIELDS = ("dirty", "dead", "fresh", "pf_unused", "thrashed", "written", "w_iter", "last_use", "uses")
 
 
 class Blocks(Part, fields=FIELDS):
     """The block-state part: see the module docstring."""
 
-    def __init__(self, n_blocks: int) -> None:
+    def __init__(self, n_blocks: int, fresh: bool = False) -> None:
         self.dirty = np.zeros(n_blocks, dtype=bool)
         self.dead = np.zeros(n_blocks, dtype=bool)
+        # With ``fresh`` (the GPU maps memory nothing has used without data), every block until a launch touches it: a
+        # first write there is a new tensor's, as into dead memory, and moves no data (the caller checks that no older
+        # data lies there). A block the running launch writes stays fresh until its decision is made.
+        self.fresh = np.full(n_blocks, bool(fresh))
         self.pf_unused = np.zeros(n_blocks, dtype=bool)
         self.thrashed = np.zeros(n_blocks, dtype=bool)
         self.written = np.zeros(n_blocks, dtype=bool)  # ever written (advice)
@@ -37,21 +41,25 @@ def launch_marks(bs, launch, it, index, wbuf):
     """A launch with known accesses (``launch``: ``(blocks, writes)``, sorted, writes a subset): its blocks are not
     dead, not unused prefetches, used once more this iteration and last used now; its writes are dirty, written
     and from iteration ``it``. The write flags over its blocks go to ``wbuf`` (0 read, 1 written, 2 written while
-    dead: a new tensor's first write, as the history keeps them). A block listed twice counts one use."""
+    dead or fresh: a new tensor's first write, as the history keeps them); those it only reads are no longer fresh
+    (``decided`` clears the others). A block listed twice counts one use."""
     blocks, writes = launch
     n = blocks.shape[0]
     dead = bs.dead
+    fresh = bs.fresh
     uses = bs.uses
     wbuf[:n] = 0
     for i in range(writes.shape[0]):
         x = writes[i]
-        wbuf[np.searchsorted(blocks, x)] = 2 if dead[x] else 1
+        wbuf[np.searchsorted(blocks, x)] = 2 if dead[x] or fresh[x] else 1
     inc = np.empty(n, dtype=uses.dtype)
     for i in range(n):
         inc[i] = uses[blocks[i]] + 1
     for i in range(n):
         x = blocks[i]
         dead[x] = False
+        if wbuf[i] == 0:
+            fresh[x] = False
         bs.pf_unused[x] = False
         uses[x] = inc[i]
         bs.last_use[x] = index
@@ -60,6 +68,19 @@ def launch_marks(bs, launch, it, index, wbuf):
         bs.dirty[x] = True
         bs.written[x] = True
         bs.w_iter[x] = it
+
+
+@nb.njit(cache=True, nogil=True)
+def decided(bs, cur):
+    """The running launch's decision is made: its blocks are no longer fresh."""
+    for i in range(cur.shape[0]):
+        bs.fresh[cur[i]] = False
+
+
+@nb.njit(cache=True, nogil=True)
+def moves_data(bs, x):
+    """Whether bringing block ``x`` to the GPU moves data: not dead, not fresh."""
+    return not (bs.dead[x] or bs.fresh[x])
 
 
 @nb.njit(cache=True, nogil=True)
@@ -148,10 +169,10 @@ def take_victims(bs, chosen, nu, p, lim):
 
 @nb.njit(cache=True, nogil=True)
 def mark_prefetched(bs, pf):
-    """Prefetched blocks are unused until a launch touches them; returns how many are live (move data)."""
+    """Prefetched blocks are unused until a launch touches them; returns how many move data (``moves_data``)."""
     live = 0
     for i in range(pf.shape[0]):
         bs.pf_unused[pf[i]] = True
-        if not bs.dead[pf[i]]:
+        if moves_data(bs, pf[i]):
             live += 1
     return live

@@ -39,8 +39,9 @@ class UvmPrefetchParams(Params):
     # with the H2D queue busy, the next launch's blocks of older data at a data-dependent (soft) slot that would
     # arrive after it starts are left to fault (a fault goes ahead of the queue)
     fault_late_soft: bool = True
-    # with the H2D queue busy, the running launch's dead misses (memory handed out again, about to be written) are
-    # populated on the GPU without data beside the queue instead of left to fault (Decision.populate)
+    # with the H2D queue busy, the running launch's first writes into dead memory (handed out again) or into memory
+    # no launch has used are populated on the GPU without data beside the queue instead of left to fault
+    # (Decision.populate)
     populate: bool = True
     track_moves: bool = True  # translate predicted blocks of tensors the allocator placed elsewhere
     stable_sync: bool = True  # re-synchronise on the blocks of older data a launch reads

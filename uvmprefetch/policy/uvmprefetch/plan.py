@@ -31,7 +31,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from .blocks import mark_prefetched, split_victims, take_victims
+from .blocks import mark_prefetched, moves_data, split_victims, take_victims
 from .history import INF, flat_span
 from .parts import Part
 from .victims import choose, keys_of, pool_add, pool_refill, rank
@@ -251,8 +251,8 @@ def _late_left_out(h, bs, pl, cand, timing):
     c = 0
     m = 0
     for i in range(placed):
-        if not bs.dead[blk[i]]:
-            c += 1  # (arrival = q + t_blk * the live blocks queued up to here)
+        if moves_data(bs, blk[i]):
+            c += 1  # (arrival = q + t_blk * the blocks that move data queued up to here)
         if pos[i] < 0:
             if first and h.wbuf[np.searchsorted(cur, blk[i])] == 2:  # (written while dead: a first write)
                 keep[i] = 2

@@ -24,7 +24,7 @@ import numba as nb
 import numpy as np
 
 from . import correlation as corr
-from .blocks import cur_marks, launch_marks, note_thrash
+from .blocks import cur_marks, decided, launch_marks, note_thrash
 from .history import INF, advance, commit_pending, flat_span, has_room, rebuild, record_end, set_pending, trim
 from .moves import learn_moves, learn_shift, moved_reach, remap_limit
 from .parts import define_part
@@ -160,6 +160,7 @@ def _decide(st, cur, view, timing):
         if n_pf:
             c.prefetched_blocks += n_pf
             st.advice[0].link_blocks += live
+    decided(st.blocks, cur)
     # stamp: counted
     return n_pf, n_ev, n_dc, n_pp
 
