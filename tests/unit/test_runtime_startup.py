@@ -197,3 +197,29 @@ def test_preloaded_survives_cleaning_ld_preload(monkeypatch):
     assert sh.preloaded() is None
     sh.remember_preloaded(f"/x/{sh.LIB_NAME}")
     assert sh.preloaded() == f"/x/{sh.LIB_NAME}"
+
+
+@pytest.mark.parametrize("importable", [True, False])
+def test_the_pth_hook_says_one_line_when_the_package_cannot_be_imported(tmp_path, importable):
+    # GIVEN the start-up hook's .pth in a site directory and UVMPREFETCH set, WHEN Python reads it with the package
+    # importable (set but off: nothing to say) or not (a broken install: an editable one whose source is gone),
+    # THEN the process goes on and says at most one line naming the cause, never a traceback
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    site_dir = tmp_path / "site"
+    site_dir.mkdir()
+    (site_dir / "uvmprefetch-startup.pth").write_text((root / "uvmprefetch" / "runtime" /
+                                                      "uvmprefetch-startup.pth").read_text())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UVMPREFETCH") and k != "PYTHONPATH"}
+    env["UVMPREFETCH"] = "0"
+    if importable:
+        env["PYTHONPATH"] = str(root)
+    r = subprocess.run([sys.executable, "-S", "-c", f"import site; site.addsitedir({str(site_dir)!r}); print('ran')"],
+                       env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ran", r.stderr
+    assert "Traceback" not in r.stderr and "Error processing" not in r.stderr, r.stderr
+    if importable:
+        assert r.stderr.strip() == ""
+    else:
+        line = one_line(r.stderr)
+        assert line.startswith("uvmprefetch: UVMPREFETCH is set but the package cannot be imported (No module")
