@@ -54,6 +54,26 @@ def test_policy_cost_reports_microseconds_per_launch(small_trace, tmp_path):
     assert "uvmprefetch: on_launch median by iteration (us): " in r.stdout
 
 
+def test_policy_cost_takes_a_standard_trace_by_name(small_trace, tmp_path):
+    # GIVEN the trace cache holding a trace where the standard gpt2-large lives (here the small one: no recording),
+    # WHEN policy_cost is given the name, THEN it replays that file under the name
+    import os
+    import shutil
+
+    from uvmprefetch.trace.standard import trace_path
+    cache = tmp_path / "cache"
+    dest = trace_path("gpt2-large", cache)
+    dest.parent.mkdir(parents=True)
+    shutil.copy(small_trace, dest)
+    out = tmp_path / "res"
+    r = subprocess.run([sys.executable, "bench/policy_cost.py", "gpt2-large", "--out", str(out), "--policies",
+                        "uvmprefetch", "--rounds", "1"], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                       env={**os.environ, "UVMPREFETCH_TRACE_DIR": str(cache)})
+    assert r.returncode == 0, r.stderr
+    data = json.loads(next(out.glob("policy-cost-*.json")).read_text())
+    assert [x["trace"] for x in data["results"]] == ["gpt2-large"] and data["results"][0]["launches"] > 0
+
+
 def test_policy_cost_rejects_zero_rounds(small_trace, tmp_path):
     r = run(["bench/policy_cost.py", str(small_trace), "--out", str(tmp_path), "--rounds", "0"])
     assert r.returncode == 2 and "--rounds" in r.stderr and "Traceback" not in r.stderr
