@@ -337,7 +337,7 @@ dry-run)
     "$PY" bench/gpu/summarize.py --dry-run | tail -n 12
     ;;
 *)
-    echo "usage: bench/gpu/run_all.sh next|part1|part2|part2b|part3|discard|discard2|discard3|dist|runtime|tracker|discards|copypath|alternatives|alternatives-2x|fidelity|summary|dry-run" >&2
+    echo "usage: bench/gpu/run_all.sh next|next2|replay|part1|part2|part2b|part3|discard|discard2|discard3|dist|runtime|tracker|discards|copypath|alternatives|alternatives-2x|fidelity|summary|dry-run" >&2
     exit 2
     ;;
 esac
