@@ -31,13 +31,6 @@ def _host_memory_bytes() -> int:
 _SPAN_SET_MAX = 64  # blocks of one span above which ``launch_blocks`` takes NumPy's set routines
 
 
-def _union_ranges(spans: list, bs: int) -> tuple[np.ndarray, np.ndarray]:
-    rs = [(np.arange(st // bs, (st + max(ln, 1) - 1) // bs + 1, dtype=np.int64), m) for st, ln, m in spans]
-    w = [r for r, m in rs if m & WRITE]
-    return (np.unique(np.concatenate([r for r, _ in rs])),
-            np.unique(np.concatenate(w)) if w else np.zeros(0, dtype=np.int64))
-
-
 class DryrunBackend:
     """Drives ``uvmprefetch.sim.engine.GpuModel`` from live observations.
 
@@ -96,13 +89,19 @@ class DryrunBackend:
                 if m & WRITE:
                     wids.add(lo)
             elif hi - lo > _SPAN_SET_MAX:  # a big tensor: NumPy over ranges
-                return _union_ranges(spans, bs)
+                return self._union_ranges(spans)
             else:
                 r = range(lo, hi + 1)
                 ids.update(r)
                 if m & WRITE:
                     wids.update(r)
         return np.array(sorted(ids), dtype=np.int64), np.array(sorted(wids), dtype=np.int64)
+
+    def _union_ranges(self, spans: list) -> tuple[np.ndarray, np.ndarray]:
+        rs = [(self.block_ids(st, ln), m) for st, ln, m in spans]
+        w = [r for r, m in rs if m & WRITE]
+        return (np.unique(np.concatenate([r for r, _ in rs])),
+                np.unique(np.concatenate(w)) if w else np.zeros(0, dtype=np.int64))
 
     def free(self, blocks: np.ndarray) -> None:
         self.model.free(blocks)

@@ -153,7 +153,6 @@ class Planner:
         self._feed = getattr(session.backend, "feed", None)
         self._deaths = getattr(session.backend, "deaths_before", None) if self._feed is not None else None
         self._feed_allocs = getattr(session.backend, "allocator_events", None)  # the copy path's book (cuda)
-        self._names: dict[int, str] = {}  # op id -> name (interned by the observer: an id never changes its name)
         self._thread = threading.Thread(target=self._run, name="uvmprefetch-planner", daemon=True)
 
     # ------------------------------------------------------------------------------------------ lifecycle
@@ -466,13 +465,7 @@ class Planner:
         # A forward-phase op on another thread than the training loop's (a communication library's worker:
         # gloo's copies while FSDP2 all-gathers during the backward pass) says nothing about where iterations end.
         infer = phase != "forward" or not (c[i] >> 48) & 1
-        op = c[i] & 0xFFFFFFFF
-        name = self._names.get(op)
-        if name is None:
-            name = self.lib.op_name(op)
-            if not name.startswith("op#"):  # (not interned yet: asked again next time)
-                self._names[op] = name
-        s.launch(name, b[i], phase, accesses, f[i + 1], DTYPES[c[i + 1] & 0xFF],
+        s.launch(self.lib.op_name(c[i] & 0xFFFFFFFF), b[i], phase, accesses, f[i + 1], DTYPES[c[i + 1] & 0xFF],
                  infer=infer)
         if self._fail_after >= 0 and s.index >= self._fail_after:
             raise RuntimeError("injected planner failure (UVMPREFETCH_TEST_FAIL=planner)")
