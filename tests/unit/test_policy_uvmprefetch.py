@@ -546,7 +546,7 @@ def test_full_victim_scan_buffer_chooses_as_the_heap():
     for _ in range(120):
         pol, view, cur = _random_state(rng, n=int(rng.integers(600, 4000)), ties=bool(rng.random() < 0.7))
         n = view.resident.shape[0]
-        k = int(rng.integers(victims.SCAN_K, 300))
+        k = int(rng.integers(1, 300))
         state, p = _rank_args(pol)
         # WHEN a full scan chooses k victims (the buffer), and the heap chooses among every id, listed in order
         fb, fk, _ = victims.rank(view.resident, cur, state, p, k, pol.victims.mark)
