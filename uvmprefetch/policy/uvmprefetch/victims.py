@@ -29,7 +29,7 @@ from .parts import Part
 # Victim classes above every history position: dead, then clean unpredicted, then dirty unpredicted.
 K_DEAD, K_CLEAN, K_DIRTY = 3 * INF, 2 * INF, INF + 1
 AGE = 1 << 40  # launch-index span of the LRU tie-break (added inside a victim class)
-CHUNK = 64  # blocks a full scan keys at once (``_chunk_keys``; a quarter of it for more victims)
+CHUNK = 64  # blocks a full scan keys at once (``_chunk_keys``)
 TOP = K_DEAD + INF  # a full scan's largest key: dead, no predicted use
 
 POOL = np.dtype([
@@ -209,16 +209,62 @@ def _chunk_keys(ck, lo, hi, resident, mark, keys, p):
 
 
 @nb.njit(cache=True, nogil=True)
+def _bound(cm, low, k, ck, resident, mark, keys, p):
+    """A key that the ``k``-th victim reaches, from the chunks ``low`` on (``cm``: each one's largest key, -1: no
+    candidate): the larger of two, each the ``k``-th largest of ``k`` keys of real candidates. One: the chunks'
+    maxima (tight for few victims). Two: the keys of the chunks with the largest maxima, taken until they hold ``k``
+    candidates (tight for many victims where keys rise from chunk to chunk, as least recently used ones do)."""
+    nch = cm.shape[0]
+    nz = 0
+    for c in range(low, nch):
+        nz += cm[c] >= 0
+    t = np.int64(0)  # (every candidate's key is 0 or more)
+    if nz >= k:
+        vals = np.empty(nz, dtype=np.int64)
+        i = 0
+        for c in range(low, nch):
+            if cm[c] >= 0:
+                vals[i] = cm[c]
+                i += 1
+        t = np.partition(vals, nz - k)[nz - k]
+    g = ck.shape[0]
+    n = resident.shape[0]
+    got = np.empty(k + g, dtype=np.int64)
+    ng = 0
+    done = np.zeros(nch - low, dtype=np.bool_)
+    while ng < k:
+        best = np.int64(-1)
+        bc = -1
+        for c in range(low, nch):
+            if cm[c] > best and not done[c - low]:
+                best = cm[c]
+                bc = c
+        if bc < 0:
+            break
+        done[bc - low] = True
+        lo = bc * g
+        hi = min(n, lo + g)
+        _chunk_keys(ck, lo, hi, resident, mark, keys, p)
+        for j in range(hi - lo):
+            if ck[j] >= 0:
+                got[ng] = ck[j]
+                ng += 1
+    if ng >= k:
+        t = max(t, np.partition(got[:ng], ng - k)[ng - k])
+    return t
+
+
+@nb.njit(cache=True, nogil=True)
 def _scan(resident, keys, p, k, mark):
-    """``rank`` over every block (marked ones left out) in two passes over chunks of ``CHUNK`` blocks (``_chunk_keys``).
-    The first, from the highest chunk down, keeps each chunk's largest key; it stops once ``k`` blocks have the
-    largest possible key (no lower block ranks before them). Each of ``k`` chunks holds a block with a key at least
-    the ``k``-th largest of these maxima, ``t0``, so the ``k`` victims all have keys of ``t0`` or more: the second
-    pass keys again only the chunks whose largest reaches it, from the highest down, and puts their blocks above the
-    threshold in a buffer of ``4 k``, cut back to its best ``k`` (which raises the threshold) whenever it fills. A
-    later block with the same key ranks after the kept one: the blocks come in descending order. Without the first
-    pass's bound a buffer fed keys that rise from block to block (least recently used ones, say) is cut every few
-    blocks (~100 us for GPT-2 large's ~14 000 resident blocks at 2x, the ``bench/policy_cost.py`` replay)."""
+    """``rank`` over every block (marked ones left out) in two passes over chunks of ``CHUNK`` blocks
+    (``_chunk_keys``). The first, from the highest chunk down, keeps each chunk's largest key; it stops once ``k``
+    blocks have the largest possible key (no lower block ranks before them). The ``k`` victims all reach a key
+    bounded from these (``_bound``): the second pass keys again only the chunks whose largest reaches it, from the
+    highest down, and puts their blocks that reach it in a buffer of ``4 k``, cut back to its best ``k`` (which
+    raises the threshold) whenever it fills. A later block with the same key ranks after the kept one: the blocks
+    come in descending order. Without the bound, a buffer fed keys that rise from block to block (least recently
+    used ones, say) is cut every few blocks: up to ~100 us for GPT-2 large's ~14 000 resident blocks at 2x (the
+    ``bench/policy_cost.py`` replay), where a full scan takes ~14 us median with the bound."""
     n = resident.shape[0]
     g = CHUNK
     nch = (n + g - 1) // g
@@ -230,18 +276,7 @@ def _scan(resident, keys, p, k, mark):
         low -= 1
         cm[low], nt = _chunk_keys(ck, low * g, min(n, low * g + g), resident, mark, keys, p)
         ntop += nt
-    nz = 0
-    for c in range(low, nch):
-        nz += cm[c] >= 0
-    t = np.int64(-1)
-    if nz >= k:
-        vals = np.empty(nz, dtype=np.int64)
-        i = 0
-        for c in range(low, nch):
-            if cm[c] >= 0:
-                vals[i] = cm[c]
-                i += 1
-        t = np.partition(vals, nz - k)[nz - k] - 1  # (keys of t0 and above pass)
+    t = _bound(cm, low, k, ck, resident, mark, keys, p) - 1  # (keys of the bound and above pass)
     cap = max(4 * k, 64)
     lk = np.empty(cap, dtype=np.int64)
     lb = np.empty(cap, dtype=np.int64)
