@@ -182,7 +182,8 @@ def _chunk_keys(ck, lo, hi, resident, mark, keys, p):
     Returns the largest (-1 for a chunk with nothing resident) and how many have the largest possible key
     (``TOP``: dead, no predicted use). Branch-free and indexed by unsigned integers (no negative-index wraparound
     to check), so that it compiles to vector code: ~0.4 ns per block against ~1.5 ns per resident block through
-    ``_vkey``'s branches."""
+    ``_vkey``'s branches. The vectorizer is easily lost: a slice per array, a signed index, a second reduction (a
+    minimum) or a loop after this one each made it 4-20x slower; time a change against this version."""
     dead, nu, dirty, last_use, dead_reuse = keys
     base = np.uint64(lo)
     m = np.uint64(hi - lo)
@@ -211,9 +212,10 @@ def _chunk_keys(ck, lo, hi, resident, mark, keys, p):
 @nb.njit(cache=True, nogil=True)
 def _bound(cm, low, k, ck, resident, mark, keys, p):
     """A key that the ``k``-th victim reaches, from the chunks ``low`` on (``cm``: each one's largest key, -1: no
-    candidate): the larger of two, each the ``k``-th largest of ``k`` keys of real candidates. One: the chunks'
-    maxima (tight for few victims). Two: the keys of the chunks with the largest maxima, taken until they hold ``k``
-    candidates (tight for many victims where keys rise from chunk to chunk, as least recently used ones do)."""
+    candidate): the larger of two, each the smallest of ``k`` keys of real candidates (so ``k`` candidates reach it).
+    One: the ``k`` largest chunk maxima (tight for few victims). Two: the best ``k`` keys of the chunks with the
+    largest maxima, taken until they hold ``k`` candidates (tight for many victims where keys rise from chunk to
+    chunk, as least recently used ones do)."""
     nch = cm.shape[0]
     nz = 0
     for c in range(low, nch):
