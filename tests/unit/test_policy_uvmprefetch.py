@@ -546,7 +546,7 @@ def test_full_victim_scan_buffer_chooses_as_the_heap():
     for _ in range(120):
         pol, view, cur = _random_state(rng, n=int(rng.integers(600, 4000)), ties=bool(rng.random() < 0.7))
         n = view.resident.shape[0]
-        k = int(rng.integers(victims.SCAN_K, 300))
+        k = int(rng.integers(1, 300))
         state, p = _rank_args(pol)
         # WHEN a full scan chooses k victims (the buffer), and the heap chooses among every id, listed in order
         fb, fk, _ = victims.rank(view.resident, cur, state, p, k, pol.victims.mark)
@@ -557,6 +557,36 @@ def test_full_victim_scan_buffer_chooses_as_the_heap():
         live = view.resident & ~np.isin(np.arange(n), cur)
         cuts += int(live.sum() > 4 * k)
     assert cuts > 20  # the buffer was cut back during scans
+
+
+def test_full_victim_scan_over_resident_runs_matches_the_reference():
+    # GIVEN states as a training run leaves them: residency in runs with long gaps (whole chunks of the scan
+    # without a resident block), least-recently-used keys that rise block after block (the older, the lower the
+    # block), runs of dead blocks with no predicted use, and a number of blocks that is no multiple of a chunk
+    rng = np.random.default_rng(13)
+    kinds = set()
+    for _ in range(150):
+        n = int(rng.integers(3, 40)) * victims.CHUNK + int(rng.integers(0, victims.CHUNK))
+        pol, view, cur = _random_state(rng, n=n, ties=bool(rng.random() < 0.5))
+        edges = np.sort(rng.choice(n, 2 * int(rng.integers(1, 8)), replace=False))
+        view.resident[:] = False
+        for a, b in edges.reshape(-1, 2):
+            view.resident[a:b] = True
+        if rng.random() < 0.5:  # the LRU order of an iteration whose pointer passed every prediction
+            pol.history.nu[:] = INF
+            pol.blocks.last_use[:] = n - np.arange(n) + rng.integers(0, 3, n)
+        if rng.random() < 0.5:  # a run of freed tensors
+            a = int(rng.integers(0, n))
+            pol.blocks.dead[a:a + int(rng.integers(1, 4 * victims.CHUNK))] = True
+        k = int(rng.integers(1, 400))
+        # WHEN the full scan and the NumPy reference choose up to k victims
+        (vict, vkey), (rv, rk) = rank(pol, view, cur, k)
+        # THEN the same blocks in the same order with the same keys, and the scratch is left zeroed
+        assert np.array_equal(vict, rv) and np.array_equal(vkey, rk)
+        assert not pol.victims.mark.any()
+        kinds.add("all dead" if vkey.size and vkey[-1] == victims.K_DEAD else "mixed")
+        kinds.add("k found" if vkey.size == k else "fewer than k")
+    assert kinds == {"all dead", "mixed", "k found", "fewer than k"}
 
 
 def _decisions(tr, spec, oversub):

@@ -29,7 +29,8 @@ from .parts import Part
 # Victim classes above every history position: dead, then clean unpredicted, then dirty unpredicted.
 K_DEAD, K_CLEAN, K_DIRTY = 3 * INF, 2 * INF, INF + 1
 AGE = 1 << 40  # launch-index span of the LRU tie-break (added inside a victim class)
-SCAN_K = 32  # from this many victims on, a full scan keeps the live candidates in a buffer, not a heap
+CHUNK = 64  # blocks a full scan keys at once (``_chunk_keys``)
+TOP = K_DEAD + INF  # a full scan's largest key: dead, no predicted use
 
 POOL = np.dtype([
     ("n", np.int64), ("on", np.bool_),  # the pool's length; filled by a full scan and kept up since
@@ -141,16 +142,16 @@ def _ranked(dead_b, live_b, live_k):
 
 @nb.njit(cache=True, nogil=True, inline="always")
 def _vkey(x, keys, p):
-    """Block ``x``'s rank as a victim: ``(dead, key, unpredicted)``. ``keys`` is ``(dead, nu, dirty, last_use,
-    dead_reuse)``. A dead block (with ``dead_reuse``, one with no predicted use ahead of ``p``) ranks before every
-    live one, among them by ``key`` (``INF``: no reuse predicted); a live one by its predicted next use, or above
-    every prediction when it has none (clean above dirty, least recently used first)."""
+    """Block ``x``'s rank as a victim: ``(dead, key)``. ``keys`` is ``(dead, nu, dirty, last_use, dead_reuse)``. A
+    dead block (with ``dead_reuse``, one with no predicted use ahead of ``p``) ranks before every live one, among
+    them by ``key`` (``INF``: no reuse predicted); a live one by its predicted next use, or above every prediction
+    when it has none (clean above dirty, least recently used first). ``_chunk_keys`` computes the same rank."""
     dead, nu, dirty, last_use, dead_reuse = keys
     v = nu[x]
     unpred = v >= INF or v <= p
     if dead[x] and (unpred or not dead_reuse):
-        return True, (INF if unpred else v), unpred
-    return False, (((K_DIRTY if dirty[x] else K_CLEAN) + (AGE - last_use[x])) if unpred else v), unpred
+        return True, (INF if unpred else v)
+    return False, (((K_DIRTY if dirty[x] else K_CLEAN) + (AGE - last_use[x])) if unpred else v)
 
 
 @nb.njit(cache=True, nogil=True)
@@ -175,49 +176,138 @@ def _keep_best(lk, lb, n, k):
 
 
 @nb.njit(cache=True, nogil=True)
+def _chunk_keys(ck, lo, hi, resident, mark, keys, p):
+    """``_vkey`` of blocks ``lo`` to ``hi`` as one number each (``ck[x - lo]``; larger: evict first): a dead block's
+    key plus ``K_DEAD`` (above every live key), a live one's as it is, -1 for a block not resident or marked.
+    Returns the largest (-1 for a chunk with nothing resident) and how many have the largest possible key
+    (``TOP``: dead, no predicted use). Branch-free and indexed by unsigned integers (no negative-index wraparound
+    to check), so that it compiles to vector code: ~0.4 ns per block against ~1.5 ns per resident block through
+    ``_vkey``'s branches. The vectorizer is easily lost: a slice per array, a signed index, a second reduction (a
+    minimum) or a loop after this one each made it 4-20x slower; time a change against this version."""
+    dead, nu, dirty, last_use, dead_reuse = keys
+    base = np.uint64(lo)
+    m = np.uint64(hi - lo)
+    anyr = False
+    for j in range(m):
+        anyr |= resident[base + j]
+    if not anyr:
+        return np.int64(-1), 0
+    live_dead = not dead_reuse
+    top = np.int64(-1)
+    ntop = 0
+    for j in range(m):
+        x = base + j
+        v = nu[x]
+        unpred = (v >= INF) | (v <= p)
+        dkey = K_DEAD + (INF if unpred else v)
+        lkey = ((K_DIRTY if dirty[x] else K_CLEAN) + (AGE - last_use[x])) if unpred else v
+        key = dkey if dead[x] & (unpred | live_dead) else lkey
+        key = key if resident[x] & (mark[x] == 0) else np.int64(-1)
+        ck[j] = key
+        top = max(top, key)
+        ntop += key == TOP
+    return top, ntop
+
+
+@nb.njit(cache=True, nogil=True)
+def _bound(cm, low, k, ck, resident, mark, keys, p):
+    """A key that the ``k``-th victim reaches, from the chunks ``low`` on (``cm``: each one's largest key, -1: no
+    candidate): the larger of two, each the smallest of ``k`` keys of real candidates (so ``k`` candidates reach it).
+    One: the ``k`` largest chunk maxima (tight for few victims). Two: the best ``k`` keys of the chunks with the
+    largest maxima, taken until they hold ``k`` candidates (tight for many victims where keys rise from chunk to
+    chunk, as least recently used ones do)."""
+    nch = cm.shape[0]
+    nz = 0
+    for c in range(low, nch):
+        nz += cm[c] >= 0
+    t = np.int64(0)  # (every candidate's key is 0 or more)
+    if nz >= k:
+        vals = np.empty(nz, dtype=np.int64)
+        i = 0
+        for c in range(low, nch):
+            if cm[c] >= 0:
+                vals[i] = cm[c]
+                i += 1
+        t = np.partition(vals, nz - k)[nz - k]
+    g = ck.shape[0]
+    n = resident.shape[0]
+    got = np.empty(k + g, dtype=np.int64)
+    ng = 0
+    done = np.zeros(nch - low, dtype=np.bool_)
+    while ng < k:
+        best = np.int64(-1)
+        bc = -1
+        for c in range(low, nch):
+            if cm[c] > best and not done[c - low]:
+                best = cm[c]
+                bc = c
+        if bc < 0:
+            break
+        done[bc - low] = True
+        lo = bc * g
+        hi = min(n, lo + g)
+        _chunk_keys(ck, lo, hi, resident, mark, keys, p)
+        for j in range(hi - lo):
+            if ck[j] >= 0:
+                got[ng] = ck[j]
+                ng += 1
+    if ng >= k:
+        t = max(t, np.partition(got[:ng], ng - k)[ng - k])
+    return t
+
+
+@nb.njit(cache=True, nogil=True)
 def _scan(resident, keys, p, k, mark):
-    """``rank`` over every block (marked ones left out), from the highest down: the dead ones in a heap, the live
-    ones in a buffer of ``4 k`` cut back to its best ``k`` whenever it fills; a live block that ranks no better than
-    the ``k``-th kept then is left out at once. The blocks come in descending order, so a later block with the same
-    key ranks after the kept one. Same result as a heap per live block, with far fewer moves: the heap took ~50-90
-    us of a ~75-120 us scan of GPT-2-large's ~14 000 resident blocks for ``k`` = 256."""
-    dk = np.empty(k, dtype=np.int64)
-    db = np.empty(k, dtype=np.int64)
+    """``rank`` over every block (marked ones left out) in two passes over chunks of ``CHUNK`` blocks
+    (``_chunk_keys``). The first, from the highest chunk down, keeps each chunk's largest key; it stops once ``k``
+    blocks have the largest possible key (no lower block ranks before them). The ``k`` victims all reach a key
+    bounded from these (``_bound``): the second pass keys again only the chunks whose largest reaches it, from the
+    highest down, and puts their blocks that reach it in a buffer of ``4 k``, cut back to its best ``k`` (which
+    raises the threshold) whenever it fills. A later block with the same key ranks after the kept one: the blocks
+    come in descending order. Without the bound, a buffer fed keys that rise from block to block (least recently
+    used ones, say) is cut every few blocks: up to ~100 us for GPT-2 large's ~14 000 resident blocks at 2x (the
+    ``bench/policy_cost.py`` replay), where a full scan takes ~14 us median with the bound."""
+    n = resident.shape[0]
+    g = CHUNK
+    nch = (n + g - 1) // g
+    cm = np.empty(nch, dtype=np.int64)
+    ck = np.empty(g, dtype=np.int64)
+    ntop = 0
+    low = nch
+    while low > 0 and ntop < k:
+        low -= 1
+        cm[low], nt = _chunk_keys(ck, low * g, min(n, low * g + g), resident, mark, keys, p)
+        ntop += nt
+    t = _bound(cm, low, k, ck, resident, mark, keys, p) - 1  # (keys of the bound and above pass)
     cap = max(4 * k, 64)
     lk = np.empty(cap, dtype=np.int64)
     lb = np.empty(cap, dtype=np.int64)
-    hd = 0
     nl = 0
-    nd = 0
-    ninf = 0
-    cut = False
-    t = np.int64(0)
-    for x in range(resident.shape[0] - 1, -1, -1):
-        if not resident[x] or mark[x] != 0:
+    ntop = 0
+    for c in range(nch - 1, low - 1, -1):
+        if cm[c] <= t:
             continue
-        is_dead, key, unpred = _vkey(x, keys, p)
-        if is_dead:
-            nd += 1
-            if hd < k or key > dk[0]:
-                hd = _offer(dk, db, hd, key, x)
-            if unpred:
-                ninf += 1
-                if ninf == k:
-                    break  # (as in ``rank``)
-        elif not cut or key > t:
-            lk[nl] = key
-            lb[nl] = x
-            nl += 1
-            if nl == cap:
-                nl, t = _keep_best(lk, lb, nl, k)
-                cut = True
-    head, _ = _drain(dk, db, hd, hd)
-    if nd >= k:
-        return head, np.full(k, K_DEAD, dtype=np.int64)
+        lo = c * g
+        hi = min(n, lo + g)
+        _chunk_keys(ck, lo, hi, resident, mark, keys, p)
+        for x in range(hi - 1, lo - 1, -1):
+            key = ck[x - lo]
+            if key > t:
+                lk[nl] = key
+                lb[nl] = x
+                nl += 1
+                if key == TOP:
+                    ntop += 1
+                    if ntop == k:
+                        break
+                if nl == cap:
+                    nl, t = _keep_best(lk, lb, nl, k)
+        if ntop == k:
+            break
     if nl > k:
         nl, _ = _keep_best(lk, lb, nl, k)
-    order = np.argsort(-lk[:nl], kind="mergesort")[:k - nd]  # (stable: equal keys stay highest block first)
-    return _ranked(head, lb[order], lk[order])
+    order = np.argsort(-lk[:nl], kind="mergesort")  # (stable: equal keys stay highest block first)
+    return lb[order], np.minimum(lk[order], K_DEAD)
 
 
 @nb.njit(cache=True, nogil=True)
@@ -225,8 +315,8 @@ def rank(resident, cur, keys, p, k, mark, ids=None, in_pool=None, floor=-1):
     """Up to ``k`` resident blocks not in ``cur``, in eviction order, with their keys (``_vkey``; ``keys`` as there;
     ``mark``: zeroed scratch, left zeroed); with ``ids`` (distinct block ids, any order), among those only.
 
-    One pass, from the highest block down (or over ``ids``), with two bounded heaps: O(blocks + resident log k); a
-    full scan for ``k >= SCAN_K`` keeps the live ones in a buffer instead (``_scan``, the same result).
+    Over ``ids``: one pass with two bounded heaps, O(ids log k). A full scan (no ``ids``) keys the blocks a chunk at
+    a time and keeps the candidates in a buffer (``_scan``, the same result).
 
     With ``in_pool`` (the victim pool: ``ids`` is its buffer, ``in_pool`` its membership flags) the live blocks among
     ``ids`` whose key is not above ``floor`` leave the pool: ``ids`` keeps the others at its front, in their order.
@@ -239,7 +329,7 @@ def rank(resident, cur, keys, p, k, mark, ids=None, in_pool=None, floor=-1):
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64), kept
     for i in range(cur.shape[0]):
         mark[cur[i]] = 1
-    if ids is None and k >= SCAN_K:
+    if ids is None:
         out_b, out_k = _scan(resident, keys, p, k, mark)
         for i in range(cur.shape[0]):
             mark[cur[i]] = 0
@@ -251,19 +341,16 @@ def rank(resident, cur, keys, p, k, mark, ids=None, in_pool=None, floor=-1):
     hd = 0
     hl = 0
     nd = 0
-    ninf = 0
     if in_pool is not None:
         kept = 0
-    use_ids = ids is not None
-    m = ids.shape[0] if use_ids else resident.shape[0]
-    for t in range(m):
-        x = ids[t] if use_ids else m - 1 - t
+    for t in range(ids.shape[0]):
+        x = ids[t]
         if not resident[x] or mark[x] != 0:
             if in_pool is not None:
                 ids[kept] = x
                 kept += 1
             continue
-        is_dead, key, unpred = _vkey(x, keys, p)
+        is_dead, key = _vkey(x, keys, p)
         if in_pool is not None:
             if not is_dead and key <= floor:
                 in_pool[x] = False
@@ -272,15 +359,9 @@ def rank(resident, cur, keys, p, k, mark, ids=None, in_pool=None, floor=-1):
             kept += 1
         if is_dead:
             nd += 1
-            if hd < k or key > dk[0] or (use_ids and key == dk[0] and x > db[0]):  # (the refusal inline)
+            if hd < k or key > dk[0] or (key == dk[0] and x > db[0]):  # (the refusal inline)
                 hd = _offer(dk, db, hd, key, x)
-            if unpred and not use_ids:
-                ninf += 1
-                if ninf == k:
-                    # k dead blocks with the largest possible dead key, the highest k: no block after them (lower)
-                    # can come before them, and only dead blocks are returned (nd >= k)
-                    break
-        elif hl < k or key > lk[0] or (use_ids and key == lk[0] and x > lb[0]):
+        elif hl < k or key > lk[0] or (key == lk[0] and x > lb[0]):
             hl = _offer(lk, lb, hl, key, x)
     for i in range(cur.shape[0]):
         mark[cur[i]] = 0
