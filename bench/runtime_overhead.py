@@ -103,13 +103,38 @@ def inprocess(args) -> dict:
             "planner": (last.get("observe_time") or {}).get("planner")}
 
 
+def _fake_cuda():
+    """``tests/unit/fake_cuda.py``: the fake at the cuda backend's true boundary (CUDA calls, streams, events)."""
+    sys.path.insert(0, str(ROOT / "tests" / "unit"))
+    import fake_cuda
+    return fake_cuda
+
+
+def _timed(obj, names, acc: dict, key: str) -> None:
+    """Wrap ``obj``'s methods ``names`` so that their wall time and this thread's CPU time add up in ``acc[key]``
+    (``[wall ns, cpu ns]``; a wall time includes waits for the GIL, the CPU time does not)."""
+    wall, cpu = time.perf_counter_ns, time.thread_time_ns
+    for name in names:
+        fn = getattr(obj, name)
+
+        def wrap(*a, _fn=fn, **kw):
+            t, c = wall(), cpu()
+            try:
+                return _fn(*a, **kw)
+            finally:
+                part = acc[key]
+                part[0] += wall() - t
+                part[1] += cpu() - c
+        setattr(obj, name, wrap)
+
+
 def split(args) -> dict:
-    """Record the loop with the C++ observer, then plan the records on this thread, timed by part."""
+    """Record the loop with the C++ observer, then plan the records on this thread, timed by part: once for a dryrun
+    session and once for a cuda session over the fake boundary (``tests/unit/fake_cuda.py``)."""
+    import tempfile
+
     import numpy as np
-    from uvmprefetch.config import from_env
     from uvmprefetch.runtime import native_observer
-    from uvmprefetch.runtime.planner import Planner
-    from uvmprefetch.runtime.session import Session
 
     step = make_step(args)
     for _ in range(args.warmup):
@@ -131,43 +156,78 @@ def split(args) -> dict:
     lib.lib.uvmalloc_set_events(0)
     lib.lib.uvmalloc_uninstall()
     dropped = lib.counters()["dropped"] + lib.alloc_stats()["dropped"]
-    env = CASES["moves"]
-    cfg = from_env({**env, "UVMPREFETCH_LOG": "quiet"})
-    s = Session(cfg, dormant=False)
+    if dropped:
+        raise SystemExit(f"split: {dropped} records dropped while recording: lower --iters")
+    res = _plan_split("dryrun", lib, np.concatenate(ops), np.concatenate(allocs))
+    with tempfile.TemporaryDirectory() as d:
+        fake = _fake_cuda()
+        with fake.gate_library(fake.build_libcudart(d)):
+            res["cuda"] = _plan_split("cuda", lib, np.concatenate(ops), None)
+    res["recorded_us_per_launch"] = recorded_s * 1e6 / res["launches"]
+    res.update(case="split", note="one thread, no GIL contention; the parts are wall time (on a shared machine wall "
+               "exceeds CPU: planner_cpu_us_per_launch is this thread's CPU time). cuda: the same records planned by "
+               "the real CudaBackend, Mover and mover thread over a fake CUDA boundary (tests/unit/fake_cuda.py): "
+               "mover_us is the planner thread's time in the Mover's methods (queueing the calls; the calls run on "
+               "the mover thread), books_us the backend's own (block ids, ranges, budget, GPU progress); no allocator "
+               "events (as on a GPU without UVMPREFETCH_DISCARD=1 or UVMPREFETCH_EVICT=auto)")
+    return res
+
+
+def _plan_split(backend: str, lib, ops, allocs) -> dict:
+    """Plan the recorded ``ops`` (and CPU allocator events ``allocs``, dryrun) with a session of ``backend`` at the
+    ``moves`` budget, on this thread; the parts timed."""
+    import numpy as np
+    from uvmprefetch.config import from_env
+    from uvmprefetch.runtime.planner import Planner
+    from uvmprefetch.runtime.session import Session
+
+    cfg = from_env({**CASES["moves"], "UVMPREFETCH_BACKEND": backend, "UVMPREFETCH_LOG": "quiet"})
+    rt = None
+    if backend == "cuda":
+        s, rt = _fake_cuda().session(cfg)
+        s.backend.attach_native(lib)  # as under the C++ observer: the mover thread, the gate's book, GPU progress
+    else:
+        s = Session(cfg, dormant=False)
     s.active = True
-    acc = {"policy": 0, "backend": 0}
-
-    def timed(obj, name, key):
-        fn = getattr(obj, name)
-
-        def wrap(*a, _fn=fn):
-            t = time.perf_counter_ns()
-            try:
-                return _fn(*a)
-            finally:
-                acc[key] += time.perf_counter_ns() - t
-        setattr(obj, name, wrap)
-    for h in ("on_launch", "on_fault", "on_free", "on_evict", "on_iteration"):
-        timed(s.policy, h, "policy")
-    for h in ("launch", "free", "end_iteration"):
-        timed(s.backend, h, "backend")
+    acc = {k: [0, 0] for k in ("policy", "backend", "mover", "fake")}
+    _timed(s.policy, ("on_launch", "on_fault", "on_free", "on_evict", "on_iteration"), acc, "policy")
+    _timed(s.backend, ("launch", "free", "end_iteration"), acc, "backend")
+    mover_cpu = []  # the mover thread's CPU clock, read on that thread before and after
+    if rt is not None:
+        _timed(s.backend.mover, ("prefetch", "advise", "mark_moves", "discard", "populate"), acc, "mover")
+        _timed(s.backend.shim, ("stats", "segments"), acc, "fake")  # the fake shim's own work, not the backend's
+        s.backend.mover.thread.submit(0, lambda: mover_cpu.append(time.thread_time_ns()))
     p = Planner(s, lib, 0)
-    p.push_ops(p._whole_runs(np.concatenate(ops)))
-    p._events = np.concatenate(allocs)
-    p._events = p._events[np.argsort(p._events["seq"], kind="stable")]
+    p.push_ops(p._whole_runs(ops))
+    if allocs is not None:
+        p._events = allocs[np.argsort(allocs["seq"], kind="stable")]
     t, c = time.perf_counter_ns(), time.thread_time_ns()
     p._plan(None)
     p._apply_events(len(p._events))
-    total, cpu = time.perf_counter_ns() - t, time.thread_time_ns() - c
+    total = [time.perf_counter_ns() - t, time.thread_time_ns() - c]
     n = s.index
-    if not n or dropped:
-        raise SystemExit(f"split: {n} launches planned, {dropped} records dropped while recording: lower --iters")
-    us = lambda ns: ns / 1e3 / n  # noqa: E731
-    return {"case": "split", "launches": n, "iterations": s.iteration, "recorded_us_per_launch": recorded_s * 1e6 / n,
-            "planner_us_per_launch": us(total), "planner_cpu_us_per_launch": us(cpu), "policy_us": us(acc["policy"]),
-            "simulator_us": us(acc["backend"] - acc["policy"]), "bookkeeping_us": us(total - acc["backend"]),
-            "note": "one thread, no GIL contention; the parts are wall time (on a shared machine wall exceeds CPU: "
-                    "planner_cpu_us_per_launch is this thread's CPU time)"}
+    if not n:
+        raise SystemExit(f"split: no launch planned ({backend})")
+
+    def us(part, i=1):
+        return part[i] / 1e3 / n
+    own = "books_us" if rt is not None else "simulator_us"  # the backend's own work: its books, or the simulated GPU
+    inner = [acc["backend"][i] - acc["policy"][i] - acc["mover"][i] - acc["fake"][i] for i in (0, 1)]
+    rest = [total[i] - acc["backend"][i] for i in (0, 1)]
+    row = {"launches": n, "iterations": s.iteration, "planner_us_per_launch": us(total, 0),
+           "planner_cpu_us_per_launch": us(total), "policy_us": us(acc["policy"]), own: us(inner),
+           "bookkeeping_us": us(rest),
+           "wall_us": {"policy": us(acc["policy"], 0), own[:-3]: us(inner, 0), "bookkeeping": us(rest, 0)}}
+    if rt is not None:
+        s.backend.mover.thread.submit(0, lambda: mover_cpu.append(time.thread_time_ns()))
+        s.backend.settle()
+        row.update(mover_us=us(acc["mover"]), fake_us=us(acc["fake"]), cuda_calls_per_launch=len(rt.calls) / n,
+                   mover_thread_cpu_us=(mover_cpu[1] - mover_cpu[0]) / 1e3 / n,
+                   moves_to_gpu=sum(1 for c in rt.calls if c[3] == "gpu"),
+                   moves_to_host=sum(1 for c in rt.calls if c[3] == "host"))
+        row["wall_us"].update(mover=us(acc["mover"], 0), fake=us(acc["fake"], 0))
+        s.backend.close()
+    return row
 
 
 def child(args) -> dict:
@@ -241,9 +301,15 @@ def main() -> None:
         if args.out:
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps(res, indent=1))
-        print(f"{'launches':>8} {'planner us':>10} {'cpu us':>7} {'policy':>8} {'simulator':>9} {'bookkeeping':>11}")
-        print(f"{res['launches']:>8} {res['planner_us_per_launch']:>10.1f} {res['planner_cpu_us_per_launch']:>7.1f} "
-              f"{res['policy_us']:>8.1f} {res['simulator_us']:>9.1f} {res['bookkeeping_us']:>11.1f}")
+        print("planner thread, us per launch (parts: CPU time; wall: with waits for the GIL); mover thread CPU us")
+        print(f"{'backend':<7} {'launches':>8} {'wall':>7} {'cpu':>7} {'policy':>7} {'simulator':>9} {'books':>6} "
+              f"{'mover':>6} {'fake':>5} {'bookkeeping':>11} {'calls/launch':>12} {'mover thr':>9}")
+        for name, r in (("dryrun", res), ("cuda", res["cuda"])):
+            print(f"{name:<7} {r['launches']:>8} {r['planner_us_per_launch']:>7.1f} "
+                  f"{r['planner_cpu_us_per_launch']:>7.1f} {r['policy_us']:>7.1f} {r.get('simulator_us', 0):>9.1f} "
+                  f"{r.get('books_us', 0):>6.1f} {r.get('mover_us', 0):>6.1f} {r.get('fake_us', 0):>5.1f} "
+                  f"{r['bookkeeping_us']:>11.1f} {r.get('cuda_calls_per_launch', 0):>12.2f} "
+                  f"{r.get('mover_thread_cpu_us', 0):>9.1f}")
         return
     if args.child:
         print(json.dumps(child(args)))

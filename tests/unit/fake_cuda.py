@@ -23,9 +23,12 @@ planner thread, mover thread, policy and books; the observer watches the CPU's o
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import os
 import subprocess
 import threading
+import time
 import types
 from enum import IntEnum
 from pathlib import Path
@@ -261,15 +264,19 @@ class CpuShim:
     def __init__(self, block_size: int = 2 << 20, total_bytes: int = 80 * GIB) -> None:
         self.bs, self.total = block_size, int(total_bytes)
         self.blocks: dict = {}
-        self.unknown_kernels = None
+        self._rss, self._rss_at = 0, -1.0
 
     def stats(self) -> dict:
         n = len(self.blocks)
-        return {"n_alloc": n, "n_free": 0, "managed_bytes": _resident_bytes(), "peak_managed_bytes": n * self.bs,
+        now = time.monotonic()
+        if now - self._rss_at > 0.01:  # (the backend asks per launch: /proc read at most every 10 ms)
+            self._rss, self._rss_at = _resident_bytes(), now
+        return {"n_alloc": n, "n_free": 0, "managed_bytes": self._rss, "peak_managed_bytes": n * self.bs,
                 "limit_bytes": self.total, "n_refused": 0, "n_errors": 0, "n_launches": 0, "n_launches_dropped": 0}
 
     def segments(self) -> list[tuple[int, int]]:
-        return [(b * self.bs, self.bs) for b in sorted(self.blocks)]
+        bs = self.bs
+        return [(b * bs, bs) for b in sorted(self.blocks)]
 
     def limit(self) -> dict:
         return {"limit_bytes": self.total, "mode": "bytes", "requested": self.total, "device_free": self.total,
@@ -347,12 +354,9 @@ def api(fail: dict | None = None, lag: int = 0):
                     native_progress=cpu_progress, device_type="cpu"), rt, tc, drv)
 
 
-def start(cfg, libcudart, fail: dict | None = None, lag: int = 0, dormant: bool = False):
-    """A started ``Session`` (stop it with ``stop()``) whose backend is a real ``CudaBackend`` over the fakes
-    (``cfg.backend`` "cuda"), and the ``FakeRuntime``. ``libcudart``: the fake library (``build_libcudart``): the
-    pre-op gate resolves its calls from it (``UVMPREFETCH_CUDART`` while the session starts)."""
-    import os
-
+def session(cfg, fail: dict | None = None, lag: int = 0, dormant: bool = False):
+    """A ``Session`` (not started) whose backend is a real ``CudaBackend`` over the fakes (``cfg.backend`` "cuda"),
+    and the ``FakeRuntime``."""
     from uvmprefetch.runtime.cuda_backend import CudaBackend
     from uvmprefetch.runtime.session import Session, build_policy
     a, rt, _, _ = api(fail, lag)
@@ -361,13 +365,27 @@ def start(cfg, libcudart, fail: dict | None = None, lag: int = 0, dormant: bool 
     shim.blocks = be._ids
     s = Session(cfg, backend=be, dormant=dormant)
     s.policy = be.policy  # (the session's own policy object would be a second one, never told of a launch)
+    return s, rt
+
+
+@contextlib.contextmanager
+def gate_library(libcudart):
+    """``UVMPREFETCH_CUDART`` is the fake ``libcudart`` (``build_libcudart``) inside: the pre-op gate resolves its
+    calls from it when the backend attaches to the C++ observer."""
     saved = os.environ.get("UVMPREFETCH_CUDART")
     os.environ["UVMPREFETCH_CUDART"] = str(libcudart)
     try:
-        s.start()
+        yield
     finally:
         if saved is None:
             os.environ.pop("UVMPREFETCH_CUDART", None)
         else:
             os.environ["UVMPREFETCH_CUDART"] = saved
+
+
+def start(cfg, libcudart, fail: dict | None = None, lag: int = 0, dormant: bool = False):
+    """``session(...)`` started (the C++ observer, the planner and mover threads run; stop it with ``stop()``)."""
+    s, rt = session(cfg, fail, lag, dormant)
+    with gate_library(libcudart):
+        s.start()
     return s, rt
