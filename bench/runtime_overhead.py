@@ -49,13 +49,29 @@ CASES = {
     "moves": {"UVMPREFETCH": "1", "UVMPREFETCH_BACKEND": "dryrun", "UVMPREFETCH_BUDGET": "8MiB"},
     "python-fits": {"UVMPREFETCH": "1", "UVMPREFETCH_BACKEND": "dryrun", "UVMPREFETCH_BUDGET": "1GiB",
                     "UVMPREFETCH_OBSERVER": "python"},
+    # the real cuda backend over the fake CUDA boundary (tests/unit/fake_cuda.py), started by the child itself
+    "fits-cuda": {"UVMPREFETCH_BUDGET": "1GiB"},
+    "moves-cuda": {"UVMPREFETCH_BUDGET": "8MiB"},
 }
+FAKE_CUDA_CASES = ("fits-cuda", "moves-cuda")
 
 
 def make_step(args):
     import torch
     torch.manual_seed(0)
     torch.set_num_threads(1)
+    if args.model != "loop":  # a transformers model with random weights (uvmprefetch.trace.models), AdamW
+        from uvmprefetch.trace.models import build_model, make_batch
+        name, _, config = args.model.partition("-")
+        net = build_model(name, config or "small", device="cpu")
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
+        batch = make_batch(name, net, batch=args.batch, seq=args.seq, image_size=None, device="cpu")
+
+        def model_step():
+            net(**batch).loss.backward()
+            opt.step()
+            opt.zero_grad()
+        return model_step
     width, layers = args.width, args.layers
     ws = [(torch.randn(width, width) * 0.1).requires_grad_() for _ in range(layers)]
     bs = [torch.zeros(width, requires_grad=True) for _ in range(layers)]
@@ -158,11 +174,11 @@ def split(args) -> dict:
     dropped = lib.counters()["dropped"] + lib.alloc_stats()["dropped"]
     if dropped:
         raise SystemExit(f"split: {dropped} records dropped while recording: lower --iters")
-    res = _plan_split("dryrun", lib, np.concatenate(ops), np.concatenate(allocs))
+    res = _plan_split("dryrun", lib, np.concatenate(ops), np.concatenate(allocs), args.budget)
     with tempfile.TemporaryDirectory() as d:
         fake = _fake_cuda()
         with fake.gate_library(fake.build_libcudart(d)):
-            res["cuda"] = _plan_split("cuda", lib, np.concatenate(ops), None)
+            res["cuda"] = _plan_split("cuda", lib, np.concatenate(ops), None, args.budget)
     res["recorded_us_per_launch"] = recorded_s * 1e6 / res["launches"]
     res.update(case="split", note="one thread, no GIL contention; the parts are wall time (on a shared machine wall "
                "exceeds CPU: planner_cpu_us_per_launch is this thread's CPU time). cuda: the same records planned by "
@@ -173,15 +189,16 @@ def split(args) -> dict:
     return res
 
 
-def _plan_split(backend: str, lib, ops, allocs) -> dict:
-    """Plan the recorded ``ops`` (and CPU allocator events ``allocs``, dryrun) with a session of ``backend`` at the
-    ``moves`` budget, on this thread; the parts timed."""
+def _plan_split(backend: str, lib, ops, allocs, budget: str | None) -> dict:
+    """Plan the recorded ``ops`` (and CPU allocator events ``allocs``, dryrun) with a session of ``backend`` at
+    ``budget`` (None: the ``moves`` case's), on this thread; the parts timed."""
     import numpy as np
     from uvmprefetch.config import from_env
     from uvmprefetch.runtime.planner import Planner
     from uvmprefetch.runtime.session import Session
 
-    cfg = from_env({**CASES["moves"], "UVMPREFETCH_BACKEND": backend, "UVMPREFETCH_LOG": "quiet"})
+    cfg = from_env({**CASES["moves"], "UVMPREFETCH_BACKEND": backend, "UVMPREFETCH_LOG": "quiet",
+                    **({"UVMPREFETCH_BUDGET": budget} if budget else {})})
     rt = None
     if backend == "cuda":
         s, rt = _fake_cuda().session(cfg)
@@ -234,6 +251,15 @@ def child(args) -> dict:
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
+    fake, rt = None, None
+    if args.fake_cuda:  # (what UVMPREFETCH=1 does at start-up, with the cuda backend over the fake boundary)
+        import tempfile
+
+        from uvmprefetch.config import from_env
+        fc = _fake_cuda()
+        so = fc.build_libcudart(tempfile.mkdtemp(prefix="uvm-fakecudart-"))
+        cfg = from_env({**os.environ, "UVMPREFETCH": "1", "UVMPREFETCH_BACKEND": "cuda"})
+        fake, rt = fc.start(cfg, so, dormant=True)
     step = make_step(args)
     width = args.width
 
@@ -251,7 +277,7 @@ def child(args) -> dict:
         step()
     dt = time.perf_counter() - t0
     from uvmprefetch import runtime
-    s = runtime.current()
+    s = fake or runtime.current()
     if s is not None:
         s.active = False  # the count below must not reach the runtime
     with Count():
@@ -260,19 +286,32 @@ def child(args) -> dict:
     out = {"s": dt, "iters": args.iters, "ops_per_iter": ops, "us_per_op": dt / args.iters / ops * 1e6,
            "tensor_kb": width * width * 4 / 1024}
     if s is not None:
-        rep = runtime.disable()
+        rep = s.stop() if fake is not None else runtime.disable()
         ot = rep.get("observe_time") or {}
         out.update(observer=rep["observer"]["kind"], planned=rep["launches"], recorded=ot.get("recorded"),
                    bytes_dtoh=rep["bytes_dtoh"], working_set_bytes=rep["working_set_bytes"],
-                   planner=ot.get("planner"), callback_us_per_launch=ot.get("callback_us_per_launch"))
+                   planner=ot.get("planner"), callback_us_per_launch=ot.get("callback_us_per_launch"),
+                   degraded=rep["degraded"])
+        if rt is not None:
+            br = rep["backend_result"]
+            out.update(cuda_calls=len(rt.calls), mover_wait_s=br["mover_wait_s"],
+                       mover_calls_on_training_thread=br["mover_calls_on_training_thread"],
+                       moves_on_training_thread=sum(1 for c in rt.calls if c[5] == "MainThread"))
     return out
 
 
 def run_case(name: str, args) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("UVMPREFETCH")}
     env.update(CASES[name], UVMPREFETCH_LOG="quiet", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    if args.budget and name.startswith("moves"):
+        env["UVMPREFETCH_BUDGET"] = args.budget
+    if args.fits_budget and name.startswith("fits"):
+        env["UVMPREFETCH_BUDGET"] = args.fits_budget
     cmd = [sys.executable, __file__, "--child", "--iters", str(args.iters), "--warmup", str(args.warmup),
-           "--width", str(args.width), "--layers", str(args.layers), "--batch", str(args.batch)]
+           "--width", str(args.width), "--layers", str(args.layers), "--batch", str(args.batch),
+           "--model", args.model, "--seq", str(args.seq)]
+    if name in FAKE_CUDA_CASES:
+        cmd.append("--fake-cuda")
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
     if r.returncode != 0:
         raise SystemExit(f"case {name} failed (exit {r.returncode}): {r.stderr.strip().splitlines()[-1:]}")
@@ -288,7 +327,18 @@ def main() -> None:
     p.add_argument("--width", type=int, default=64, help="layer width (weights width^2 * 4 bytes: 16 KiB)")
     p.add_argument("--layers", type=int, default=256)
     p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--cases", default="plain,fits,moves,python-fits")
+    p.add_argument("--model", default="loop",
+                   help="loop (the chain of small linear layers) or a model of uvmprefetch.trace.models with random "
+                        "weights, e.g. gpt2-small (then --batch and --seq size its batch)")
+    p.add_argument("--seq", type=int, default=128, help="sequence length (--model gpt2-...)")
+    p.add_argument("--fits-budget", help=f"the fits cases' budget (default {CASES['fits']['UVMPREFETCH_BUDGET']}; a "
+                                         "model must fit in it: its planner stays dormant below half of it)")
+    p.add_argument("--budget", help=f"the moves cases' budget, and the one --split plans at (default "
+                                    f"{CASES['moves']['UVMPREFETCH_BUDGET']})")
+    p.add_argument("--cases", default="plain,fits,moves,python-fits",
+                   help=f"comma-separated, of {', '.join(CASES)} (the -cuda cases: the real cuda backend, planner and "
+                        "mover threads over the fake CUDA boundary of tests/unit/fake_cuda.py)")
+    p.add_argument("--fake-cuda", action="store_true", help="(--child) the cuda backend over the fake CUDA boundary")
     p.add_argument("--out", help="write the figures here (JSON)")
     p.add_argument("--inprocess", choices=sorted(set(CASES) - {"plain"}),
                    help="alternate plain and this case inside one process (enable/disable between blocks) "
@@ -344,17 +394,25 @@ def main() -> None:
                       "recorded": last.get("recorded"),
                       "parked_s": (last.get("planner") or {}).get("training_parked_s"),
                       "shed_s": (last.get("planner") or {}).get("shed_s"),
+                      "shed_windows": (last.get("planner") or {}).get("shed_windows"),
+                      "cuda_calls_per_launch": (last["cuda_calls"] / last["planned"] if last.get("planned")
+                                                and "cuda_calls" in last else None),
+                      "moves_on_training_thread": last.get("moves_on_training_thread"),
+                      "degraded": last.get("degraded"),
                       "ops_per_iter": last["ops_per_iter"]})
     result = {"bench": "runtime_overhead", "args": vars(args), "cases": table, "runs": runs,
               "machine": os.uname().nodename, "cpus": os.cpu_count()}
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=1))
-    print(f"{'case':<12} {'us/op':>8} {'x plain':>8} {'min':>6} {'max':>6}  observer  planned  parked s  shed s  dtoh")
+    print(f"{'case':<12} {'us/op':>8} {'x plain':>8} {'min':>6} {'max':>6}  observer  planned  parked s  shed s  "
+          f"sheds  calls/launch  dtoh")
     for t in table:
+        cpl = t["cuda_calls_per_launch"]
         print(f"{t['case']:<12} {t['us_per_op_median']:>8.2f} {t['ratio_median']:>8.3f} {t['ratio_min']:>6.2f} "
               f"{t['ratio_max']:>6.2f}  {t['observer'] or '-':<8}  {t['planned'] or 0:>7}  {t['parked_s'] or 0:>8.3f}  "
-              f"{t['shed_s'] or 0:>6.2f}  {t['bytes_dtoh'] or 0}")
+              f"{t['shed_s'] or 0:>6.2f}  {t['shed_windows'] or 0:>5}  {'-' if cpl is None else f'{cpl:.2f}':>12}  "
+              f"{t['bytes_dtoh'] or 0}")
 
 
 if __name__ == "__main__":
