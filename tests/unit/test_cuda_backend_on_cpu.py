@@ -56,6 +56,19 @@ def cfg():
                          observer="native")
 
 
+def trained(libcudart, mark=False, **kw):
+    """``train()`` under the runtime with the cuda backend over the fakes (``fake_cuda.start(**kw)``; ``mark``: the
+    launches' markers in the call log): (losses, session, FakeRuntime, report)."""
+    s, rt = fake_cuda.start(cfg(), libcudart, **kw)
+    if mark:
+        marking(s, rt)
+    try:
+        losses = train()
+    finally:
+        rep = s.stop()
+    return losses, s, rt, rep
+
+
 def marking(s, rt):
     """Each launch puts a marker with its block numbers into the mover's queue before its moves: the fake's call
     log then reads launch by launch in the order the backend issued the calls."""
@@ -69,12 +82,7 @@ def marking(s, rt):
 
 
 def test_decisions_reach_the_fake_from_the_mover_thread_in_a_legal_order(libcudart):
-    s, rt = fake_cuda.start(cfg(), libcudart)
-    marking(s, rt)
-    try:
-        train()
-    finally:
-        rep = s.stop()
+    _, s, rt, rep = trained(libcudart, mark=True)
     be = s.backend
     assert not rep["degraded"] and rep["errors"] == [] and rep["observer"]["kind"] == "native"
     assert rep["launches"] > 1000 and rep["working_set_bytes"] > 2 * BUDGET
@@ -122,15 +130,10 @@ def test_decisions_reach_the_fake_from_the_mover_thread_in_a_legal_order(libcuda
 
 
 def test_a_failing_cuda_call_switches_the_runtime_off_and_training_goes_on_bit_equal(libcudart, capfd):
-    ref = train()
-    s, rt = fake_cuda.start(cfg(), libcudart, fail={"prefetch": 40})
-    try:
-        got = train()
-    finally:
-        rep = s.stop()
-    assert got == ref
-    assert s.degraded and rep["degraded"] and len(rep["errors"]) == 1 and rep["errors"][0].startswith("mover:")
-    assert "cudaErrorLaunchFailure" in rep["errors"][0]
+    got, s, rt, rep = trained(libcudart, fail={"prefetch": 40})
+    assert got == train()  # bit for bit, against the same loop without the runtime
+    assert s.degraded and rep["degraded"] and rep["errors"] == [rep["errors"][0]]
+    assert rep["errors"][0].startswith("mover:") and "cudaErrorLaunchFailure" in rep["errors"][0]
     err = [ln for ln in capfd.readouterr().err.splitlines() if ln.startswith("uvmprefetch:")]
     assert len(err) == 1 and "mover failed" in err[0], err
     assert rt.counts["prefetch"] == 40 and len(rt.moves()) == 39  # nothing issued after the failing call
