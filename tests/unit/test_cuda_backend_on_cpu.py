@@ -6,8 +6,8 @@ and a budget below the working set,
 WHEN training runs,
 THEN the policy's decisions reach the fake as prefetches and evictions, every one issued on the mover thread; no
 block is evicted while the launch being planned uses it, and the blocks the calls leave on the GPU stay within the
-budget after every launch; each move is entered in the pre-op gate's table with its event and settles to where the
-move took it; and a CUDA call that fails switches the runtime off with one line while training goes on bit-equal.
+budget after every launch; each move is entered in the pre-op gate's table with its event, stays there in flight
+while the (lagging) fake GPU has not passed that event, and then settles where the move took it; and a CUDA call that fails switches the runtime off with one line while training goes on bit-equal.
 """
 
 import shutil
@@ -23,6 +23,7 @@ from uvmprefetch.runtime import native, native_observer
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
 BS = 2 << 20
 BUDGET = 16 << 20
+LAG = 4  # events the fake GPU is behind (FakeTorchCuda.lag)
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +83,7 @@ def marking(s, rt):
 
 
 def test_decisions_reach_the_fake_from_the_mover_thread_in_a_legal_order(libcudart):
-    _, s, rt, rep = trained(libcudart, mark=True)
+    _, s, rt, rep = trained(libcudart, mark=True, lag=LAG)
     be = s.backend
     assert not rep["degraded"] and rep["errors"] == [] and rep["observer"]["kind"] == "native"
     assert rep["launches"] > 1000 and rep["working_set_bytes"] > 2 * BUDGET
@@ -114,19 +115,35 @@ def test_decisions_reach_the_fake_from_the_mover_thread_in_a_legal_order(libcuda
             resident.add(b)
     assert launches == rep["launches"] + 1
     # the pre-op gate: every move was entered with its event; settled, each block is where its last move took it
+    # the pre-op gate: every move was entered with its event; the fake GPU lags LAG events behind, so the last moves
+    # are still in flight at the end (their blocks "to the GPU" / "to the host" with that move's event); once it
+    # has caught up, each block settles where its last move took it
     gate = be.mover.gate
     assert 0 < gate.moves <= len(moves)  # one entry per batch of ranges the mover issued
-    gate.settle()
-    assert gate.in_flight() == 0
     last = {}
     for c in moves:
         last[c[1] // BS] = c[3]
     blocks = np.asarray(sorted(last), dtype=np.uint64)
-    out = np.zeros(blocks.size, dtype=np.uint64)
     u64 = native_observer._u64p
-    gate.lib.uvmgate_get(blocks.ctypes.data_as(u64), blocks.size, out.ctypes.data_as(u64))
-    want = [gate.RESIDENT if last[b] == "gpu" else gate.ON_HOST for b in blocks.tolist()]
-    assert out.tolist() == want
+
+    def table():
+        out = np.zeros(blocks.size, dtype=np.uint64)
+        gate.lib.uvmgate_get(blocks.ctypes.data_as(u64), blocks.size, out.ctypes.data_as(u64))
+        return dict(zip(blocks.tolist(), out.tolist()))
+    gate.settle()
+    pending = list(gate._pending)
+    assert 0 < len(pending) <= LAG
+    assert all(handle == ev.cuda_event and not ev.query() for ev, handle, _, _ in pending)
+    now = table()
+    in_flight = {b: v for b, v in now.items() if v & ~7}  # entries that still carry an event
+    assert {v & ~7 for v in in_flight.values()} <= {h & ~7 for _, h, _, _ in pending}
+    assert {v & 7 for v in in_flight.values()} <= {gate.TO_GPU, gate.TO_HOST}
+    _, h, arr, _ = pending[-1]  # the newest move: nothing replaced its entries
+    assert all(now[b] == (h & ~7) | (gate.TO_GPU if last[b] == "gpu" else gate.TO_HOST) for b in arr.tolist())
+    be.api.torch.cuda.recorded += LAG  # the fake GPU catches up
+    gate.settle()
+    assert gate.in_flight() == 0
+    assert table() == {b: gate.RESIDENT if w == "gpu" else gate.ON_HOST for b, w in last.items()}
 
 
 def test_a_failing_cuda_call_switches_the_runtime_off_and_training_goes_on_bit_equal(libcudart, capfd):
