@@ -7,7 +7,8 @@ WHEN training runs,
 THEN the policy's decisions reach the fake as prefetches and evictions, every one issued on the mover thread; no
 block is evicted while the launch being planned uses it, and the blocks the calls leave on the GPU stay within the
 budget after every launch; each move is entered in the pre-op gate's table with its event, stays there in flight
-while the (lagging) fake GPU has not passed that event, and then settles where the move took it; and a CUDA call that fails switches the runtime off with one line while training goes on bit-equal.
+while the (lagging) fake GPU has not passed that event, and then settles where the move took it; and a CUDA call
+that fails switches the runtime off with one line while training goes on bit-equal.
 """
 
 import shutil
