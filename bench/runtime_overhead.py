@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""What the live runtime costs the training thread per op, on the CPU (the dryrun backend).
+"""What the live runtime costs the training thread per op, on the CPU (the dryrun backend, and the cuda backend
+over a fake CUDA boundary).
 
-A loop of small ATen ops (a chain of linear layers of a few KB each: forward, backward, an in-place SGD update)
-runs in a fresh process per case, with the runtime switched on the way a user does (``UVMPREFETCH=1`` through
-the start-up hook):
+A loop of small ATen ops (a chain of linear layers of a few KB each: forward, backward, an in-place SGD update;
+or ``--model gpt2-small``, a transformers model with random weights and AdamW) runs in a fresh process per case,
+with the runtime switched on the way a user does (``UVMPREFETCH=1`` through the start-up hook):
 
 - ``plain``: no runtime;
 - ``fits``: ``UVMPREFETCH_BACKEND=dryrun`` with a budget the model fits in (the planner stays dormant: the
@@ -12,23 +13,30 @@ the start-up hook):
   thread pays the full callback while observed and parks for the planner's turns; a planner that falls more than
   ``UVMPREFETCH_PLANNER_LAG`` launches behind sheds observation until it has caught up: ``planned`` says how many
   launches it planned, ``parked`` how long the training thread waited for it);
-- ``python-fits``: as ``fits`` with ``UVMPREFETCH_OBSERVER=python`` (the fallback dispatch mode).
+- ``python-fits``: as ``fits`` with ``UVMPREFETCH_OBSERVER=python`` (the fallback dispatch mode);
+- ``fits-cuda``, ``moves-cuda``: the same budgets with the real cuda backend, planner and mover threads over the
+  fake CUDA boundary of ``tests/unit/fake_cuda.py`` (started by the child itself, before the model is built):
+  ``calls/launch`` is the CUDA calls that reached the fake per planned launch.
 
 Each child times ``--iters`` loop iterations after a warm-up and prints microseconds per op (ops counted once
 per iteration with a counting dispatch mode, outside the timed part). The cases run in alternating rounds
 (plain, fits, moves, ... again), and the ratio to plain is taken round by round; medians are printed last.
 
     python bench/runtime_overhead.py [--rounds 5] [--iters 300] [--out out/runtime-overhead.json]
+    python bench/runtime_overhead.py --cases plain,moves,moves-cuda --rounds 5
     python bench/runtime_overhead.py --child            # one timed loop (what the rounds run)
     python bench/runtime_overhead.py --inprocess fits --rounds 20 --iters 20   # alternating in one process
     python bench/runtime_overhead.py --split --iters 20     # the planner's CPU per launch, by part
+    python bench/runtime_overhead.py --split --model gpt2-small --batch 2 --seq 128 --iters 3 --warmup 1 --budget 1GiB
 
 ``--split`` answers "where does the planner's time go": the observer records ``--iters`` iterations of the loop
-(the rings drained by this thread between iterations, nothing planned), then a planner for a dryrun session at
-the ``moves`` budget plans every recorded launch on this thread alone (no training thread beside it, no GIL
-contention), timed by part: the policy's hooks, the simulated GPU (``GpuModel``'s own work: the dryrun
-backend's calls minus the policy's hooks inside them) and the planner's bookkeeping (the rest: records to
-storages and byte ranges, block ids, iteration ends, counts).
+(the rings drained by this thread between iterations, nothing planned), then a planner plans every recorded launch
+on this thread alone (no training thread beside it), at the ``moves`` budget (``--budget``), twice: for a dryrun
+session and for a cuda session over the fake boundary (its ``Mover`` queues the calls for its mover thread, which
+makes them). Each part is the planner thread's CPU time: the policy's hooks; the simulated GPU (dryrun: the
+backend's calls minus the policy's hooks inside them) or the books (cuda: the same minus the ``Mover``'s methods and
+the fake shim's); the ``Mover``'s methods; the planner's bookkeeping (the rest: records to storages and byte
+ranges, block ids, iteration ends, counts). The cuda row adds the CUDA calls per launch and the mover thread's CPU.
 """
 
 from __future__ import annotations
