@@ -354,6 +354,22 @@ def main() -> None:
     p.add_argument("--split", action="store_true",
                    help="record the loop, then plan the records on one thread: the planner's CPU per launch by part")
     args = p.parse_args()
+    from uvmprefetch.config import parse_budget
+    from uvmprefetch.errors import ConfigError
+    unknown = [c for c in args.cases.split(",") if c.strip() and c.strip() not in CASES]
+    if unknown:
+        p.error(f"--cases: unknown {', '.join(unknown)} (known: {', '.join(CASES)})")
+    if args.model != "loop":
+        from uvmprefetch.trace.models import CONFIGS
+        name, _, config = args.model.partition("-")
+        if config and name in CONFIGS and config not in CONFIGS[name] or name not in CONFIGS:
+            p.error(f"--model {args.model}: loop or <model>-<config> of {', '.join(CONFIGS)} (e.g. gpt2-small)")
+    for flag, v in (("--budget", args.budget), ("--fits-budget", args.fits_budget)):
+        try:
+            if v is not None:
+                parse_budget(v)
+        except ConfigError as e:
+            p.error(f"{flag}: {e}")
     if args.split:
         res = split(args)
         if args.out:
