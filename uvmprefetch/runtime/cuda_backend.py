@@ -44,7 +44,7 @@ import numpy as np
 from ..errors import DeviceError
 from ..gpus import PROFILES
 from ..policy.base import EMPTY, Advice, LaunchInfo, Policy, PolicyContext
-from .mover import CudaCallError, MoverError, MoveThread, Mover, StreamMarks  # noqa: F401 - re-exported
+from .mover import REAL, CudaApi, CudaCallError, MoverError, MoveThread, Mover, StreamMarks  # noqa: F401 - re-exported
 from .cuda_discards import AllocatorDiscards
 from .memory import plan_memory
 from .residency import Residency
@@ -104,6 +104,7 @@ class CudaBackend(AllocatorDiscards):
     name = "cuda"
     virtual_addresses = False
     device_type = "cuda"
+    api: CudaApi = REAL  # where the CUDA calls come from (a fake on a CPU: tests/unit/fake_cuda.py)
     _native_lib = None  # the C++ observer, when it runs (attach_native)
     _gate = None  # (late, fault) dense ids the gate saw for the next launch (note_gate)
     copy = None  # the copy path (copyout.py), started with the C++ observer under UVMPREFETCH_EVICT=auto
@@ -112,10 +113,10 @@ class CudaBackend(AllocatorDiscards):
     feed = None  # the caching allocator's events (alloc_feed.py): with UVMPREFETCH_DISCARD=1 or UVMPREFETCH_EVICT=auto
     _copy_books, _copy_books_why = False, "the allocator's events are not attached"
 
-    def __init__(self, cfg, policy: Policy, *, shim=None) -> None:
-        from .device import require_cuda
-        drv = require_cuda()
-        import torch
+    def __init__(self, cfg, policy: Policy, *, shim=None, api: CudaApi = REAL) -> None:
+        self.api, self.device_type = api, api.device_type
+        drv = api.require_cuda()
+        torch = api.torch
         from .shim import Shim, preloaded, shim_path
         path = preloaded()
         self.shim_mode = "LD_PRELOAD"
@@ -145,7 +146,7 @@ class CudaBackend(AllocatorDiscards):
         self.max_blocks = self.memory.book_blocks(total, self.block_size)
         self.res = Residency(cap_blocks, self.max_blocks, self.block_size)
         self.res.n_ids = 0  # dense ids, assigned by block_ids
-        self.mover = Mover(self.device, drv.batch_api)
+        self.mover = Mover(self.device, drv.batch_api, api=api)
         if cfg.mover == "thread":
             # at most 1/16 of the budget waits in the mover's queue (~2 GiB at a 32 GiB budget: ~0.3 s of D2H)
             self.mover.start_thread(max(self.capacity_bytes // 16, 64 * BLOCK_SIZE))
@@ -162,7 +163,7 @@ class CudaBackend(AllocatorDiscards):
         self.captured_launches = 0
         self._capturing = torch.cuda.is_current_stream_capturing
         from .observe import GpuProgress
-        self.progress = GpuProgress(self.max_blocks)
+        self.progress = GpuProgress(self.max_blocks, event_factory=torch.cuda.Event)
         self.iter_events: list = []
         self.host = HostTime()
         self.shim_launches = 0
@@ -189,12 +190,11 @@ class CudaBackend(AllocatorDiscards):
         events the observer records on the ops' streams (``NativeProgress``); captured CUDA graphs are skipped by
         the observer itself."""
         from .mover import GateBook
-        from .native_observer import NativeProgress
         import os
         cudart = os.environ.get("UVMPREFETCH_CUDART")  # as the shim: the library to take the CUDA calls from
         if lib.lib.uvmgate_init(cudart.encode() if cudart else None) != 0:
             raise CudaCallError("libcudart not found by the gate: ops cannot wait for moves in flight")
-        self.progress = NativeProgress(lib, self.max_blocks)
+        self.progress = self.api.native_progress(lib, self.max_blocks)
         self.mover.gate = GateBook(lib, self.block_size)
         if self.mover.thread is None:
             self.mover.start_thread(max(self.capacity_bytes // 16, 64 * BLOCK_SIZE))
@@ -238,7 +238,7 @@ class CudaBackend(AllocatorDiscards):
     def thread_init(self) -> None:
         """On the planner thread, before its first launch: this backend's device is its current device (events and
         queries it makes go to the right context)."""
-        import torch
+        torch = self.api.torch
         torch.cuda.set_device(self.device)
 
     def note_gate(self, late: list[int], fault: list[int]) -> None:
@@ -353,7 +353,7 @@ class CudaBackend(AllocatorDiscards):
 
     def _check_swap(self) -> None:
         """Once: are PyTorch's allocations really managed? (the shim may sit behind libcudart)"""
-        import torch
+        torch = self.api.torch
         if torch.cuda.memory_reserved(self.device) > 0:
             self._checked_swap = True
             if self.shim.stats()["n_alloc"] == 0:
@@ -459,7 +459,7 @@ class CudaBackend(AllocatorDiscards):
         return self.copy.evict(out, self._addr[out], want)
 
     def end_iteration(self, k: int) -> None:
-        import torch
+        torch = self.api.torch
         self.discards_iteration_end()
         if self.feed is not None:  # incomplete books (an overflow, a late attach) are rebuilt here
             self.feed.quiescent(lambda: torch.cuda.memory_snapshot())

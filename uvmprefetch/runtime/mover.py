@@ -36,6 +36,54 @@ class MoverError(CudaCallError):
     where = "mover"
 
 
+class CudaApi:
+    """The cuda backend's true boundary: where its CUDA calls come from. ``rt``: cuda-python's runtime module
+    (``cuda.bindings.runtime``: moves, advice, the discard gate's word); ``drv``: its driver module (the discard
+    gate's stream memory operations; None: imported by ``StreamGate``); ``torch``: PyTorch (``torch.cuda``'s streams,
+    events and device queries); ``require_cuda()``: the driver probe (``device.require_cuda``);
+    ``native_progress(lib, max_blocks)``: GPU progress under the C++ observer (``NativeProgress``);
+    ``device_type``: the device whose ops the observer watches. Left out, each is the real one, imported on first
+    use; a fake fills them on a CPU (``tests/unit/fake_cuda.py``), so that everything behind them runs there."""
+
+    device_type = "cuda"
+
+    def __init__(self, rt=None, torch=None, drv=None, require_cuda=None, native_progress=None,
+                 device_type: str | None = None) -> None:
+        self._rt, self._torch, self.drv = rt, torch, drv
+        self._require, self._progress = require_cuda, native_progress
+        if device_type is not None:
+            self.device_type = device_type
+
+    @property
+    def rt(self):
+        if self._rt is None:  # (looked up each time, never kept: as the import it replaces)
+            from cuda.bindings import runtime
+            return runtime
+        return self._rt
+
+    @property
+    def torch(self):
+        if self._torch is None:
+            import torch
+            return torch
+        return self._torch
+
+    def require_cuda(self):
+        if self._require is None:
+            from .device import require_cuda
+            return require_cuda()
+        return self._require()
+
+    def native_progress(self, lib, max_blocks: int):
+        if self._progress is None:
+            from .native_observer import NativeProgress
+            return NativeProgress(lib, max_blocks)
+        return self._progress(lib, max_blocks)
+
+
+REAL = CudaApi()  # (imports nothing until a field is read)
+
+
 class MoveThread:
     """Issues prefetches and evictions from a thread of its own, in the order they were submitted.
 
@@ -205,12 +253,12 @@ class Mover:
     on_main: dict | None = None  # move calls made on the main thread, by direction (where they ran, for the report)
     gate: "GateBook | None" = None  # set with the C++ observer: the pre-op gate learns every move
     gate_word: "StreamGate | None" = None  # the discards' gate on the compute stream (``stream_gate``)
+    api: CudaApi = REAL  # where the CUDA calls come from
 
-    def __init__(self, device: int, batch_api: bool, batch_prefetch: bool = False) -> None:
-        import torch
-        from cuda.bindings import runtime as cudart
-        self.rt = cudart
-        self.torch = torch
+    def __init__(self, device: int, batch_api: bool, batch_prefetch: bool = False, api: CudaApi = REAL) -> None:
+        self.api = api
+        self.rt = cudart = api.rt
+        self.torch = torch = api.torch
         self.device = device
         # torch's pool streams are created non-blocking: not the legacy default stream, as the batch calls need
         self.stream = torch.cuda.Stream(device=device)
@@ -386,7 +434,7 @@ class Mover:
     def stream_gate(self) -> "StreamGate":
         """The gate the discards close on the compute stream (made on first use)."""
         if self.gate_word is None:
-            self.gate_word = StreamGate(self.rt)
+            self.gate_word = StreamGate(self.rt, self.api.drv)
         return self.gate_word
 
     def advise(self, ranges: list[tuple[int, int]], advice: Advice) -> None:
