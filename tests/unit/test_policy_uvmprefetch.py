@@ -1065,31 +1065,38 @@ def _step(pol, view, i, it, name, blocks, writes):
     return dec
 
 
-def test_a_moved_block_whose_address_the_record_gives_to_a_later_tensor_is_predicted_there_too():
-    # GIVEN a first step where activation A is written into block 10, read, freed, and block 10 then holds new data
-    # that outlives the step (optimizer state: written while dead, read at the end)
-    pol = UvmPrefetchPolicy(window=8, window_min=1, adaptive_window=False, advice=False, stable_sync=False)
+def _a_moved(steps, **params):
+    """A policy that recorded one step of launches ``steps`` (each ``(blocks, writes, freed before it)``; the first
+    writes activation A into block 10), then, with nothing on the GPU and the pointer before the recorded step (as
+    after the last launch of a step that preceded it), sees the next step's first launch write A into block 20 (the
+    allocator moved it). Returns ``(policy, that launch's decision)``."""
+    pol = UvmPrefetchPolicy(window=8, window_min=1, adaptive_window=False, advice=False, stable_sync=False, **params)
     n = 32
     view = FakeView(n, n)
     pol.on_start(ctx(n, n))
-    _step(pol, view, 0, 0, 0, [1, 10], [10])
-    _step(pol, view, 1, 0, 1, [10, 11], [11])
-    pol.on_free(np.array([10]))
-    _step(pol, view, 2, 0, 2, [10, 12], [10])
-    _step(pol, view, 3, 0, 3, [10, 11], [])
+    for i, (blocks, writes, freed) in enumerate(steps):
+        if freed:
+            pol.on_free(np.array(freed))
+        _step(pol, view, i, 0, i, blocks, writes)
     pol.on_iteration(0)
     h = pol.history
-    assert h.f_w[h.span(2, 3)[0]] == 2  # the record marks the new tensor's first write
-    # WHEN the next step writes A elsewhere (block 10 still holds the state) and nothing is on the GPU (the pointer
-    # stands before the recorded step, as after the last launch of a step that preceded it)
+    assert h.f_w[h.span(2, 3)[0]] == 2  # (the record marks launch 2's write as a new tensor's first)
     view.resident[:] = False
     set_p(pol, -1)
-    dec = _step(pol, view, 4, 1, 0, [1, 20], [20])
-    assert h.p == 0 and pol.stats["moved_blocks"] == 1
+    dec = _step(pol, view, len(steps), 1, 0, [1, 20], [20])
+    assert h.p == 0 and pol.stats["moved_blocks"] == 1 and pol.moves.remap[10] == 20
+    return pol, dec
+
+
+def test_a_moved_block_whose_address_the_record_gives_to_a_later_tensor_is_predicted_there_too():
+    # GIVEN a first step where activation A is written into block 10, read, freed, and block 10 then holds new data
+    # that outlives the step (optimizer state: written while dead, read at the end)
+    # WHEN the next step writes A elsewhere (block 10 still holds the state) and nothing is on the GPU
+    pol, dec = _a_moved([([1, 10], [10], []), ([10, 11], [11], []), ([10, 12], [10], [10]), ([10, 11], [], [])])
     # THEN A's reads are predicted at 20, the move ends where the record writes the new tensor into 10, and 10 is
     # predicted (and prefetched) for the launches that use the state, not only its translation 20
-    assert pol.moves.remap[10] == 20 and pol.moves.rend[10] == 2
-    assert h.nu[10] == 2
+    assert pol.moves.rend[10] == 2
+    assert pol.history.nu[10] == 2
     assert dec is not None and 10 in set(dec.prefetch.tolist()) and 11 in set(dec.prefetch.tolist())
 
 
@@ -1097,30 +1104,15 @@ def test_a_moved_block_whose_address_the_record_gives_to_a_later_tensor_is_predi
 def test_a_recorded_new_tensor_is_not_prefetched_where_the_record_had_it_while_tensors_move(moved_births):
     # GIVEN a first step writing activation A into block 10, then a new tensor B into block 12 (freed memory handed
     # out again: its first write), then reading A
-    pol = UvmPrefetchPolicy(window=8, window_min=1, adaptive_window=False, advice=False, stable_sync=False,
-                            moved_births=moved_births)
-    n = 32
-    view = FakeView(n, n)
-    pol.on_start(ctx(n, n))
-    _step(pol, view, 0, 0, 0, [1, 10], [10])
-    _step(pol, view, 1, 0, 1, [10, 11], [11])
-    pol.on_free(np.array([12]))
-    _step(pol, view, 2, 0, 2, [12], [12])
-    _step(pol, view, 3, 0, 3, [10], [])
-    pol.on_iteration(0)
-    h = pol.history
-    assert h.f_w[h.span(2, 3)[0]] == 2  # (the record marks B's first write)
     # WHEN the next step writes A elsewhere (the allocator moved this step's tensors) and nothing is on the GPU
-    view.resident[:] = False
-    set_p(pol, -1)
-    dec = _step(pol, view, 4, 1, 0, [1, 20], [20])
-    assert h.p == 0 and pol.moves.remap[10] == 20
+    pol, dec = _a_moved([([1, 10], [10], []), ([10, 11], [11], []), ([12], [12], [12]), ([10], [], [])],
+                        moved_births=moved_births)
     # THEN the read data at 11 is prefetched; B's recorded block 12 is brought in only without moved_births (this
     # step's B goes elsewhere too), and its next use is predicted there either way (a later entry would list it)
     pf = set(dec.prefetch.tolist())
     assert {11} <= pf and 20 not in pf  # (20: the running launch's own block)
     assert (12 in pf) != moved_births
-    assert h.nu[12] == 2
+    assert pol.history.nu[12] == 2
 
 
 def test_iteration_end_settles_the_next_use_of_moved_blocks():
