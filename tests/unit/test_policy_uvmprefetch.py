@@ -233,7 +233,10 @@ def test_fresh_memory_moves_no_data_in_the_first_iteration():
         lay = build_layout(t)
         if not fresh:
             lay.fresh = None  # (every block holds data, as on the -lit profiles; the policy is told so)
-        return replay(t, "uvmprefetch", "h100-pcie", oversub=1.5, host="live", evict="auto", layout=lay)
+        # (moved_births off: it acts from iteration 1 on, where a first write into a block freed while on the host
+        # is populated and refused, the block's host copy moved in: 15 blocks on this trace)
+        return replay(t, "uvmprefetch:moved_births=false", "h100-pcie", oversub=1.5, host="live", evict="auto",
+                      layout=lay)
     # WHEN it is replayed with the trace's fresh blocks and without
     on, off = run(True), run(False)
     # THEN the first iteration brings its new tensors in without moving data or faulting (1 fault, 2.8 GiB H2D,
@@ -659,16 +662,17 @@ def test_window_pass_matches_the_reference():
     n = 64
     skipped = 0
     for trial in range(240):
-        # GIVEN a recorded history of random launches (some touching nothing) and a random residency; the pointer
-        # follows an earlier iteration's record with moves learned against it, or this iteration's with a layer
-        # stride, or neither
-        pol = ReferencePolicy(advice=False)
+        # GIVEN a recorded history of random launches (some touching nothing; reads, writes and first writes of new
+        # tensors) and a random residency; the pointer follows an earlier iteration's record with moves learned
+        # against it (with and without moved_births), or this iteration's with a layer stride, or neither
+        pol = ReferencePolicy(advice=False, moved_births=bool(trial % 2))
         pol.on_start(ctx(n, n))
         view = FakeView(n, n)
         h, mv, bs = pol.history, pol.moves, pol.blocks
         for i in range(int(rng.integers(4, 40))):
             blocks = np.sort(rng.choice(n, int(rng.integers(0, 6)), replace=False)).astype(np.int64)
-            h.append(i % 7, i % 5, i, blocks, None, dur=float(rng.random()))
+            wmask = rng.integers(0, 3, blocks.shape[0]).astype(np.int8)
+            h.append(i % 7, i % 5, i, blocks, wmask, dur=float(rng.random()))
         view.resident[:] = rng.random(n) < 0.5
         view.in_flight[:] = ~view.resident & (rng.random(n) < 0.2)
         present = view.resident | view.in_flight
@@ -703,7 +707,8 @@ def test_window_pass_matches_the_reference():
             continue
         rb, rp = pol._candidates(miss, (pa, pb), (sa, sb, lo), p, present)
         nu_ref = h.nu.copy()
-        tr = (mv.remap, mv.rend, lim, shift_from, int(mv.r["s_old"]), int(mv.r["s_new"]), bs.w_iter, 1, bs.dead)
+        tr = (mv.remap, mv.rend, lim, shift_from, int(mv.r["s_old"]), int(mv.r["s_new"]), bs.w_iter, 1, bs.dead,
+              bool(pol.plan.r["moved_births"]))
 
         def window(extra=-1, verified=(0, -1)):  # (the compiled pass over this trial's history and state)
             return plan.window_candidates(h.ref, miss, (pa, pb, lo, hi), p, cap, tr,
@@ -1090,32 +1095,54 @@ def _step(pol, view, i, it, name, blocks, writes):
     return dec
 
 
-def test_a_moved_block_whose_address_the_record_gives_to_a_later_tensor_is_predicted_there_too():
-    # GIVEN a first step where activation A is written into block 10, read, freed, and block 10 then holds new data
-    # that outlives the step (optimizer state: written while dead, read at the end)
-    pol = UvmPrefetchPolicy(window=8, window_min=1, adaptive_window=False, advice=False, stable_sync=False)
+def _a_moved(steps, **params):
+    """A policy that recorded one step of launches ``steps`` (each ``(blocks, writes, freed before it)``; the first
+    writes activation A into block 10), then, with nothing on the GPU and the pointer before the recorded step (as
+    after the last launch of a step that preceded it), sees the next step's first launch write A into block 20 (the
+    allocator moved it). Returns ``(policy, that launch's decision)``."""
+    pol = UvmPrefetchPolicy(window=8, window_min=1, adaptive_window=False, advice=False, stable_sync=False, **params)
     n = 32
     view = FakeView(n, n)
     pol.on_start(ctx(n, n))
-    _step(pol, view, 0, 0, 0, [1, 10], [10])
-    _step(pol, view, 1, 0, 1, [10, 11], [11])
-    pol.on_free(np.array([10]))
-    _step(pol, view, 2, 0, 2, [10, 12], [10])
-    _step(pol, view, 3, 0, 3, [10, 11], [])
+    for i, (blocks, writes, freed) in enumerate(steps):
+        if freed:
+            pol.on_free(np.array(freed))
+        _step(pol, view, i, 0, i, blocks, writes)
     pol.on_iteration(0)
     h = pol.history
-    assert h.f_w[h.span(2, 3)[0]] == 2  # the record marks the new tensor's first write
-    # WHEN the next step writes A elsewhere (block 10 still holds the state) and nothing is on the GPU (the pointer
-    # stands before the recorded step, as after the last launch of a step that preceded it)
+    assert h.f_w[h.span(2, 3)[0]] == 2  # (the record marks launch 2's write as a new tensor's first)
     view.resident[:] = False
     set_p(pol, -1)
-    dec = _step(pol, view, 4, 1, 0, [1, 20], [20])
-    assert h.p == 0 and pol.stats["moved_blocks"] == 1
+    dec = _step(pol, view, len(steps), 1, 0, [1, 20], [20])
+    assert h.p == 0 and pol.stats["moved_blocks"] == 1 and pol.moves.remap[10] == 20
+    return pol, dec
+
+
+def test_a_moved_block_whose_address_the_record_gives_to_a_later_tensor_is_predicted_there_too():
+    # GIVEN a first step where activation A is written into block 10, read, freed, and block 10 then holds new data
+    # that outlives the step (optimizer state: written while dead, read at the end)
+    # WHEN the next step writes A elsewhere (block 10 still holds the state) and nothing is on the GPU
+    pol, dec = _a_moved([([1, 10], [10], []), ([10, 11], [11], []), ([10, 12], [10], [10]), ([10, 11], [], [])])
     # THEN A's reads are predicted at 20, the move ends where the record writes the new tensor into 10, and 10 is
     # predicted (and prefetched) for the launches that use the state, not only its translation 20
-    assert pol.moves.remap[10] == 20 and pol.moves.rend[10] == 2
-    assert h.nu[10] == 2
+    assert pol.moves.rend[10] == 2
+    assert pol.history.nu[10] == 2
     assert dec is not None and 10 in set(dec.prefetch.tolist()) and 11 in set(dec.prefetch.tolist())
+
+
+@pytest.mark.parametrize("moved_births", [True, False])
+def test_a_recorded_new_tensor_is_not_prefetched_where_the_record_had_it_while_tensors_move(moved_births):
+    # GIVEN a first step writing activation A into block 10, then a new tensor B into block 12 (freed memory handed
+    # out again: its first write), then reading A
+    # WHEN the next step writes A elsewhere (the allocator moved this step's tensors) and nothing is on the GPU
+    pol, dec = _a_moved([([1, 10], [10], []), ([10, 11], [11], []), ([12], [12], [12]), ([10], [], [])],
+                        moved_births=moved_births)
+    # THEN the read data at 11 is prefetched; B's recorded block 12 is brought in only without moved_births (this
+    # step's B goes elsewhere too), and its next use is predicted there either way (a later entry would list it)
+    pf = set(dec.prefetch.tolist())
+    assert {11} <= pf and 20 not in pf  # (20: the running launch's own block)
+    assert (12 in pf) != moved_births
+    assert pol.history.nu[12] == 2
 
 
 def test_iteration_end_settles_the_next_use_of_moved_blocks():

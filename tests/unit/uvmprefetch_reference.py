@@ -485,17 +485,21 @@ class ReferencePolicy(UvmPrefetchPolicy):
         """The candidates in order of need: the running launch's misses (position -1), the next launch's entries
         (``nxt_span``), the scanned span (``scanned``: flat ``[sa, sb)`` of positions from ``lo``); recorded blocks
         translated and shifted; next uses brought to the earliest candidate position ahead of ``p``; then blocks
-        ``present`` and repeats dropped."""
+        ``present``, repeats and (``moved_births``) translated first writes into blocks holding live data dropped."""
         h, mv, bs = self.history, self.moves, self.blocks
         (pa, pb), (sa, sb, lo) = nxt_span, scanned
         cand_b, cand_p = [miss], [np.full(miss.shape[0], -1, dtype=np.int64)]
+        cand_w = [np.zeros(miss.shape[0], dtype=np.int8)]
         if pb > pa:
             cand_b.append(h.f_blk[pa:pb])
             cand_p.append(np.full(pb - pa, p + 1, dtype=np.int64))
+            cand_w.append(h.f_w[pa:pb])
         if sb > sa:
             cand_b.append(h.f_blk[sa:sb])
             cand_p.append(self._positions(lo, sa, sb))
-        blk, pos = np.concatenate(cand_b), np.concatenate(cand_p)
+            cand_w.append(h.f_w[sa:sb])
+        blk, pos, fw = np.concatenate(cand_b), np.concatenate(cand_p), np.concatenate(cand_w)
+        tr = np.zeros(blk.shape[0], dtype=bool)
         lim = self._remap_lim(self.p, self.stats["moved_blocks"] != self._get("moves", "moved_at_start"))
         if self.p is not None and lim:
             tr = (pos >= 0) & (pos < lim)
@@ -504,7 +508,7 @@ class ReferencePolicy(UvmPrefetchPolicy):
             order = np.repeat(np.arange(blk.shape[0]), np.where(both, 2, 1))
             second = np.zeros(order.shape[0], dtype=bool)
             second[1:] = order[1:] == order[:-1]
-            blk, pos = np.where(second, blk[order], y[order]), pos[order]
+            blk, pos, fw, tr = np.where(second, blk[order], y[order]), pos[order], fw[order], tr[order]
         s_old, s_new = int(mv.r["s_old"]), int(mv.r["s_new"])
         it_start = self._get("history", "iter_start")
         if self.p is not None and self.p >= it_start and (s_old or s_new):
@@ -515,6 +519,8 @@ class ReferencePolicy(UvmPrefetchPolicy):
             upd = (pos > p) & ((old <= p) | (old > pos))
             h.nu[blk[upd][::-1]] = pos[upd][::-1]
         keep = ~present[blk]
+        if self._get("plan", "moved_births"):
+            keep &= ~(tr & (fw == 2))
         blk, pos = blk[keep], pos[keep]
         _, first = np.unique(blk, return_index=True)
         first.sort()

@@ -105,7 +105,8 @@ class UvmPrefetchPolicy(Policy):
         # for nothing. Taken as live (their next use is where the allocator hands them out again), GPT-2 large ran
         # 1.07 / 1.02x the oracle at 1.5 / 2x instead of 1.34 / 1.30x (replays with the H100's costs and the live
         # runtime's host clock; tests/unit/test_policy_uvmprefetch.py checks the direction on the shipped trace).
-        self.invalidating = bool(P.invalidate and (getattr(ctx, "discards", True) or P.invalidate_without_discard))
+        discards = bool(getattr(ctx, "discards", True))
+        self.invalidating = bool(P.invalidate and (discards or P.invalidate_without_discard))
         n = ctx.max_blocks
         t_blk = ctx.gpu.transfer_time(ctx.block_size)
         self.t_blk = t_blk
@@ -122,7 +123,7 @@ class UvmPrefetchPolicy(Policy):
                                  lat=float(ctx.gpu.fault_batch_latency_s), lead_s=P.lead_s, prefetch=P.prefetch,
                                  pre_evict=P.pre_evict, pace=P.pace, stall_aware=P.stall_aware,
                                  fault_late_soft=P.fault_late_soft,
-                                 populate=populates))
+                                 populate=populates, moved_births=P.moved_births and self.invalidating and discards))
         self.advice = AdviceState(n)
         self.monitor = WindowMonitor(P.window, P.window_min, P.window_max, P.patience, P.adaptive_window)
         self.stats = Counts()
