@@ -112,6 +112,7 @@ class CudaBackend(AllocatorDiscards):
     counts_unknown = False  # the shim counts kernels no recorded op accounts for (with the C++ observer)
     feed = None  # the caching allocator's events (alloc_feed.py): with UVMPREFETCH_DISCARD=1 or UVMPREFETCH_EVICT=auto
     _copy_books, _copy_books_why = False, "the allocator's events are not attached"
+    _prot_buf = None  # the protected mask's buffer, made on first use (_protected_mask)
 
     def __init__(self, cfg, policy: Policy, *, shim=None, api: CudaApi = REAL) -> None:
         self.api, self.device_type = api, api.device_type
@@ -154,7 +155,6 @@ class CudaBackend(AllocatorDiscards):
         self.policy = policy
         self._attach_feed(cfg)
         self._ids: dict[int, int] = {}
-        self._prot_buf = np.zeros(self.max_blocks, dtype=bool)  # (_protected_mask)
         self._addr = np.zeros(self.max_blocks, dtype=np.int64)  # dense id -> block address
         self._segments: list[tuple[int, int]] = []
         self._seg_starts: list[int] = []
@@ -457,6 +457,8 @@ class CudaBackend(AllocatorDiscards):
         ids in use, not over every id the books could hold (~83 k for 80 GiB of managed memory)."""
         n = self.res.n_ids
         buf = self._prot_buf
+        if buf is None:
+            buf = self._prot_buf = np.zeros(self.max_blocks, dtype=bool)
         np.greater(self.progress.pins[:n], 0, out=buf[:n])
         buf[running] = True
         return buf
