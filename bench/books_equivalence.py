@@ -7,9 +7,11 @@ The C++ observer records ``--iters`` iterations of a training loop once (the sma
 ``tests/unit/fake_cuda.py`` (as ``runtime_overhead.py --split`` does), with the backend's clock pinned to the
 launch number (the policy paces prefetches by it), and log every call that reaches the fake: kind, address, bytes,
 destination, stream, thread, in order; and the books' counters. The base tree is ``git archive`` of ``--base``; the
-head is this checkout. Any difference is printed (the first few) and the exit status is 1.
+head is this checkout. Any difference is printed (the first few) and the exit status is 1. Last, a table of the planner thread's CPU per
+launch by part (``runtime_overhead.py --split``'s parts), the median of ``--rounds`` alternating runs per tree.
 
     python bench/books_equivalence.py                      # this tree against main, the small-op loop
+    python bench/books_equivalence.py --rounds 5           # and the books' CPU per launch, base against head
     python bench/books_equivalence.py --base HEAD~3 --model gpt2-small --batch 2 --seq 128 --iters 2 --budget 1GiB
 """
 
@@ -20,7 +22,9 @@ import json
 import os
 import subprocess
 import sys
+import statistics
 import tempfile
+import time
 import types
 from pathlib import Path
 
@@ -80,6 +84,13 @@ def plan(ops_path: str, budget: str, out: str) -> None:
             types.SimpleNamespace(lib=types.SimpleNamespace(uvmgate_completed_seq=lambda: done)),
             s.backend.max_blocks)
         s.active = True
+        sys.path.insert(0, str(ROOT / "bench"))
+        from runtime_overhead import _timed  # the parts as runtime_overhead.py --split times them
+        acc = {k: [0, 0] for k in ("policy", "backend", "mover", "fake")}
+        _timed(s.policy, ("on_launch", "on_fault", "on_free", "on_evict", "on_iteration"), acc, "policy")
+        _timed(s.backend, ("launch", "free", "end_iteration"), acc, "backend")
+        _timed(s.backend.mover, ("prefetch", "advise", "mark_moves", "discard", "populate"), acc, "mover")
+        _timed(s.backend.shim, ("stats", "segments"), acc, "fake")
         launch = s.backend.launch
 
         def at_launch(info):
@@ -88,12 +99,19 @@ def plan(ops_path: str, budget: str, out: str) -> None:
         s.backend.launch = at_launch
         p = Planner(s, lib, 0)
         p.push_ops(p._whole_runs(ops))
+        c = time.thread_time_ns()
         p._plan(None)
+        total = time.thread_time_ns() - c
         s.backend.settle()
         calls = [list(c) for c in rt.calls]
         books = {k: v for k, v in s.backend.res.m.items()}
         s.backend.close()
-    Path(out).write_text(json.dumps({"launches": s.index, "calls": calls, "books": books}))
+    n = max(s.index, 1)
+    cpu = {k: v[1] / 1e3 / n for k, v in acc.items()}
+    parts = {"planner": total / 1e3 / n, "policy": cpu["policy"], "mover": cpu["mover"], "fake": cpu["fake"],
+             "books": cpu["backend"] - cpu["policy"] - cpu["mover"] - cpu["fake"],
+             "bookkeeping": total / 1e3 / n - cpu["backend"]}
+    Path(out).write_text(json.dumps({"launches": s.index, "calls": calls, "books": books, "us_per_launch": parts}))
 
 
 def run_tree(tree: Path, ops: Path, budget: str, out: Path) -> dict:
@@ -117,6 +135,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--budget", default="8MiB", help="the budget the records are planned at (default 8MiB)")
+    p.add_argument("--rounds", type=int, default=1, help="alternating runs per tree, for the timing table")
     p.add_argument("--plan", metavar="OPS", help="(child) plan the ops in this .npy file and write --out")
     p.add_argument("--out", help="(child) the call log's JSON file")
     args = p.parse_args()
@@ -125,6 +144,8 @@ def main() -> None:
         return
     from uvmprefetch.config import parse_budget
     from uvmprefetch.errors import ConfigError
+    if args.rounds < 1 or args.iters < 1:
+        p.error("--rounds and --iters must be at least 1")
     try:
         parse_budget(args.budget)
     except ConfigError as e:
@@ -140,11 +161,15 @@ def main() -> None:
         # the child script is this tree's, run against the base tree's package
         (base / "bench" / "books_equivalence.py").write_text(Path(__file__).read_text())
         n = record(args, d / "ops.npy")
-        a = run_tree(base, d / "ops.npy", args.budget, d / "base.json")
-        b = run_tree(ROOT, d / "ops.npy", args.budget, d / "head.json")
+        runs = {"base": [], "head": []}
+        for _ in range(args.rounds):  # alternating: base, head, base, head, ...
+            runs["base"].append(run_tree(base, d / "ops.npy", args.budget, d / "base.json"))
+            runs["head"].append(run_tree(ROOT, d / "ops.npy", args.budget, d / "head.json"))
+        a, b = runs["base"][0], runs["head"][0]
     diffs = [(i, x, y) for i, (x, y) in enumerate(zip(a["calls"], b["calls"])) if x != y]
     same = not diffs and len(a["calls"]) == len(b["calls"]) and a["books"] == b["books"] and \
         a["launches"] == b["launches"]
+    same = same and all(r["calls"] == a["calls"] for r in runs["base"] + runs["head"])  # (and run to run)
     for i, x, y in diffs[:5]:
         print(f"call {i}: {args.base} {x}  this tree {y}")
     if a["books"] != b["books"]:
@@ -155,6 +180,13 @@ def main() -> None:
     print(f"{args.model}: {n} ops recorded, {b['launches']} launches planned at {args.budget}; CUDA calls: "
           f"{args.base} {len(a['calls'])}, this tree {len(b['calls'])} ({kinds}); "
           f"{'identical' if same else 'DIFFERENT'}")
+    parts = list(a["us_per_launch"])
+    print(f"planner thread CPU us per launch, median of {args.rounds} alternating runs (one thread; parts as "
+          "runtime_overhead.py --split)")
+    print(f"{'tree':<10}" + "".join(f"{k:>12}" for k in parts))
+    for name, key in ((args.base, "base"), ("this tree", "head")):
+        med = {k: statistics.median(r["us_per_launch"][k] for r in runs[key]) for k in parts}
+        print(f"{name[:10]:<10}" + "".join(f"{med[k]:>12.1f}" for k in parts))
     sys.exit(0 if same else 1)
 
 

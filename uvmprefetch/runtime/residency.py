@@ -59,6 +59,13 @@ def union_size(a: np.ndarray, b: np.ndarray) -> int:
     return int(np.union1d(a, b).size)
 
 
+def count(flags: np.ndarray, ids: np.ndarray) -> int:
+    """``int(flags[ids].sum())``: how many of ``ids`` are set in the bool array ``flags``."""
+    if ids.size < SMALL:
+        return sum(1 for b in ids.tolist() if flags[b])
+    return int(np.count_nonzero(flags[ids]))
+
+
 class Residency:
     """Bookkeeping of resident blocks with LRM order; implements ``ResidencyView``.
 
@@ -97,10 +104,16 @@ class Residency:
         return self.n_resident
 
     def _set(self, blocks: np.ndarray, value: bool) -> None:
-        changed = blocks[self.resident[blocks] != value]
-        if changed.size:
-            self.resident[changed] = value
-            self.n_resident += changed.size if value else -changed.size
+        resident = self.resident
+        if blocks.size < SMALL:
+            changed = [b for b in blocks.tolist() if resident[b] != value]
+            n = len(changed)
+        else:
+            changed = blocks[resident[blocks] != value]
+            n = changed.size
+        if n:
+            resident[changed] = value
+            self.n_resident += n if value else -n
             if value:
                 self._seq += 1
                 self.mig_seq[changed] = self._seq
@@ -187,11 +200,11 @@ class Residency:
         """Record that these moves were issued."""
         bs = self.block_size
         if discard.size:
-            self.m["discards"] += int(self.resident[discard].sum())
+            self.m["discards"] += count(self.resident, discard)
             self._set(discard, False)
             self.pf_pending[discard] = False
         if evict.size:
-            self.m["evicted_unused"] += int(self.pf_pending[evict].sum())  # prefetched, evicted before any use
+            self.m["evicted_unused"] += count(self.pf_pending, evict)  # prefetched, evicted before any use
             self.m["policy_evictions"] += int(evict.size)
             self.m["bytes_dtoh"] += int(evict.size) * bs
             self._set(evict, False)
@@ -217,7 +230,7 @@ class Residency:
 
     def evict_for_budget(self, victims: np.ndarray) -> None:
         if victims.size:
-            self.m["evicted_unused"] += int(self.pf_pending[victims].sum())
+            self.m["evicted_unused"] += count(self.pf_pending, victims)
             self.m["budget_evictions"] += int(victims.size)
             self.m["bytes_dtoh"] += int(victims.size) * self.block_size
             self._set(victims, False)
