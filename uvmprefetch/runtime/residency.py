@@ -164,7 +164,8 @@ class Residency:
             if not ok.all():
                 self.m["unmapped_prefetches"] += int(pf.size - np.count_nonzero(ok))
                 pf = pf[ok]
-        gone = union_size(discard[self.resident[discard]], evict)  # blocks the Decision takes off the GPU
+        # blocks the Decision takes off the GPU (``evict`` holds each id once)
+        gone = union_size(discard[self.resident[discard]], evict) if discard.size else evict.size
         room = self.capacity_blocks - (self.n_resident - gone)
         return discard, evict, pf[:max(room, 0)]
 
