@@ -146,6 +146,11 @@ def main() -> None:
     from uvmprefetch.errors import ConfigError
     if args.rounds < 1 or args.iters < 1:
         p.error("--rounds and --iters must be at least 1")
+    if args.model != "loop":
+        from uvmprefetch.trace.models import CONFIGS
+        name, _, config = args.model.partition("-")
+        if name not in CONFIGS or config and config not in CONFIGS[name]:
+            p.error(f"--model {args.model}: loop or <model>-<config> of {', '.join(CONFIGS)} (e.g. gpt2-small)")
     try:
         parse_budget(args.budget)
     except ConfigError as e:
