@@ -304,8 +304,8 @@ def test_protection_mask_is_built_only_when_something_leaves():
     pol = Scripted([None, None, None, Decision(evict=np.array([0]))])
     be = backend(pol, 8, [(BASE, 16 * BS)])
     built = []
-    real = be.progress.protected_mask
-    be.progress.protected_mask = lambda running, poll=True: built.append(1) or real(running, poll)
+    real = be._protected_mask
+    be._protected_mask = lambda running: built.append(1) or real(running)
     Event.done = 100
     # WHEN launches need no eviction, discard or budget victim
     for i in range(3):

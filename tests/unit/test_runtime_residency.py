@@ -144,3 +144,23 @@ def test_mask_and_ids_agree():
         ra = step(a, np.array([blk]), ids, Decision(evict=np.array([blk - 1, blk - 2])))
         rb = step(b, np.array([blk]), mask, Decision(evict=np.array([blk - 1, blk - 2])))
         assert all(np.array_equal(x, y) for x, y in zip(ra[:5], rb[:5]))
+
+
+# The books' set operations on a few ids (the sizes a launch sees: 1-9 ids) run per id in Python below SMALL ids and
+# by NumPy above; both must give exactly what NumPy's own operations give (values, order, dtype).
+ids_lists = st.lists(st.integers(min_value=0, max_value=200), max_size=150)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ids_lists, ids_lists)
+def test_small_set_operations_equal_numpy_on_either_side_of_small(a, b):
+    from uvmprefetch.runtime.residency import count, first_seen, union_ids, union_size, unique_ids
+    x, y = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)
+    for got, want in ((unique_ids(x), np.unique(x)), (union_ids(x, y), np.union1d(x, y)),
+                      (first_seen(x), x[np.sort(np.unique(x, return_index=True)[1])])):
+        assert got.dtype == np.int64 and got.tolist() == want.tolist()
+    assert union_size(x, y) == np.union1d(x, y).size
+    flags = np.zeros(201, dtype=bool)
+    flags[y] = True
+    assert count(flags, x) == int(flags[x].sum())
+    assert unique_ids(list(a)).tolist() == np.unique(x).tolist()  # (a Decision's fields may be lists)

@@ -47,7 +47,7 @@ from ..policy.base import EMPTY, Advice, LaunchInfo, Policy, PolicyContext
 from .mover import REAL, CudaApi, CudaCallError, MoverError, MoveThread, Mover, StreamMarks  # noqa: F401 - re-exported
 from .cuda_discards import AllocatorDiscards
 from .memory import plan_memory
-from .residency import Residency
+from .residency import Residency, count, union_ids
 
 BLOCK_SIZE = 2 << 20
 
@@ -79,8 +79,10 @@ class HostTime:
     def add(self, *stamps: float) -> None:
         self.n += 1
         tot, worst = self.total, self.worst
-        for i in range(len(stamps) - 1):
-            d = stamps[i + 1] - stamps[i]
+        prev = stamps[0]
+        for i, t in enumerate(stamps[1:]):
+            d = t - prev
+            prev = t
             tot[i] += d
             if d > worst[i]:
                 worst[i] = d
@@ -112,6 +114,7 @@ class CudaBackend(AllocatorDiscards):
     counts_unknown = False  # the shim counts kernels no recorded op accounts for (with the C++ observer)
     feed = None  # the caching allocator's events (alloc_feed.py): with UVMPREFETCH_DISCARD=1 or UVMPREFETCH_EVICT=auto
     _copy_books, _copy_books_why = False, "the allocator's events are not attached"
+    _prot_buf = None  # the protected mask's buffer, made on first use (_protected_mask)
 
     def __init__(self, cfg, policy: Policy, *, shim=None, api: CudaApi = REAL) -> None:
         self.api, self.device_type = api, api.device_type
@@ -267,18 +270,26 @@ class CudaBackend(AllocatorDiscards):
     # ------------------------------------------------------------------------------------ addresses
     def block_ids(self, start: int, length: int) -> np.ndarray:
         bs = self.block_size
+        first, last = start // bs, (start + max(length, 1) - 1) // bs
+        get = self._ids.get
+        if first == last:  # (most ranges lie in one block)
+            i = get(first)
+            return np.array((self._new_id(first) if i is None else i,), dtype=np.int64)
         out = []
-        for blk in range(start // bs, (start + max(length, 1) - 1) // bs + 1):
-            i = self._ids.get(blk)
-            if i is None:
-                i = len(self._ids)
-                if i >= self.max_blocks:
-                    raise CudaCallError(f"more than {self.max_blocks} distinct 2 MiB blocks seen: address books full")
-                self._ids[blk] = i
-                self._addr[i] = blk * bs
-                self.res.n_ids = i + 1
-            out.append(i)
-        return np.asarray(out, dtype=np.int64)
+        for blk in range(first, last + 1):
+            i = get(blk)
+            out.append(self._new_id(blk) if i is None else i)
+        return np.array(out, dtype=np.int64)
+
+    def _new_id(self, blk: int) -> int:
+        """The next dense id, for block number ``blk`` (first seen)."""
+        i = len(self._ids)
+        if i >= self.max_blocks:
+            raise CudaCallError(f"more than {self.max_blocks} distinct 2 MiB blocks seen: address books full")
+        self._ids[blk] = i
+        self._addr[i] = blk * self.block_size
+        self.res.n_ids = i + 1
+        return i
 
     def _refresh_segments(self) -> None:
         st = self.shim.stats()
@@ -301,8 +312,10 @@ class CudaBackend(AllocatorDiscards):
         out: list[list[int]] = []
         last_seg = -1
         bs = self.block_size
-        addrs = self._addr[blocks] if keep_order else np.sort(self._addr[blocks])
-        for a in addrs.tolist():
+        addrs = self._addr[blocks].tolist()
+        if not keep_order:
+            addrs.sort()
+        for a in addrs:
             j = bisect.bisect_right(self._seg_starts, a) - 1
             j = max(j, 0)
             while j < len(self._segments) and self._segments[j][0] < a + bs:
@@ -321,11 +334,11 @@ class CudaBackend(AllocatorDiscards):
         """A bool per block id: part of it lies in a live managed allocation (a move of it moves something)."""
         self._refresh_segments()
         starts, segs, bs = self._seg_starts, self._segments, self.block_size
-        out = np.zeros(blocks.shape[0], dtype=bool)
-        for k, a in enumerate(self._addr[blocks].tolist()):
+        out = []
+        for a in self._addr[blocks].tolist():
             j = bisect.bisect_right(starts, a + bs - 1) - 1  # the last allocation starting inside or before
-            out[k] = j >= 0 and segs[j][0] + segs[j][1] > a  # (allocations do not overlap)
-        return out
+            out.append(j >= 0 and segs[j][0] + segs[j][1] > a)  # (allocations do not overlap)
+        return np.array(out, dtype=bool)
 
     # ------------------------------------------------------------------------------------ hooks
     def _dense(self, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -382,37 +395,44 @@ class CudaBackend(AllocatorDiscards):
         if gate is not None and gate[0].size:
             res.in_flight[gate[0]] = False
         t1 = clock()
-        if info.blocks.size:
-            self.ticket[info.blocks] = 0  # in use again (the allocator handed the memory out)
-            self._reused(info.blocks)
-        # Launches still queued on the GPU keep their blocks. The mask is a pass over every block: built only
-        # when something is to leave (most launches when the model fits: none), the queue polled every launch.
+        running = info.blocks
+        if running.size:
+            if self.feed is not None:  # (tickets are only ever set from the allocator's deaths)
+                self.ticket[running] = 0  # in use again (the allocator handed the memory out)
+            if self._queued_n:
+                self._reused(running)
+        # Launches still queued on the GPU keep their blocks. The mask is a pass over every numbered block: built
+        # only when something is to leave (most launches when the model fits: none), the queue polled every launch.
         self.progress.poll()
         mask = None
 
         def protected():
             nonlocal mask
             if mask is None:
-                mask = self.progress.protected_mask(info.blocks, poll=False)
+                mask = self._protected_mask(running)
             return mask
         discard, evict, pf = res.plan(dec, protected, self._mapped)
         if discard.size:
             discard, evict = self._safe_discards(discard, evict, info.index)
-        res.apply(discard, evict, EMPTY)  # books first: what the Decision frees counts for the budget
-        incoming = int((~res.resident[info.blocks]).sum()) if info.blocks.size else 0
+        if discard.size or evict.size:
+            res.apply(discard, evict, EMPTY)  # books first: what the Decision frees counts for the budget
+        incoming = running.size - count(res.resident, running)
         victims = res.victims(incoming + pf.size, protected)
-        res.evict_for_budget(victims)
-        res.apply(EMPTY, EMPTY, pf)
+        if victims.size:
+            res.evict_for_budget(victims)
+        if pf.size:
+            res.apply(EMPTY, EMPTY, pf)
         t2 = clock()
         mv = self.mover
-        out = np.union1d(evict, victims)
+        out = union_ids(evict, victims)
         if self.copy is not None and out.size:  # the copy path takes what it can; the rest leaves by UVM
             out = self._copy_out(out, dec)
         on = self.discard_on  # each block's last move and discard (see Mover); no discard is left when off
         if on:  # into the batch; the batch goes behind one gate closure (cuda_discards.py)
             self._queue_discards(discard, (out, pf))
         t3 = clock()
-        mv.prefetch(self.ranges(out), to_device=False, after=self._after_discards(out) if on else 0)
+        if out.size:  # (no block, no range: the Mover has nothing to do)
+            mv.prefetch(self.ranges(out), to_device=False, after=self._after_discards(out) if on else 0)
         t4 = clock()
         if dec is not None:
             for blocks, advice in dec.advise:
@@ -429,7 +449,8 @@ class CudaBackend(AllocatorDiscards):
         if on and dec is not None and dec.populate.size and pf.size:
             pf = self._populate(pf, dec.populate)
         # the policy's order: soonest-needed first
-        mv.prefetch(self.ranges(pf, keep_order=True), to_device=True, after=self._after_discards(pf) if on else 0)
+        if pf.size:
+            mv.prefetch(self.ranges(pf, keep_order=True), to_device=True, after=self._after_discards(pf) if on else 0)
         if on and (out.size or pf.size):
             m = mv.mark_moves()
             self._move_mark[out] = m
@@ -444,6 +465,18 @@ class CudaBackend(AllocatorDiscards):
             self.policy.on_evict(victims)  # budget evictions are "the driver's" from the policy's point of view
         self.progress.record(info.index, info.blocks)
         self.host.add(t0, t1, t2, t3, t4, t5, t6, clock())
+
+    def _protected_mask(self, running: np.ndarray) -> np.ndarray:
+        """``progress.protected_mask(running, poll=False)`` over the numbered blocks only (ids from ``n_ids`` on are
+        never pinned, running or resident: False), into one buffer reused launch after launch: a pass over the
+        ids in use, not over every id the books could hold (~83 k for 80 GiB of managed memory)."""
+        n = self.res.n_ids
+        buf = self._prot_buf
+        if buf is None:
+            buf = self._prot_buf = np.zeros(self.max_blocks, dtype=bool)
+        np.greater(self.progress.pins[:n], 0, out=buf[:n])
+        buf[running] = True
+        return buf
 
     def _copy_out(self, out: np.ndarray, dec) -> np.ndarray:
         """The evictions ``out`` the copy path does not take (copyout.py): the policy's choice per block, as the

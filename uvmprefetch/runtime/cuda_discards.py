@@ -17,6 +17,7 @@ import sys
 import numpy as np
 
 from .mover import CudaCallError
+from .residency import union_ids
 
 DISCARD_BATCH = 16  # discarding launches per gate closure unless UVMPREFETCH_DISCARD_BATCH says otherwise
 DISCARD_BATCH_BLOCKS = 256  # blocks (512 MiB of 2 MiB blocks) after which a batch goes whatever its launches
@@ -135,7 +136,7 @@ class AllocatorDiscards:
                 self.refused["not_dead"] += int(rest.size)
             else:
                 self.discards_as_evictions += int(rest.size)
-            evict = np.union1d(evict, rest[self.res.resident[rest]])
+            evict = union_ids(evict, rest[self.res.resident[rest]])
         return discard[ok], evict
 
     # One gate closure per batch. The gate stalls the compute stream from the point it is enqueued until the discard
