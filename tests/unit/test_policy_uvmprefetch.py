@@ -628,8 +628,8 @@ def test_victim_pool_makes_the_full_scans_decisions(name):
         # THEN the pool served victim choices, and every decision is the same (it misses no block whose key rose)
         assert pol.stats["pooled_victim_scans"] > 0 and pol.stats["pool_refills"] > 0
         assert pooled == full and t_pool == t_full
-        # (where moves were learned without a layer stride, the pool's wait for them ended with their iteration)
-        assert (pol.stats["pool_waits_lifted"] > 0) == (name != "gpt2-small")
+        # (every one learns moves, which the pool stays in use through)
+        assert pol.stats["moved_blocks"] > 0
 
 
 def test_victim_scan_stops_at_the_ids_in_use():
