@@ -184,19 +184,33 @@ def learn_moves(mv, h, q, writes, rec_end):
 
 @nb.njit(cache=True, nogil=True)
 def move_touches(mv, h, q, writes):
-    """The blocks whose next use ``learn_moves`` at ``q`` may change, read before it runs: the blocks ``q`` wrote,
-    where the moves sent them so far, and ``writes``."""
+    """The blocks whose next use ``learn_moves`` at ``q`` may change, read before it runs: each block ``q`` wrote
+    and where the moves sent it so far, then ``writes``; empty when it will change none (the same blocks written,
+    none of them moved: the common case, checked without allocating)."""
     a, b = flat_span(h, q, q + 1)
-    out = np.empty(2 * (b - a) + writes.shape[0], dtype=np.int64)
+    remap = mv.remap
+    nw = writes.shape[0]
+    j = 0
+    same = True
+    for i in range(a, b):
+        if h.f_w[i]:
+            x = h.f_blk[i]
+            if j >= nw or x != writes[j] or remap[x] != x:
+                same = False
+                break
+            j += 1
+    if same and j == nw:
+        return np.empty(0, dtype=np.int64)
+    out = np.empty(2 * (b - a) + nw, dtype=np.int64)
     n = 0
     for i in range(a, b):
         if h.f_w[i]:
             x = h.f_blk[i]
             out[n] = x
-            out[n + 1] = mv.remap[x]
+            out[n + 1] = remap[x]
             n += 2
-    out[n:n + writes.shape[0]] = writes
-    return out[:n + writes.shape[0]]
+    out[n:n + nw] = writes
+    return out[:n + nw]
 
 
 @nb.njit(cache=True, nogil=True)

@@ -108,11 +108,11 @@ def _learn(st, q, launch, rec_end):
     mr = mv.s[0]
     vr = st.victims.s[0]
     blocks, writes = launch
-    if mr.track_moves and q < rec_end:
-        touched = move_touches(mv, h, q, writes)
+    touched = move_touches(mv, h, q, writes) if mr.track_moves and q < rec_end else writes[:0]
+    if touched.shape[0]:  # (empty: the moves would change nothing)
         moved, settled = learn_moves(mv, h, q, writes, rec_end)
         if moved or settled:  # (next uses changed: a moved block took its old address's, revised ones rose)
-            pool_rekey(st.victims, touched, h.nu, q)
+            pool_rekey(st.victims, h, mv.remap, touched, max(0, touched.shape[0] - writes.shape[0]) // 2, q)
             ps = st.plan.s[0]
             ps.v_lo = 0
             ps.v_hi = -1

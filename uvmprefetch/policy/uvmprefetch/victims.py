@@ -504,17 +504,35 @@ def _due_pop(vs):
 
 
 @nb.njit(cache=True, nogil=True)
-def pool_rekey(vs, blocks, nu, p):
-    """The ``blocks``' next uses changed outside the pointer's advance (a learned move): they join the pool (when it
-    is on), and each whose prediction lies ahead of the pointer ``p`` is due there (it may no longer be tied to a
-    recorded position that leads to it)."""
-    on = vs.s[0].on
-    for i in range(blocks.shape[0]):
-        x = blocks[i]
-        if on:
-            _put(vs, x)
+def _recorded(h, t, x):
+    """Whether position ``t`` records block ``x`` (a position's blocks are sorted)."""
+    s = h.s[0]
+    if t < s.base or t >= s.base + s.n:
+        return False
+    a, b = flat_span(h, t, t + 1)
+    i = a + np.searchsorted(h.f_blk[a:b], x)
+    return i < b and h.f_blk[i] == x
+
+
+@nb.njit(cache=True, nogil=True)
+def pool_rekey(vs, h, remap, touched, n_pairs, p):
+    """A learned move changed the next uses of the ``touched`` blocks: ``n_pairs`` pairs (a recorded block, where
+    the moves sent it before), then the running launch's writes. They join the pool (when it is on): their keys may
+    have risen. A prediction of a block the moves no longer send a recorded block to, or of a moved recorded block
+    at a position that does not record it (``next_birth`` stopped at a stale link), is due there when it lies ahead
+    of the pointer ``p``: no recorded position leads to it any more. Every other prediction made here is reached
+    through the remap (``pool_due``)."""
+    if vs.s[0].on:
+        for i in range(touched.shape[0]):
+            _put(vs, touched[i])
+    nu = h.nu
+    for i in range(0, 2 * n_pairs, 2):
+        x = touched[i]
+        y = touched[i + 1]
+        if y != x and remap[x] != y and p < nu[y] < INF:
+            _due_push(vs, nu[y], y)
         v = nu[x]
-        if p < v < INF:
+        if remap[x] != x and p < v < INF and not _recorded(h, v, x):
             _due_push(vs, v, x)
 
 
