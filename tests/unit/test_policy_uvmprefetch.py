@@ -632,6 +632,81 @@ def test_victim_pool_makes_the_full_scans_decisions(name):
         assert pol.stats["moved_blocks"] > 0
 
 
+def test_due_predictions_join_the_pool_when_the_pointer_reaches_them():
+    from uvmprefetch.policy.uvmprefetch.history import History
+
+    rng = np.random.default_rng(11)
+    n, npos = 96, 40
+    for _ in range(20):
+        # GIVEN a record of positions with random blocks, and predictions due at random positions, some pushed twice
+        h = History(n, 1 << 20, 1 << 20)
+        for t in range(npos):
+            h.append(t, t, t, np.unique(rng.integers(0, n, 3)))
+        vs = victims.Victims(n, 8, 64, False)
+        vs.r["on"] = True
+        due = {}
+        for _ in range(60):
+            x = int(rng.integers(0, n))
+            t = int(rng.integers(1, npos))
+            h.nu[x] = t
+            victims.due_settled(vs.ref, np.array([x]), h.nu, 0)
+            due[x] = min(due.get(x, INF), t)
+        # ... and some of them predicted further on by now (a later use was learned)
+        later = {x: t + int(rng.integers(1, 5)) for x, t in due.items() if rng.random() < 0.3 and t + 5 < npos}
+        for x, t in due.items():
+            h.nu[x] = later.get(x, t)
+        remap = np.arange(n, dtype=np.int64)
+        for q in range(1, npos):
+            # WHEN the pointer reaches each position in turn
+            victims.pool_due(vs.ref, h.ref, remap, q)
+            # THEN each block due by then is in the pool, and one predicted further on stays due there
+            for x, t in due.items():
+                if t <= q:
+                    assert vs.in_pool[x]
+                    want = later[x] if x in later and later[x] > q else INF
+                    assert vs.due_at[x] == want
+                else:
+                    assert vs.due_at[x] == t
+            assert vs.r["nd"] == sum(vs.due_at < INF)
+
+
+@pytest.mark.parametrize("name", ["moe", "synthetic", "gpt2-small"])
+def test_no_block_outside_the_victim_pool_outranks_its_floor_while_moves_are_learned(name):
+    """The pool kept up incrementally (learned moves rekeyed, due predictions drained) against a full scan after
+    every launch: no resident block outside the pool ranks above the refill's lowest (key, block)."""
+    from uvmprefetch.sim.replay import replay
+
+    tr = _trace(name)
+    for oversub in ((1.5, 1.7) if name == "gpt2-small" else (2.0, 3.0)):
+        # GIVEN a replay under the pool
+        pol = make_policy("uvmprefetch")
+        launch = pol.on_launch
+        checked = {"all": 0, "moving": 0}
+
+        def on_launch(info, state, _launch=launch, _pol=pol, _checked=checked):
+            d = _launch(info, state)
+            vr, mv = _pol.victims.r, _pol.moves.r
+            p = _pol.history.p
+            if vr["on"] and p is not None and p >= vr["stale"]:
+                # WHEN a full scan ranks every resident block outside the pool
+                bs = _pol.blocks
+                keys = (bs.dead, _pol.history.nu, bs.dirty, bs.last_use, _pol.params.dead_reuse)
+                outside = state.resident & ~_pol.victims.in_pool[:state.resident.shape[0]]
+                best, _, _ = victims.rank(outside, EMPTY_W, keys, p, 1, _pol.victims.mark)
+                # THEN its best ranks at or below the floor (-1: the pool held every candidate)
+                if best.size:
+                    key = victims._full_key(best[0], keys, p)
+                    assert vr["min"] >= 0 and (key, best[0]) <= (vr["min"], vr["min_b"]), (name, oversub, p)
+                _checked["all"] += 1
+                _checked["moving"] += _pol.stats["moved_blocks"] != mv["moved_at_start"]
+            return d
+
+        pol.on_launch = on_launch
+        replay(tr, pol, "h100-pcie-lit", oversub=oversub)
+        # (checked in iterations that learned moves, where the pool used to wait for a full scan)
+        assert checked["moving"] > 0 and pol.stats["pooled_victim_scans"] > 0
+
+
 def test_victim_scan_stops_at_the_ids_in_use():
     from uvmprefetch.policy.base import ids_in_use
 
