@@ -112,7 +112,7 @@ def _learn(st, q, launch, rec_end):
     if touched.shape[0]:  # (empty: the moves would change nothing)
         moved, settled = learn_moves(mv, h, q, writes, rec_end)
         if moved or settled:  # (next uses changed: a moved block took its old address's, revised ones rose)
-            pool_rekey(st.victims, h, mv.remap, touched, max(0, touched.shape[0] - writes.shape[0]) // 2, q)
+            pool_rekey(st.victims, h, mv.remap, touched, q)
             ps = st.plan.s[0]
             ps.v_lo = 0
             ps.v_hi = -1

@@ -504,35 +504,34 @@ def _due_pop(vs):
 
 
 @nb.njit(cache=True, nogil=True)
-def _recorded(h, t, x):
-    """Whether position ``t`` records block ``x`` (a position's blocks are sorted)."""
+def _caught(h, remap, t, x):
+    """Whether ``pool_due`` at position ``t`` takes block ``x`` into the pool: ``t`` records it, or records a block
+    the moves send to it."""
     s = h.s[0]
     if t < s.base or t >= s.base + s.n:
         return False
     a, b = flat_span(h, t, t + 1)
-    i = a + np.searchsorted(h.f_blk[a:b], x)
-    return i < b and h.f_blk[i] == x
+    for i in range(a, b):
+        z = h.f_blk[i]
+        if z == x or remap[z] == x:
+            return True
+    return False
 
 
 @nb.njit(cache=True, nogil=True)
-def pool_rekey(vs, h, remap, touched, n_pairs, p):
-    """A learned move changed the next uses of the ``touched`` blocks: ``n_pairs`` pairs (a recorded block, where
-    the moves sent it before), then the running launch's writes. They join the pool (when it is on): their keys may
-    have risen. A prediction of a block the moves no longer send a recorded block to, or of a moved recorded block
-    at a position that does not record it (``next_birth`` stopped at a stale link), is due there when it lies ahead
-    of the pointer ``p``: no recorded position leads to it any more. Every other prediction made here is reached
-    through the remap (``pool_due``)."""
-    if vs.s[0].on:
-        for i in range(touched.shape[0]):
-            _put(vs, touched[i])
+def pool_rekey(vs, h, remap, touched, p):
+    """A learned move changed the next uses of the ``touched`` blocks (and the remap): they join the pool (when it is
+    on), their keys may have risen; each whose prediction lies ahead of the pointer ``p`` at a position that will not
+    take it into the pool (``_caught``: a prediction moved on from a block the moves had sent elsewhere, one left
+    to a block the moves no longer send a recorded block to) is due there."""
+    on = vs.s[0].on
     nu = h.nu
-    for i in range(0, 2 * n_pairs, 2):
+    for i in range(touched.shape[0]):
         x = touched[i]
-        y = touched[i + 1]
-        if y != x and remap[x] != y and p < nu[y] < INF:
-            _due_push(vs, nu[y], y)
+        if on:
+            _put(vs, x)
         v = nu[x]
-        if remap[x] != x and p < v < INF and not _recorded(h, v, x):
+        if p < v < INF and not _caught(h, remap, v, x):
             _due_push(vs, v, x)
 
 
