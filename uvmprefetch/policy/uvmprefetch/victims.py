@@ -340,7 +340,8 @@ def rank(resident, cur, keys, p, k, mark, ids=None, in_pool=None, floor=-1, floo
     a time and keeps the candidates in a buffer (``_scan``, the same result).
 
     With ``in_pool`` (the victim pool: ``ids`` is its buffer, ``in_pool`` its membership flags) the live blocks among
-    ``ids`` that do not rank above ``(floor, floor_b)`` (key, then block) leave the pool: ``ids`` keeps the others at its front, in their order.
+    ``ids`` that do not rank above ``(floor, floor_b)`` (key, then block) leave the pool: ``ids`` keeps the others at
+    its front, in their order.
     The victims are the same as without: the caller uses them only when the ``k``-th ranks above ``floor``. Returns
     ``(blocks, keys, kept)``: ``kept`` how many ids the pool kept (-1 without ``in_pool``)."""
     kept = np.int64(-1)
