@@ -670,6 +670,33 @@ def test_due_predictions_join_the_pool_when_the_pointer_reaches_them():
             assert vs.r["nd"] == sum(vs.due_at < INF)
 
 
+def test_a_rekeyed_block_is_due_only_where_no_position_takes_it_into_the_pool():
+    from uvmprefetch.policy.uvmprefetch.history import History
+
+    # GIVEN a record whose position 5 holds blocks 3 and 7, and moves that send block 3 to block 10
+    n = 32
+    h = History(n, 1 << 10, 1 << 10)
+    for t in range(10):
+        h.append(t, t, t, np.array([3, 7]) if t == 5 else np.array([20 + t]))
+    remap = np.arange(n, dtype=np.int64)
+    remap[3] = 10
+    vs = victims.Victims(n, 8, 64, False)
+    vs.r["on"] = True
+    # ... and a move's new next uses: at 5 through the remap (10), as recorded (7), at 5 where neither leads to
+    # (12: a prediction carried from a block the moves had already sent elsewhere), behind the pointer, none
+    touched = np.array([10, 7, 12, 13, 14])
+    h.nu[touched] = [5, 5, 5, 0, INF]
+    # WHEN the pool takes them in with the pointer at 1
+    victims.pool_rekey(vs.ref, h.ref, remap, touched, 1)
+    # THEN all join the pool, and only 12 is due (at 5); the pointer reaching 5 drains it
+    assert vs.in_pool[touched].all()
+    assert [int(vs.due_at[x]) for x in touched] == [INF, INF, 5, INF, INF] and vs.r["nd"] == 1
+    victims.pool_due(vs.ref, h.ref, remap, 4)
+    assert vs.r["nd"] == 1
+    victims.pool_due(vs.ref, h.ref, remap, 5)
+    assert vs.r["nd"] == 0 and vs.due_at[12] == INF
+
+
 @pytest.mark.parametrize("name", ["moe", "synthetic", "gpt2-small"])
 def test_no_block_outside_the_victim_pool_outranks_its_floor_while_moves_are_learned(name):
     """The pool kept up incrementally (learned moves rekeyed, due predictions drained) against a full scan after
