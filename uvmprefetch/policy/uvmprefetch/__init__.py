@@ -224,7 +224,7 @@ class UvmPrefetchPolicy(Policy):
         hist, mv, st = self.history, self.moves, self.stats
         moved = st["moved_blocks"]
         if moved != mv.r["moved_at_start"] and hist.p is not None:
-            back, wait = mv.settle(hist)
+            back, wait = mv.settle(hist, self.victims)
             pr, vr = self.plan.r, self.victims.r
             if back is not None:
                 pr["horizon"] = min(int(pr["horizon"]), back)

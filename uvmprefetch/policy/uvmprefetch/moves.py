@@ -25,6 +25,7 @@ import numpy as np
 
 from .history import INF, flat_span
 from .parts import Part
+from .victims import due_settled
 
 MOVES = np.dtype([
     ("moved_at_start", np.int64),  # the count of moved blocks when this iteration began
@@ -46,7 +47,7 @@ class Moves(Part, fields=FIELDS):
         self.moved_to = np.zeros(n_blocks, dtype=bool)  # blocks that took a recorded block's next use
         self.build()
 
-    def settle(self, hist) -> tuple[int | None, int | None]:
+    def settle(self, hist, victims) -> tuple[int | None, int | None]:
         """At the end of an iteration that learned moves, the pointer on a record (``hist`` not yet told of the
         new iteration): the remap is about to go, and with it what kept the moved blocks' next uses up to date
         (``advance`` moves them on only through it). A block this iteration used is next used where its record
@@ -59,9 +60,10 @@ class Moves(Part, fields=FIELDS):
         the plan may already have passed it at the end of a step, when it plans the next one's start from this
         step's record, and a block evicted since for its stale rank would otherwise wait there until the pointer
         is a launch away from its use, then arrive late behind the queue: GPT-2-large at 1.5x, iteration 3 ran
-        1.07x the oracle instead of 1.00x); and, unless a layer stride was in use, one past the furthest next use
-        of a moved block not settled (first used by the running launch, not yet committed): what the victim pool
-        must still wait for (0: nothing; None: keep the wait as it is, shifted predictions are not tied either)."""
+        1.07x the oracle instead of 1.00x); and what the victim pool must still wait for: 0 (nothing), or None
+        while a layer stride was in use (keep the wait as it is: shifted predictions are tied to nothing). The moved
+        blocks not settled (first used by the running launch, not yet committed) are due at their next use in
+        ``victims`` (``due_settled``): no recorded position leads to it once the remap is gone."""
         p = hist.p
         used = np.flatnonzero(hist.first_it == hist.r["iters"])
         nu = hist.nu[used]
@@ -69,11 +71,8 @@ class Moves(Part, fields=FIELDS):
         fix = used[stale]
         hist.nu[fix] = hist.first_pos[fix]
         back = int(hist.first_pos[fix].min()) if fix.size else None
-        wait = None
-        if not self.r["shift_it"]:
-            left = hist.nu[self.moved_to & (hist.first_it != hist.r["iters"])]
-            left = left[left < INF]
-            wait = int(left.max()) + 1 if left.size else 0
+        due_settled(victims.ref, np.flatnonzero(self.moved_to & (hist.first_it != hist.r["iters"])), hist.nu, p)
+        wait = None if self.r["shift_it"] else 0
         self.moved_to[:] = False
         return back, wait
 
@@ -184,16 +183,34 @@ def learn_moves(mv, h, q, writes, rec_end):
 
 
 @nb.njit(cache=True, nogil=True)
-def moved_reach(h, writes, rec_end):
-    """One past the furthest predicted next use among the moved blocks ``writes`` (at least ``rec_end``): until the
-    pointer passes it, a prediction made through the move is not tied to a recorded position."""
-    top = rec_end
-    nu = h.nu
-    for i in range(writes.shape[0]):
-        v = nu[writes[i]]
-        if v < INF and v + 1 > top:
-            top = v + 1
-    return top
+def move_touches(mv, h, q, writes):
+    """The blocks whose next use ``learn_moves`` at ``q`` may change, read before it runs: each block ``q`` wrote
+    and where the moves sent it so far, then ``writes``; empty when it will change none (the same blocks written,
+    none of them moved: the common case, checked without allocating)."""
+    a, b = flat_span(h, q, q + 1)
+    remap = mv.remap
+    nw = writes.shape[0]
+    j = 0
+    same = True
+    for i in range(a, b):
+        if h.f_w[i]:
+            x = h.f_blk[i]
+            if j >= nw or x != writes[j] or remap[x] != x:
+                same = False
+                break
+            j += 1
+    if same and j == nw:
+        return np.empty(0, dtype=np.int64)
+    out = np.empty(2 * (b - a) + nw, dtype=np.int64)
+    n = 0
+    for i in range(a, b):
+        if h.f_w[i]:
+            x = h.f_blk[i]
+            out[n] = x
+            out[n + 1] = remap[x]
+            n += 2
+    out[n:n + nw] = writes
+    return out[:n + nw]
 
 
 @nb.njit(cache=True, nogil=True)

@@ -26,10 +26,10 @@ import numpy as np
 from . import correlation as corr
 from .blocks import cur_marks, decided, launch_marks, note_thrash
 from .history import INF, advance, commit_pending, flat_span, has_room, rebuild, record_end, set_pending, trim
-from .moves import learn_moves, learn_shift, moved_reach, remap_limit
+from .moves import learn_moves, learn_shift, move_touches, remap_limit
 from .parts import define_part
 from .plan import plan
-from .victims import pool_add, pool_due
+from .victims import pool_add, pool_due, pool_rekey
 
 # The policy's counts (``UvmPrefetchPolicy.stats`` is a mapping over this record).
 STAT_NAMES = ("launches", "matched", "soft", "resync", "unpredicted", "prefetched_blocks", "evicted_blocks",
@@ -93,6 +93,7 @@ def _jump(st, q):
     ps.v_lo = 0
     ps.v_hi = -1
     vr.on = False
+    vr.last_q = q
     vr.stale = s.base + s.n + 1 if (mr.s_old != 0 or mr.s_new != 0) else 0
     rebuild(h, q)
 
@@ -107,15 +108,15 @@ def _learn(st, q, launch, rec_end):
     mr = mv.s[0]
     vr = st.victims.s[0]
     blocks, writes = launch
-    if mr.track_moves and q < rec_end:
+    touched = move_touches(mv, h, q, writes) if mr.track_moves and q < rec_end else writes[:0]
+    if touched.shape[0]:  # (empty: the moves would change nothing)
         moved, settled = learn_moves(mv, h, q, writes, rec_end)
         if moved or settled:  # (next uses changed: a moved block took its old address's, revised ones rose)
-            vr.on = False
+            pool_rekey(st.victims, h, mv.remap, touched, q)
             ps = st.plan.s[0]
             ps.v_lo = 0
             ps.v_hi = -1
-        if moved:  # (translated predictions lie before the end of the followed record)
-            vr.stale = max(vr.stale, moved_reach(h, writes, rec_end))
+        if moved:
             st.counts[0].moved_blocks += moved
     if s.soft != 0 and q >= s.iter_start and mr.layer_stride:
         a, b = flat_span(h, q, q + 1)

@@ -8,14 +8,21 @@ H2D queue); chosen, it is still discarded. Equal keys go to the highest block fi
 out free space best fit by (size, address), the dryrun runtime the lowest hole that fits, so of equal holes the
 lowest is taken first, and without discards a dead block that leaves and is taken again comes back over the link.
 
-The *pool*: the top ``victim_pool`` blocks of the last full scan with the lowest key among them (``min``), plus every
-block whose key may have risen since (used, freed, prefetched, faulted in, or recorded at a position the pointer
-passed), listed in ``ids[:n]`` (``in_pool`` marks them). A choice made from the pool stands when its last victim
-ranks strictly above ``min`` (then no block outside can rank among them); otherwise, after ``pool_launches``
-decisions, or after a jump of the pointer, a full scan refills it. The pool waits (``stale``) while a prediction made
-through a learned move or a layer stride may still lie ahead of the pointer: such a prediction is not tied to a
-recorded position the pointer will pass. Below 2 MiB blocks the driver's density prefetch makes blocks resident
-that no hook reports: no pool there.
+The *pool*: the top ``victim_pool`` blocks of the last full scan with the lowest of them (its key, dead ones above
+every live one, and block: ``min``, ``min_b``), plus every block whose key may have risen since (used, freed,
+prefetched, faulted in, or recorded at a position the pointer passed), listed in ``ids[:n]`` (``in_pool`` marks
+them). A choice made from the pool stands when its last victim ranks strictly above that one (then no block outside
+can rank among them; the block breaks ties, so the many dead blocks with no predicted use while moves are learned
+do not fail the pool); otherwise, after ``pool_launches``
+decisions, or after a jump of the pointer, a full scan refills it.
+
+A block's key rises when the pointer passes its predicted use. A prediction at a position that records the block,
+or records a block the learned moves translate to it, is caught there (``pool_due``). One made through a move that
+has since changed or been dropped (``pool_rekey``, ``due_settled``) is *due*: kept, one entry a block at its
+earliest such position, in a heap the pointer drains (``pool_due``); a drained block whose prediction still lies
+ahead goes back with it. Predictions through a layer stride are tied to nothing: the pool waits (``stale``) until
+the pointer has passed them. A pointer moving back (not a jump) has the pool refilled. Below 2 MiB blocks the
+driver's density prefetch makes blocks resident that no hook reports: no pool there.
 """
 
 from __future__ import annotations
@@ -35,11 +42,13 @@ TOP = K_DEAD + INF  # a full scan's largest key: dead, no predicted use
 POOL = np.dtype([
     ("n", np.int64), ("on", np.bool_),  # the pool's length; filled by a full scan and kept up since
     ("stale", np.int64),  # history position from which no prediction made through a move or stride lies ahead
-    ("age", np.int64), ("min", np.int64),  # decisions since the last refill; the refill's lowest key (-1: all)
+    ("age", np.int64), ("min", np.int64),  # decisions since the last refill; the refill's lowest key (-1: all) ...
+    ("min_b", np.int64),  # ... and its block: among equal keys the lower blocks rank below it
     ("k", np.int64), ("launches", np.int64), ("dead_reuse", np.bool_),  # settings
+    ("nd", np.int64), ("last_q", np.int64),  # the due heap's fill; the position the pointer last reached
 ], align=True)
 
-FIELDS = ("s", "ids", "in_pool", "mark")
+FIELDS = ("s", "ids", "in_pool", "mark", "due_b", "due_at", "due_i")
 
 
 class Victims(Part, fields=FIELDS):
@@ -50,6 +59,11 @@ class Victims(Part, fields=FIELDS):
         self.ids = np.zeros(n_blocks, dtype=np.int64)
         self.in_pool = np.zeros(n_blocks, dtype=bool)
         self.mark = np.zeros(n_blocks, dtype=np.uint8)  # zeroed scratch (left zeroed)
+        # the due heap: blocks (``due_b[:nd]``) ordered by their due position (``due_at``, INF: not in the heap),
+        # each block's place in it (``due_i``)
+        self.due_b = np.zeros(n_blocks, dtype=np.int64)
+        self.due_at = np.full(n_blocks, INF, dtype=np.int64)
+        self.due_i = np.zeros(n_blocks, dtype=np.int64)
         self.build()
 
 
@@ -152,6 +166,13 @@ def _vkey(x, keys, p):
     if dead[x] and (unpred or not dead_reuse):
         return True, (INF if unpred else v)
     return False, (((K_DIRTY if dirty[x] else K_CLEAN) + (AGE - last_use[x])) if unpred else v)
+
+
+@nb.njit(cache=True, nogil=True)
+def _full_key(x, keys, p):
+    """Block ``x``'s rank as one number, as ``_chunk_keys`` keys it: a dead one's key plus ``K_DEAD``."""
+    dead, key = _vkey(x, keys, p)
+    return K_DEAD + key if dead else key
 
 
 @nb.njit(cache=True, nogil=True)
@@ -311,7 +332,7 @@ def _scan(resident, keys, p, k, mark):
 
 
 @nb.njit(cache=True, nogil=True)
-def rank(resident, cur, keys, p, k, mark, ids=None, in_pool=None, floor=-1):
+def rank(resident, cur, keys, p, k, mark, ids=None, in_pool=None, floor=-1, floor_b=-1):
     """Up to ``k`` resident blocks not in ``cur``, in eviction order, with their keys (``_vkey``; ``keys`` as there;
     ``mark``: zeroed scratch, left zeroed); with ``ids`` (distinct block ids, any order), among those only.
 
@@ -319,7 +340,8 @@ def rank(resident, cur, keys, p, k, mark, ids=None, in_pool=None, floor=-1):
     a time and keeps the candidates in a buffer (``_scan``, the same result).
 
     With ``in_pool`` (the victim pool: ``ids`` is its buffer, ``in_pool`` its membership flags) the live blocks among
-    ``ids`` whose key is not above ``floor`` leave the pool: ``ids`` keeps the others at its front, in their order.
+    ``ids`` that do not rank above ``(floor, floor_b)`` (key, then block) leave the pool: ``ids`` keeps the others at
+    its front, in their order.
     The victims are the same as without: the caller uses them only when the ``k``-th ranks above ``floor``. Returns
     ``(blocks, keys, kept)``: ``kept`` how many ids the pool kept (-1 without ``in_pool``)."""
     kept = np.int64(-1)
@@ -352,7 +374,7 @@ def rank(resident, cur, keys, p, k, mark, ids=None, in_pool=None, floor=-1):
             continue
         is_dead, key = _vkey(x, keys, p)
         if in_pool is not None:
-            if not is_dead and key <= floor:
+            if not is_dead and (key < floor or (key == floor and x <= floor_b)):
                 in_pool[x] = False
                 continue
             ids[kept] = x
@@ -389,17 +411,20 @@ def choose(vs, keys, resident, cur, p, k, pool_k):
     if s.on and s.age <= s.launches and k <= pool_k // 2:
         # (the pool's live blocks ranked at or below its floor leave it: they could only be chosen after a full
         # scan, which builds the pool anew, and a block whose key rises joins it)
-        vict, vkey, s.n = rank(resident, cur, keys, p, k, vs.mark, vs.ids[:s.n], vs.in_pool, s.min)
+        vict, vkey, s.n = rank(resident, cur, keys, p, k, vs.mark, vs.ids[:s.n], vs.in_pool, s.min, s.min_b)
         # stamp: victims from the pool
-        if vict.shape[0] == k and vkey[k - 1] > s.min:
-            return vict, vkey, True, np.empty(0, dtype=np.int64)
+        if vict.shape[0] == k:
+            key = _full_key(vict[k - 1], keys, p)
+            if key > s.min or (key == s.min and vict[k - 1] > s.min_b):
+                return vict, vkey, True, np.empty(0, dtype=np.int64)
     kk = max(k, pool_k)
     vict, vkey, _ = rank(resident, cur, keys, p, kk, vs.mark)
     # stamp: victims by a full scan
     refill = np.empty(0, dtype=np.int64)
     if pool_k > 0:
         refill = vict.copy()
-        s.min = vkey[kk - 1] if vict.shape[0] == kk else np.int64(-1)
+        s.min = _full_key(vict[kk - 1], keys, p) if vict.shape[0] == kk else np.int64(-1)
+        s.min_b = vict[kk - 1] if vict.shape[0] == kk else np.int64(-1)
     return vict[:k], vkey[:k], False, refill
 
 
@@ -421,11 +446,125 @@ def pool_add(vs, blocks):
 
 
 @nb.njit(cache=True, nogil=True)
+def _due_swap(vs, i, j):
+    b = vs.due_b
+    b[i], b[j] = b[j], b[i]
+    vs.due_i[b[i]] = i
+    vs.due_i[b[j]] = j
+
+
+@nb.njit(cache=True, nogil=True)
+def _due_push(vs, t, x):
+    """Block ``x`` is due at ``t``: it enters the heap, or moves up to ``t`` when it waits for a later position (a
+    later prediction of it is caught when the earlier entry is drained)."""
+    s = vs.s[0]
+    at = vs.due_at
+    if t >= at[x]:
+        return
+    if at[x] >= INF:
+        i = s.nd
+        vs.due_b[i] = x
+        vs.due_i[x] = i
+        s.nd += 1
+    else:
+        i = vs.due_i[x]
+    at[x] = t
+    while i > 0:
+        par = (i - 1) // 2
+        if at[vs.due_b[par]] <= t:
+            break
+        _due_swap(vs, i, par)
+        i = par
+
+
+@nb.njit(cache=True, nogil=True)
+def _due_pop(vs):
+    """The heap's earliest block, taken out."""
+    s = vs.s[0]
+    b = vs.due_b
+    at = vs.due_at
+    x = b[0]
+    at[x] = INF
+    s.nd -= 1
+    n = s.nd
+    if n > 0:
+        b[0] = b[n]
+        vs.due_i[b[0]] = 0
+        i = 0
+        while True:
+            w = 2 * i + 1
+            if w >= n:
+                break
+            if w + 1 < n and at[b[w + 1]] < at[b[w]]:
+                w += 1
+            if at[b[w]] >= at[b[i]]:
+                break
+            _due_swap(vs, i, w)
+            i = w
+    return x
+
+
+@nb.njit(cache=True, nogil=True)
+def _caught(h, remap, t, x):
+    """Whether ``pool_due`` at position ``t`` takes block ``x`` into the pool: ``t`` records it, or records a block
+    the moves send to it."""
+    s = h.s[0]
+    if t < s.base or t >= s.base + s.n:
+        return False
+    a, b = flat_span(h, t, t + 1)
+    for i in range(a, b):
+        z = h.f_blk[i]
+        if z == x or remap[z] == x:
+            return True
+    return False
+
+
+@nb.njit(cache=True, nogil=True)
+def pool_rekey(vs, h, remap, touched, p):
+    """A learned move changed the next uses of the ``touched`` blocks (and the remap): they join the pool (when it is
+    on), their keys may have risen; each whose prediction lies ahead of the pointer ``p`` at a position that will not
+    take it into the pool (``_caught``: a prediction moved on from a block the moves had sent elsewhere, one left
+    to a block the moves no longer send a recorded block to) is due there."""
+    on = vs.s[0].on
+    nu = h.nu
+    for i in range(touched.shape[0]):
+        x = touched[i]
+        if on:
+            _put(vs, x)
+        v = nu[x]
+        if p < v < INF and not _caught(h, remap, v, x):
+            _due_push(vs, v, x)
+
+
+@nb.njit(cache=True, nogil=True)
+def due_settled(vs, blocks, nu, p):
+    """The learned moves are dropped (an iteration ends): the ``blocks`` predicted through them are due where they
+    are predicted, when that lies ahead of the pointer ``p``."""
+    for i in range(blocks.shape[0]):
+        v = nu[blocks[i]]
+        if p < v < INF:
+            _due_push(vs, v, blocks[i])
+
+
+@nb.njit(cache=True, nogil=True)
 def pool_due(vs, h, remap, q):
     """The blocks whose key may rise when the pointer reaches position ``q`` join the pool (when it is on): those
-    recorded there, as recorded and translated (their next use moves on; a block predicted at ``q`` is one of them
-    unless the prediction came through a move or stride, which ``stale`` covers)."""
-    if not vs.s[0].on:
+    recorded there, as recorded and translated (their next use moves on), and those due up to ``q`` (a drained one
+    predicted further ahead by now stays due there). The pointer moving back refills the pool: a drained block
+    whose prediction lies ahead again is due nowhere."""
+    s = vs.s[0]
+    if q < s.last_q:
+        s.on = False
+    s.last_q = q
+    nu = h.nu
+    while s.nd > 0 and vs.due_at[vs.due_b[0]] <= q:
+        x = _due_pop(vs)
+        if s.on:
+            _put(vs, x)
+        v = nu[x]
+        if q < v < INF:
+            _due_push(vs, v, x)
+    if not s.on:
         return
     a, b = flat_span(h, q, q + 1)
     for i in range(a, b):
