@@ -80,3 +80,19 @@ def test_simulator_block_checks_small_and_large_arrays_alike():
             with pytest.raises(SimError, match=rf"x: block id out of range 0\.\.{top - 1} \(got {lo}\.\.{hi}\)"):
                 m._ids(bad, "x")
     assert m._ids(np.zeros(0, dtype=np.int64), "x").size == 0 and m._ids(np.int64(3), "x").shape == ()
+
+
+def test_the_event_search_counts_as_searchsorted_from_any_start():
+    """``_upto`` (a galloping search over the pending allocator events) gives ``np.searchsorted``'s count for every
+    start at or below it: short and long backlogs, repeated seqs, targets before, inside and after them."""
+    from uvmprefetch.runtime import native_observer as no
+    from uvmprefetch.runtime.planner import _upto
+    rng = np.random.default_rng(5)
+    for n in (0, 1, 3, 255, 256, 257, 5000):
+        ev = np.zeros(n, dtype=no.ALLOC_DTYPE)
+        ev["seq"] = np.sort(rng.integers(0, 3 * n + 2, n))
+        for seq in rng.integers(-1, 3 * n + 4, 40).tolist() + [0, 3 * n + 2]:
+            seq = max(seq, 0)
+            want = int(np.searchsorted(ev["seq"], seq))
+            for lo in {0, want // 2, want}:
+                assert _upto(ev, lo, seq) == want, (n, seq, lo)

@@ -359,7 +359,7 @@ class Planner:
         hl = (all_heads[pos:stop] - lo).tolist()
         ev = self._events
         if self._feed_allocs is not None and len(ev):  # the copy path's book: the events up to this chunk's last op
-            k = int(np.searchsorted(ev["seq"], int(ops["a"][hl[-1]]))) if hl else len(ev)
+            k = _upto(ev, 0, int(ops["a"][hl[-1]])) if hl else len(ev)
             self._to_copy_book(ev, k, keep=True)
         ev_seq: list = []
         ev_addr: list = []
@@ -374,7 +374,7 @@ class Planner:
         for n, i in enumerate(hl):
             seq = a[i]
             if j == m and m < len(ev):
-                m2 = len(ev) if n + 64 >= len(hl) else int(np.searchsorted(ev["seq"], a[hl[n + 64]]))
+                m2 = _upto(ev, m, a[hl[min(n + 64, len(hl) - 1)]])  # (only those an op of this chunk can apply)
                 part = ev[m:m2]
                 ev_seq += part["seq"].tolist()
                 ev_addr += part["addr"].tolist()
@@ -496,11 +496,19 @@ def _in_order(ops: np.ndarray) -> np.ndarray:
     seqs = ops["a"][heads]
     if _sorted(seqs):
         return ops
-    lengths = np.diff(np.append(heads, len(ops)))
-    order = np.argsort(seqs, kind="stable")
+    lengths, order = np.diff(np.append(heads, len(ops))), np.argsort(seqs, kind="stable")
     starts, lens = heads[order], lengths[order]
     idx = np.repeat(starts - np.cumsum(np.append(0, lens[:-1])), lens) + np.arange(int(lens.sum()))
     return ops[idx]
+
+
+def _upto(ev: np.ndarray, lo: int, seq: int) -> int:
+    """The count of events ``ev`` (sorted by seq, the first ``lo`` before ``seq``) before ``seq``: galloping, as
+    ``np.searchsorted`` copies a strided field whole (a long backlog made each call O(n))."""
+    hi, step, n = lo, 256, len(ev)
+    while hi + step < n and ev["seq"][hi + step] < seq:
+        hi, step = hi + step, step * 2
+    return hi + int(np.searchsorted(ev["seq"][hi:min(hi + step + 1, n)], seq))
 
 
 def _sorted(x: np.ndarray) -> bool:
