@@ -29,11 +29,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from uvmprefetch.policy import make_policy  # noqa: E402
 from uvmprefetch.policy.uvmprefetch import UvmPrefetchPolicy  # noqa: E402
+from uvmprefetch.policy.uvmprefetch.history import INF  # noqa: E402
 from uvmprefetch.sim.replay import replay  # noqa: E402
 
 GUESSES = ("translated", "as recorded, moved", "as recorded")
 MATCH = ("exact", "soft")
 OUTCOMES = ("used", "evicted unused", "discarded unused", "never used")
+# (how an evicted-unused block left: the policy evicted it with its predicted use passed or none, the policy evicted
+# it with a use predicted ahead of the pointer, the driver evicted it)
+EVICTED = ("policy, use passed or none", "policy, use ahead", "driver")
 
 
 class Tracked(UvmPrefetchPolicy):
@@ -44,15 +48,20 @@ class Tracked(UvmPrefetchPolicy):
         n = ctx.max_blocks
         self.it = 0
         self.pending = np.full(n, -1, dtype=np.int64)  # row in ``rows`` of a block prefetched and not used yet
-        self.rows: list[list[int]] = []  # [iteration, guess, soft, outcome, left at (launch index) or -1]
+        self.rows: list[list[int]] = []  # [iteration, guess, soft, outcome, used later, how evicted]
         self.left_unused: dict[int, int] = {}  # row -> iteration it left in (evicted unused)
         self.later = 0
 
-    def _settle(self, blocks: np.ndarray, outcome: int) -> None:
+    def _settle(self, blocks: np.ndarray, outcome: int, how: int = 0) -> None:
         b = blocks[self.pending[blocks] >= 0]
-        for x in b:
+        if outcome == 1 and how == 0:
+            p = self.history.p
+            ahead = (self.history.nu[b] > p) & (self.history.nu[b] < INF) if p is not None else np.zeros(b.size, bool)
+        for i, x in enumerate(b):
             r = self.rows[self.pending[x]]
             r[3] = outcome
+            if outcome == 1:
+                r[5] = 2 if how else int(ahead[i])
             if outcome == 1:
                 self.left_unused[int(x)] = self.pending[x]
         self.pending[b] = -1
@@ -87,11 +96,11 @@ class Tracked(UvmPrefetchPolicy):
                 for x in pf:
                     g = 0 if target[x] else 1 if moved[x] else 2
                     self.pending[x] = len(self.rows)
-                    self.rows.append([self.it, g, soft, 3, 0])
+                    self.rows.append([self.it, g, soft, 3, 0, 0])
         return dec
 
     def on_evict(self, blocks) -> None:
-        self._settle(np.asarray(blocks, dtype=np.int64), 1)
+        self._settle(np.asarray(blocks, dtype=np.int64), 1, how=1)
         super().on_evict(blocks)
 
     def on_iteration(self, k: int) -> None:
@@ -111,8 +120,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-discard", dest="discards", action="store_false")
     ap.add_argument("--iterations", default="1", help="comma-separated iterations to print (default 1)")
     args = ap.parse_args(argv)
-    from uvmprefetch.errors import ConfigError
+    from uvmprefetch.errors import ConfigError, UvmPrefetchError
     try:
+        try:
+            its = [int(x) for x in args.iterations.split(",")]
+        except ValueError:
+            raise ConfigError(f"--iterations {args.iterations!r}: comma-separated integers expected") from None
         from bench.policy_cost import get_trace
         _, trace = get_trace(args.trace, "gpt2")
         spec = make_policy(args.policy)
@@ -123,15 +136,18 @@ def main(argv: list[str] | None = None) -> int:
                      evict=args.evict, discards=args.discards)
         plain = replay(trace, make_policy(args.policy), args.gpu, oversub=args.oversub, host=args.host,
                      evict=args.evict, discards=args.discards)
-        its = [int(x) for x in args.iterations.split(",")]
-    except (ConfigError, ValueError, OSError) as e:
+        bad = [i for i in its if not 0 <= i < len(res["iteration_times_s"])]
+        if bad:
+            raise ConfigError(f"--iterations {args.iterations!r}: the trace has iterations 0.."
+                              f"{len(res['iteration_times_s']) - 1}")
+    except (UvmPrefetchError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if plain["time_s"] != res["time_s"]:  # (the tracking must not change a decision)
         print(f"error: the tracked replay took {res['time_s']} s, the plain one {plain['time_s']} s", file=sys.stderr)
         return 1
     gib = res.get("block_size", 2 << 20) / 2**30
-    rows = np.array(pol.rows, dtype=np.int64).reshape(-1, 5)
+    rows = np.array(pol.rows, dtype=np.int64).reshape(-1, 6)
     print(f"{args.trace} at {args.oversub}x, {args.policy}: whole run {res['time_s']:.3f} s; "
           f"prefetched blocks that move data (GiB; the same "
           f"decisions as an untracked replay)")
@@ -150,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
         cells = [f"{(r[:, 3] == o).sum() * gib:.2f}" for o in range(len(OUTCOMES))]
         later = ((r[:, 3] == 1) & (r[:, 4] == 1)).sum() * gib
         print(f"| all | | {' | '.join(cells)} | {later:.2f} | {r.shape[0] * gib:.2f} |")
+        ev = r[r[:, 3] == 1]
+        print("evicted unused, by who and why: " + ", ".join(
+            f"{name} {(ev[:, 5] == k).sum() * gib:.2f}" for k, name in enumerate(EVICTED)))
     return 0
 
 
