@@ -10,11 +10,13 @@ prints, for each iteration, the prefetched blocks that cross the link, split by
   involved), each also split by how the running launch matched (``exact`` / ``soft``);
 - the outcome: ``used`` (a launch touched it while resident), ``evicted unused`` (of which ``used later``: a later
   launch of the same iteration touched it after), ``discarded unused``, ``never used`` (still resident and unused
-  at the end).
+  at the end); the evicted-unused data also by who evicted it (the plan, with the block's predicted use passed or
+  none, or ahead of the pointer; the driver).
 
 The policy is the product's, unchanged: a subclass reads its parts after each decision (``moves.remap``,
 ``history`` ``soft``, ``blocks`` ``dead``/``fresh``) and follows the blocks through the hooks. A block counts as
-moving data when it was neither dead nor fresh at its decision (``blocks.moves_data``).
+moving data when it was neither dead nor fresh at its decision (``blocks.moves_data``). The script replays once
+more untracked and exits 1 if the two runs' times differ (the tracking changed a decision).
 """
 
 from __future__ import annotations
