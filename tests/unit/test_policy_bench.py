@@ -233,3 +233,27 @@ def test_a_trace_file_that_does_not_load_is_one_line(script, tmp_path):
     err = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(err) == 1 and err[0].startswith("error:") and "bad.uvmt" in err[0], r.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_wasted_prefetch_splits_every_prefetched_block_once(small_trace):
+    # GIVEN a small training trace at 3x WHEN bench/wasted_prefetch.py follows uvmprefetch's prefetches THEN its
+    # replay took the same decisions as an untracked one (the script checks and exits 1 otherwise), and each
+    # iteration's categories add up to its total
+    r = run(["bench/wasted_prefetch.py", str(small_trace), "--oversub", "3", "--iterations", "1,2"])
+    assert r.returncode == 0, r.stderr
+    tables = r.stdout.split("\niteration ")[1:]
+    assert len(tables) == 2
+    for t in tables:
+        total = float(t.split(" GiB prefetched")[0].split(": ")[1])
+        rows = [line.split("|")[1:-1] for line in t.splitlines() if line.startswith("| ") and "---" not in line]
+        body = [[float(c) for c in row[2:]] for row in rows[1:-1]]
+        assert abs(sum(b[-1] for b in body) - total) < 0.02
+        for b in body:  # used + evicted + discarded + never = total; used later <= evicted unused
+            assert abs(sum(b[:4]) - b[-1]) < 0.02 and b[4] <= b[1] + 1e-9
+    assert total > 0
+
+
+def test_wasted_prefetch_rejects_another_policy_in_one_line(small_trace):
+    r = run(["bench/wasted_prefetch.py", str(small_trace), "--policy", "demand"])
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines() == ["error: --policy 'demand': only uvmprefetch is tracked"]
