@@ -258,3 +258,17 @@ def learn_shift(rec, rec_w, launch, w_iter, it):
             j += 1
         ok[cls] = good and seen
     return ok[0], d[0], ok[1], d[1]
+
+
+@nb.njit(cache=True, nogil=True)
+def moved_reach(h, writes, rec_end):
+    """One past the furthest predicted next use among the moved blocks ``writes`` (at least ``rec_end``): until the
+    pointer passes it, a prediction made through the move is not tied to a recorded position (the victim pool waits
+    for it where it is not kept up through moves)."""
+    top = rec_end
+    nu = h.nu
+    for i in range(writes.shape[0]):
+        v = nu[writes[i]]
+        if v < INF and v + 1 > top:
+            top = v + 1
+    return top

@@ -26,7 +26,7 @@ import numpy as np
 from . import correlation as corr
 from .blocks import cur_marks, decided, launch_marks, note_thrash
 from .history import INF, advance, commit_pending, flat_span, has_room, rebuild, record_end, set_pending, trim
-from .moves import learn_moves, learn_shift, move_touches, remap_limit
+from .moves import learn_moves, learn_shift, move_touches, moved_reach, remap_limit
 from .parts import define_part
 from .plan import plan
 from .victims import pool_add, pool_due, pool_rekey
@@ -112,11 +112,16 @@ def _learn(st, q, launch, rec_end):
     if touched.shape[0]:  # (empty: the moves would change nothing)
         moved, settled = learn_moves(mv, h, q, writes, rec_end)
         if moved or settled:  # (next uses changed: a moved block took its old address's, revised ones rose)
-            pool_rekey(st.victims, h, mv.remap, touched, q)
+            if vr.through_moves:
+                pool_rekey(st.victims, h, mv.remap, touched, q)
+            else:
+                vr.on = False
             ps = st.plan.s[0]
             ps.v_lo = 0
             ps.v_hi = -1
         if moved:
+            if not vr.through_moves:  # (translated predictions lie before the end of the followed record)
+                vr.stale = max(vr.stale, moved_reach(h, writes, rec_end))
             st.counts[0].moved_blocks += moved
     if s.soft != 0 and q >= s.iter_start and mr.layer_stride:
         a, b = flat_span(h, q, q + 1)

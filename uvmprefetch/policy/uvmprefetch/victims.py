@@ -21,7 +21,9 @@ or records a block the learned moves translate to it, is caught there (``pool_du
 has since changed or been dropped (``pool_rekey``, ``due_settled``) is *due*: kept, one entry a block at its
 earliest such position, in a heap the pointer drains (``pool_due``); a drained block whose prediction still lies
 ahead goes back with it. Predictions through a layer stride are tied to nothing: the pool waits (``stale``) until
-the pointer has passed them. A pointer moving back (not a jump) has the pool refilled. Below 2 MiB blocks the
+the pointer has passed them. Without discards (frees are not deaths: ``through_moves`` off) the pool is not kept up
+through moves either: it waits as for a stride, since there a live block whose predicted use the pointer passes can
+rise outside it (T5 base at 2x). A pointer moving back (not a jump) has the pool refilled. Below 2 MiB blocks the
 driver's density prefetch makes blocks resident that no hook reports: no pool there.
 """
 
@@ -46,6 +48,7 @@ POOL = np.dtype([
     ("min_b", np.int64),  # ... and its block: among equal keys the lower blocks rank below it
     ("k", np.int64), ("launches", np.int64), ("dead_reuse", np.bool_),  # settings
     ("nd", np.int64), ("last_q", np.int64),  # the due heap's fill; the position the pointer last reached
+    ("through_moves", np.bool_),  # kept up through learned moves (else a full scan refills it after them)
 ], align=True)
 
 FIELDS = ("s", "ids", "in_pool", "mark", "due_b", "due_at", "due_i")
@@ -54,8 +57,10 @@ FIELDS = ("s", "ids", "in_pool", "mark", "due_b", "due_at", "due_i")
 class Victims(Part, fields=FIELDS):
     """The victim part: see the module docstring. ``pool_k`` 0: no pool."""
 
-    def __init__(self, n_blocks: int, pool_k: int, pool_launches: int, dead_reuse: bool) -> None:
-        self.record_of(POOL, k=pool_k, launches=pool_launches, dead_reuse=dead_reuse, min=-1)
+    def __init__(self, n_blocks: int, pool_k: int, pool_launches: int, dead_reuse: bool,
+                 through_moves: bool = True) -> None:
+        self.record_of(POOL, k=pool_k, launches=pool_launches, dead_reuse=dead_reuse, min=-1,
+                       through_moves=through_moves)
         self.ids = np.zeros(n_blocks, dtype=np.int64)
         self.in_pool = np.zeros(n_blocks, dtype=bool)
         self.mark = np.zeros(n_blocks, dtype=np.uint8)  # zeroed scratch (left zeroed)
