@@ -364,17 +364,17 @@ class Planner:
         ev_seq: list = []
         ev_addr: list = []
         ev_kill: list = []
-        j = m = 0  # events applied; events converted to lists (a prefix: the next heads' worth at a time)
-        kill, live = self.s.tracker.kill, self.s.tracker.live
-        deaths, session = self._deaths, self.s
+        j, m, tgt = 0, 0, -1  # events applied; converted to lists (a prefix: those before the op seq ``tgt``)
+        kill, live, deaths, session = self.s.tracker.kill, self.s.tracker.live, self._deaths, self.s
         a, b, c, d = (ops[k].tolist() for k in "abcd")
         f = ops["a"].view("<f8").tolist()
         clock = time.perf_counter
         done, more = len(hl), True
         for n, i in enumerate(hl):
             seq = a[i]
-            if j == m and m < len(ev):
-                m2 = _upto(ev, m, a[hl[min(n + 64, len(hl) - 1)]])  # (only those an op of this chunk can apply)
+            if j == m and m < len(ev) and seq > tgt:  # (the next heads' worth: those an op of this chunk can apply)
+                tgt = a[hl[min(n + 64, len(hl) - 1)]]
+                m2 = _upto(ev, m, tgt)
                 part = ev[m:m2]
                 ev_seq += part["seq"].tolist()
                 ev_addr += part["addr"].tolist()
