@@ -213,12 +213,6 @@ class CudaBackend(AllocatorDiscards):
             if self._cfg.log in ("info", "debug") or self.copy is None:
                 print(f"uvmprefetch: copy path {self.copy_status}", file=sys.stderr)
 
-    def allocator_complete(self, ok: bool, why: str = "") -> None:
-        """Whether the allocator's events cover every live allocation (its tracker attached before the first one, or
-        a snapshot fed as events): until then no block is eligible for the copy path."""
-        if self.copy is not None:
-            self.copy.book.set_complete(ok, why)
-
     def allocator_events(self, events: np.ndarray) -> None:
         """The caching allocator's events (``liveness.EVENT_DTYPE``), in sequence order: the copy path's book of
         which allocations are fully observed. The book is whole only while the feed has covered every allocation
