@@ -309,7 +309,7 @@ class ReferencePolicy(UvmPrefetchPolicy):
             if starts.size and starts[0] <= nxt:  # (a later record than the cold one)
                 if q >= it_start:
                     q = None
-            elif self.params.follow_cold:
+            elif self._get("correlation", "follow_cold"):
                 q = None
         if (q is None or not base <= q < end) and stab:
             q2 = self._tab("stab_pos", stab)
