@@ -234,9 +234,11 @@ def test_fresh_memory_moves_no_data_in_the_first_iteration():
         if not fresh:
             lay.fresh = None  # (every block holds data, as on the -lit profiles; the policy is told so)
         # (moved_births off: it acts from iteration 1 on, where a first write into a block freed while on the host
-        # is populated and refused, the block's host copy moved in: 15 blocks on this trace)
-        return replay(t, "uvmprefetch:moved_births=false", "h100-pcie", oversub=1.5, host="live", evict="auto",
-                      layout=lay)
+        # is populated and refused, the block's host copy moved in: 15 blocks on this trace; follow_cold off: it
+        # acts in iteration 1 too, where the pointer goes on by name over the cold record; with it on, iteration 1
+        # differs between the two runs by 0.6 % of its time on this trace, a difference not traced further)
+        return replay(t, "uvmprefetch:moved_births=false,follow_cold=false", "h100-pcie", oversub=1.5, host="live",
+                      evict="auto", layout=lay)
     # WHEN it is replayed with the trace's fresh blocks and without
     on, off = run(True), run(False)
     # THEN the first iteration brings its new tensors in without moving data or faulting (1 fault, 2.8 GiB H2D,
