@@ -25,7 +25,6 @@ it exits 1 otherwise).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import sys
 from collections import defaultdict
@@ -40,6 +39,8 @@ from uvmprefetch.policy import make_policy  # noqa: E402
 from uvmprefetch.policy.uvmprefetch import UvmPrefetchPolicy  # noqa: E402
 from uvmprefetch.policy.uvmprefetch.history import INF  # noqa: E402
 from uvmprefetch.sim.engine import GpuModel  # noqa: E402
+
+from bench.wasted_prefetch import parse_iterations, replay_arguments  # noqa: E402
 
 replay_mod = sys.modules["uvmprefetch.sim.replay"]  # (the package's ``replay`` names the function)
 
@@ -184,22 +185,12 @@ def tracked_replay(trace, spec: str, **kw) -> tuple[dict, Ledger]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("trace", help="a standard trace's name (recorded if missing) or a .uvmt file")
-    ap.add_argument("--oversub", type=float, default=3.0)
+    ap = replay_arguments(__doc__.split("\n\n")[0], "1,2,3")
     ap.add_argument("--policies", default="uvmprefetch,oracle", help="comma-separated policy specs")
-    ap.add_argument("--gpu", default="h100-pcie")
-    ap.add_argument("--host", default="live")
-    ap.add_argument("--evict", default="auto")
-    ap.add_argument("--no-discard", dest="discards", action="store_false")
-    ap.add_argument("--iterations", default="1,2,3", help="comma-separated iterations to print (default 1,2,3)")
     args = ap.parse_args(argv)
     from uvmprefetch.errors import ConfigError, UvmPrefetchError
     try:
-        try:
-            its = [int(x) for x in args.iterations.split(",")]
-        except ValueError:
-            raise ConfigError(f"--iterations {args.iterations!r}: comma-separated integers expected") from None
+        its = parse_iterations(args.iterations)
         specs = [s for s in args.policies.split(",") if s]
         if not specs:
             raise ConfigError("--policies: at least one policy expected")
