@@ -110,24 +110,38 @@ class Tracked(UvmPrefetchPolicy):
         super().on_iteration(k)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def replay_arguments(description: str, iterations: str) -> argparse.ArgumentParser:
+    """A parser with the replay settings this script and ``bench/refetch.py`` take (``iterations``: the default of
+    ``--iterations``)."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("trace", help="a standard trace's name (recorded if missing) or a .uvmt file")
     ap.add_argument("--oversub", type=float, default=3.0)
-    ap.add_argument("--policy", default="uvmprefetch", help="uvmprefetch[:k=v,...]")
     ap.add_argument("--gpu", default="h100-pcie")
     ap.add_argument("--host", default="live", help="the host model (the preset's decision cost is fixed, so the "
                     "tracking's own time does not count)")
     ap.add_argument("--evict", default="auto")
     ap.add_argument("--no-discard", dest="discards", action="store_false")
-    ap.add_argument("--iterations", default="1", help="comma-separated iterations to print (default 1)")
+    ap.add_argument("--iterations", default=iterations,
+                    help=f"comma-separated iterations to print (default {iterations})")
+    return ap
+
+
+def parse_iterations(text: str) -> list[int]:
+    """``--iterations``' value as integers; a ConfigError naming it otherwise."""
+    from uvmprefetch.errors import ConfigError
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise ConfigError(f"--iterations {text!r}: comma-separated integers expected") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = replay_arguments(__doc__.split("\n\n")[0], "1")
+    ap.add_argument("--policy", default="uvmprefetch", help="uvmprefetch[:k=v,...]")
     args = ap.parse_args(argv)
     from uvmprefetch.errors import ConfigError, UvmPrefetchError
     try:
-        try:
-            its = [int(x) for x in args.iterations.split(",")]
-        except ValueError:
-            raise ConfigError(f"--iterations {args.iterations!r}: comma-separated integers expected") from None
+        its = parse_iterations(args.iterations)
         from bench.policy_cost import get_trace
         _, trace = get_trace(args.trace, "gpt2")
         spec = make_policy(args.policy)

@@ -257,3 +257,33 @@ def test_wasted_prefetch_rejects_another_policy_in_one_line(small_trace):
     r = run(["bench/wasted_prefetch.py", str(small_trace), "--policy", "demand"])
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines() == ["error: --policy 'demand': only uvmprefetch is tracked"]
+
+
+def test_refetch_splits_each_iterations_h2d_bytes_by_why_they_crossed(small_trace):
+    # GIVEN a small training trace at 3x WHEN bench/refetch.py follows every block that crosses the link under
+    # uvmprefetch and the oracle THEN the tracked replays took the same decisions as untracked ones and each
+    # iteration's rows add up to the replay's own H2D bytes (the script checks both and exits 1 otherwise), and the
+    # printed tables add up too, with data that crossed again after an eviction in the same iteration among them
+    r = run(["bench/refetch.py", str(small_trace), "--oversub", "3", "--iterations", "1,2"])
+    assert r.returncode == 0, r.stderr
+    tables = r.stdout.split("\niteration ")[1:]
+    assert len(tables) == 2
+    again = 0.0
+    for t in tables:
+        rows = [[c.strip() for c in line.split("|")[1:-1]] for line in t.splitlines()
+                if line.startswith("| ") and "---" not in line]
+        head, body, total = rows[0], rows[1:-1], rows[-1]
+        assert head[4].startswith("uvmprefetch GB") and head[6].startswith("oracle GB")
+        for col in (4, 6):
+            assert abs(sum(float(b[col]) for b in body) - float(total[col])) < 0.05
+        assert float(total[4]) > 0 and all(b[0] in ("first", "first, left", "again", "not needed") for b in body)
+        again += sum(float(b[4]) for b in body if b[0] == "again")
+    assert again > 0
+
+
+@pytest.mark.parametrize("flag, value, says", [("--policies", "nosuch", "nosuch"), ("--iterations", "9", "0..2"),
+                                              ("--iterations", "a", "--iterations")])
+def test_refetch_names_a_bad_argument_in_one_line(small_trace, flag, value, says):
+    r = run(["bench/refetch.py", str(small_trace), flag, value])
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(err) == 1 and err[0].startswith("error:") and says in err[0], r.stderr

@@ -291,7 +291,8 @@ class ReferencePolicy(UvmPrefetchPolicy):
 
     def _match(self, key, name, sig, stab, moves_now):
         """Most specific first: the next recorded launch with the same signature, the last position with it (not a
-        repeat inside this iteration while following a later record than the cold one), the stable signature (into
+        repeat inside this iteration while following a later record than the cold one; with ``follow_cold`` not
+        anywhere while following the cold record and this kernel comes next there), the stable signature (into
         this iteration's and the last one's records only), the next launch by name, then the n-gram tables."""
         h, st = self.history, self.stats
         self._set("history", "soft", 0)
@@ -304,9 +305,12 @@ class ReferencePolicy(UvmPrefetchPolicy):
             st["matched"] += 1
             return self._advance(nxt, moves_now)
         q = self._tab("sig_pos", sig)
-        if (q is not None and q >= it_start and nxt is not None and starts.size and starts[0] <= nxt < it_start
-                and hname[nxt - base] == name):
-            q = None
+        if q is not None and nxt is not None and q != nxt and nxt < it_start and hname[nxt - base] == name:
+            if starts.size and starts[0] <= nxt:  # (a later record than the cold one)
+                if q >= it_start:
+                    q = None
+            elif self._get("correlation", "follow_cold"):
+                q = None
         if (q is None or not base <= q < end) and stab:
             q2 = self._tab("stab_pos", stab)
             if (q2 is not None and max(self._get("history", "prev_start"), base) <= q2 < end

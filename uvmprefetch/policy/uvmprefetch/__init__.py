@@ -111,7 +111,9 @@ class UvmPrefetchPolicy(Policy):
         t_blk = ctx.gpu.transfer_time(ctx.block_size)
         self.t_blk = t_blk
         self.history = History(n, P.history_launches, P.scan_max)
-        self.correlation = Correlation(P.table_entries, P.ngram, P.stable_sync)
+        # (follow_cold only where frees are deaths the caller drops: without discards the jumps measured better)
+        self.correlation = Correlation(P.table_entries, P.ngram, P.stable_sync,
+                                       P.follow_cold and self.invalidating and discards)
         self.moves = Moves(n, P.track_moves, P.layer_stride)
         populates = P.populate and bool(getattr(ctx, "populates", False))
         # (where memory nothing has used is mapped without data: docs/simulator.md "Cold start")
