@@ -4,19 +4,23 @@
 under ``uvmprefetch`` (``--policy`` for its parameters) twice, with the command line's default GPU profile and host
 model, and the ``oracle`` once for comparison, and prints per iteration:
 
-- the time, the compute stream's stall (fault and late-arrival parts), the H2D link's busy and idle seconds;
+- the time, the compute stream's stall (all of it; that of the launches that fault; that of the optimizer step, the
+  iteration's last ``--step`` launches), the H2D link's busy and idle seconds;
 - the *lost* link seconds: idle time after a decision while some block that a later launch of the same iteration
-  stalls on (it faults, or arrives after the launch could have started) is neither on the GPU nor in flight. Each
-  such idle period is split evenly over the missing blocks of the soonest stalling launch, and each block is
-  classified by what the policy knew of it at that decision (after the decision's window pass):
+  stalls on (it faults, or arrives after the launch could have started) is neither on the GPU nor in flight. The
+  idle time goes to the soonest stalling launch with such a block whose predicted next use is about where it is
+  needed (at most ``2 * d + 16`` positions past the pointer, ``d`` the launches to it), else to the soonest one, and
+  is split evenly over those missing blocks (and how much of it went to the step's launches), each classified by
+  what the policy knew at that decision (after its window pass):
 
-  ``not predicted``: its predicted next use is passed or unknown; ``beyond window``: predicted beyond the window;
-  ``placed, gone since``: predicted before the plan's horizon (the plan took it as placed) but not on the GPU;
-  ``beyond reach, no victim``: predicted between the horizon and the window's end, and every resident block but the
-  running launch's is predicted to be used sooner (no room for it without evicting a nearer need); ``beyond reach,
-  victims``: the same with a victim of a later (or no) next use resident: the plan stopped before it with room
-  to be had (its pacing budget or the scan's cap);
-- the stall seconds by launch kind: the last ``--step`` launches of the iteration (AdamW's step) and the rest.
+  ``not predicted``: its next use is passed or unknown; ``predicted too late``: predicted farther than that;
+  ``beyond window``; ``placed, gone since``: predicted before the plan's horizon (planned) yet not on the GPU (left,
+  or its next use moved before the horizon since); ``beyond reach, no victim``: predicted between the horizon and
+  the window's end, and every resident block but the running launch's is predicted to be used sooner; ``beyond
+  reach, victims, ...``: the same with a victim of a later (or no) next use resident, split by the plan's pacing
+  budget at that decision (0 after a soft match, 0 after an exact one, above 0);
+- the lost link seconds by the kind of missing block: its recorded tensor moved away (a learned move's source), a
+  tensor moved into it (a move's target), neither; written this iteration or older data.
 
 Link idle per launch is measured at decision points: between two launches' decisions the H2D queue works from the
 first decision to its end (``t_h2d``), so idle = next decision time - max(this decision time, queue end); waits
@@ -63,6 +67,8 @@ class Watched(UvmPrefetchPolicy):
         self.plan_for = getattr(self, "plan_for", None)
         self.cause_s = {}  # (second replay) launch -> {cause: seconds}
         self.kind_s = {}  # (second replay) launch -> {kind of block: seconds}
+        self.step_s = {}  # (second replay) launch -> lost seconds attributed to a launch of the optimizer step
+        self.step_from = getattr(self, "step_from", None)  # (set before it starts) per launch: its step's first
 
     def on_launch(self, info, state):
         i = int(info.index)
@@ -100,25 +106,34 @@ class Watched(UvmPrefetchPolicy):
     def _classify(self, i: int, cur: np.ndarray, state) -> None:
         idle, later = self.plan_for[i]
         res, infl = state.resident, state.in_flight
-        for j, cand in later:
-            miss = cand[~res[cand] & ~infl[cand]]
-            if miss.size:
-                break
-        else:
-            return
         h = self.history
         p = h.p
         nu = h.nu
-        if p is None:
-            self.cause_s[i] = {"not predicted": idle}
+        first = None
+        for j, cand in later:
+            miss = cand[~res[cand] & ~infl[cand]]
+            if not miss.size:
+                continue
+            if first is None:
+                first = (j, miss)
+            if p is None:
+                break
+            v = nu[miss]
+            ok = (v > p) & (v < INF) & (v - p <= 2 * (j - i) + 16)
+            if ok.any():  # (the soonest stalling launch with a block predicted about where it is needed)
+                first = (j, miss[ok])
+                break
+        if first is None:
             return
-        horizon = int(self.plan.r["horizon"])
-        window = int(self.monitor.window)
-        key = nu.copy()
-        key[(key <= p) | self.blocks.dead] = INF + 1
-        on = res.copy()
-        on[cur] = False
-        keys = key[on]
+        j, miss = first
+        if p is not None:
+            horizon = int(self.plan.r["horizon"])
+            window = int(self.monitor.window)
+            key = nu.copy()
+            key[(key <= p) | self.blocks.dead] = INF + 1
+            on = res.copy()
+            on[cur] = False
+            keys = key[on]
         out: dict[str, float] = {}
         kinds: dict[str, float] = {}
         share = idle / miss.size
@@ -129,7 +144,7 @@ class Watched(UvmPrefetchPolicy):
         need = j - i  # (launches from this decision to the one that stalls on it: about positions past the pointer)
         for x in miss:
             v = int(nu[x])
-            if not p < v < INF:
+            if p is None or not p < v < INF:
                 c = 0
             elif v - p > 2 * need + 16:
                 c = 1
@@ -143,6 +158,7 @@ class Watched(UvmPrefetchPolicy):
             k = KINDS[(0 if remap[x] != x else 1 if target[x] else 2) * 2
                       + int(self.blocks.w_iter[x] != self.history.r["iters"])]
             kinds[k] = kinds.get(k, 0.0) + share
+        self.step_s[i] = idle if j >= self.step_from[i] else 0.0
         self.cause_s[i] = out
         self.kind_s[i] = kinds
 
@@ -181,8 +197,13 @@ def analyse(trace, args, spec) -> tuple[dict, dict, dict]:
         later = [(int(j), culprits[int(j)]) for j in stalled[k:] if its[j] == its[i]]
         if later:
             plan_for[int(i)] = (float(idle[i]), later)
+    step_from = np.zeros(its.shape[0], dtype=np.int64)
+    for it in set(its.tolist()):
+        sel = np.flatnonzero(its == it)
+        step_from[sel] = sel[-args.step] if args.step and sel.size >= args.step else sel[-1] + 1
     second = Watched(spec.params)
     second.plan_for = plan_for
+    second.step_from = step_from
     res2 = replay(trace, second, args.gpu, **kw)
     if res2["time_s"] != res["time_s"]:
         raise RuntimeError(f"the two replays differ: {res['time_s']} s and {res2['time_s']} s")
@@ -200,7 +221,8 @@ def analyse(trace, args, spec) -> tuple[dict, dict, dict]:
         span = end[sel[-1]] - (end[sel[0] - 1] if sel[0] else 0.0)
         per[it] = dict(time=res["iteration_times_s"][it], stall=float(stall[sel].sum()),
                        fault=float(sum(stall[j] for j in sel if j in first.faulted)),
-                       step_stall=float(stall[step].sum()), idle=float(idle[sel].sum()),
+                       step_stall=float(stall[step].sum()),
+                       step_lost=float(sum(second.step_s.get(int(i), 0.0) for i in sel)), idle=float(idle[sel].sum()),
                        busy=float(span - idle[sel].sum()), lost=sum(causes.values()), causes=causes, kinds=kinds)
     orc = replay(trace, make_policy("oracle"), args.gpu, oversub=args.oversub, host=args.host, evict=args.evict,
                  discards=args.discards)
@@ -244,15 +266,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.trace} at {args.oversub}x, {args.policy}: whole run {res['time_s']:.3f} s, oracle "
           f"{orc['time_s']:.3f} s ({res['time_s'] / orc['time_s']:.3f}x)")
     print("lost link s: H2D idle after a decision while a block a later launch of the iteration stalls on is missing")
-    print(f"| iteration | time s (oracle) | stall s (oracle) | stall s, faulting launches | step stall s | link busy s | link idle s "
-          f"| lost s | {' | '.join(CAUSES)} |")
-    print("|---|---|---|---|---|---|---|---|" + "---|" * len(CAUSES))
+    print("| iteration | time s (oracle) | stall s (oracle) | stall s, faulting launches | step stall s | link busy s "
+          f"| link idle s | lost s | of which for the step | {' | '.join(CAUSES)} |")
+    print("|---|---|---|---|---|---|---|---|---|" + "---|" * len(CAUSES))
     for it in wanted:
         r = per[it]
         cells = " | ".join(f"{r['causes'][c]:.3f}" for c in CAUSES)
         print(f"| {it} | {r['time']:.3f} ({orc['iteration_times_s'][it]:.3f}) | {r['stall']:.3f} "
               f"({orc['iteration_stall_s'][it]:.3f}) | {r['fault']:.3f} | {r['step_stall']:.3f} | {r['busy']:.3f} | "
-              f"{r['idle']:.3f} | {r['lost']:.3f} | {cells} |")
+              f"{r['idle']:.3f} | {r['lost']:.3f} | {r['step_lost']:.3f} | {cells} |")
     print("\nlost link s by the missing block's kind")
     print(f"| iteration | {' | '.join(KINDS)} |")
     print("|---|" + "---|" * len(KINDS))
