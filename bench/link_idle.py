@@ -44,6 +44,8 @@ from uvmprefetch.policy.uvmprefetch import UvmPrefetchPolicy  # noqa: E402
 from uvmprefetch.policy.uvmprefetch.history import INF  # noqa: E402
 from uvmprefetch.sim.replay import replay  # noqa: E402
 
+from bench.wasted_prefetch import replay_args, trace_and_policy  # noqa: E402
+
 CAUSES = ("not predicted", "predicted too late", "beyond window", "placed, gone since", "beyond reach, no victim",
           "beyond reach, victims, budget 0, soft", "beyond reach, victims, budget 0, exact",
           "beyond reach, victims, budget > 0")
@@ -231,34 +233,15 @@ def analyse(trace, args, spec) -> tuple[dict, dict, dict]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("trace", help="a standard trace's name (recorded if missing) or a .uvmt file")
-    ap.add_argument("--oversub", type=float, default=3.0)
-    ap.add_argument("--policy", default="uvmprefetch", help="uvmprefetch[:k=v,...]")
-    ap.add_argument("--gpu", default="h100-pcie")
-    ap.add_argument("--host", default="live")
-    ap.add_argument("--evict", default="auto")
-    ap.add_argument("--no-discard", dest="discards", action="store_false")
-    ap.add_argument("--iterations", default="2,3,4", help="comma-separated iterations to print (default 2,3,4)")
+    replay_args(ap, "2,3,4")
     ap.add_argument("--step", type=int, default=16, help="the iteration's last launches counted as the optimizer "
                     "step (default 16: AdamW's foreach launches)")
     args = ap.parse_args(argv)
     from uvmprefetch.errors import ConfigError, UvmPrefetchError
     try:
-        try:
-            wanted = [int(x) for x in args.iterations.split(",")]
-        except ValueError:
-            raise ConfigError(f"--iterations {args.iterations!r}: comma-separated integers expected") from None
         if args.step < 0:
             raise ConfigError(f"--step {args.step}: must be >= 0")
-        from bench.policy_cost import get_trace
-        _, trace = get_trace(args.trace, "gpt2")
-        spec = make_policy(args.policy)
-        if not isinstance(spec, UvmPrefetchPolicy):
-            raise ConfigError(f"--policy {args.policy!r}: only uvmprefetch is watched")
-        n_it = len(set(trace.launch_iter.tolist()))
-        bad = [i for i in wanted if not 0 <= i < n_it]
-        if bad:
-            raise ConfigError(f"--iterations {args.iterations!r}: the trace has iterations 0..{n_it - 1}")
+        wanted, trace, spec = trace_and_policy(args, "watched")
         res, per, orc = analyse(trace, args, spec)
     except (UvmPrefetchError, ValueError, OSError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
