@@ -206,10 +206,12 @@ def test_first_writes_into_dead_memory_are_populated_instead_of_faulted(oversub)
     from uvmprefetch.trace import load
     t = load(SMALL)
 
-    def run(spec, gpu="h100-pcie"):
-        return replay(t, spec, gpu, oversub=oversub, host="live", evict="auto")
+    def run(more="", gpu="h100-pcie"):
+        # (first_writes_free off: with it the queue is idle at these decisions, and the first writes are prefetched
+        # without a transfer: test_first_writes_into_dead_memory_take_no_link_time)
+        return replay(t, "uvmprefetch:first_writes_free=false" + more, gpu, oversub=oversub, host="live", evict="auto")
     # WHEN it is replayed with and without populates
-    on, off = run("uvmprefetch"), run("uvmprefetch:populate=false")
+    on, off = run(), run(",populate=false")
     # THEN first writes are populated instead of faulted zero-filled (67 against 124 / 211 when measured), the
     # run is faster, and the steady state (the last iteration, where nothing new is written) is the same
     assert on["populated_blocks"] > 0 and on["policy_report"]["populated_blocks"] >= on["populated_blocks"]
@@ -217,8 +219,42 @@ def test_first_writes_into_dead_memory_are_populated_instead_of_faulted(oversub)
     assert on["time_s"] < 0.97 * off["time_s"]
     assert on["iteration_times_s"][-1] == pytest.approx(off["iteration_times_s"][-1], rel=1e-9)
     # AND where the caller cannot populate (a profile without a populate cost) the policy asks for none
-    lit, lit_off = run("uvmprefetch", "h100-pcie-lit"), run("uvmprefetch:populate=false", "h100-pcie-lit")
+    lit, lit_off = run("", "h100-pcie-lit"), run(",populate=false", "h100-pcie-lit")
     assert lit["refused_populates"] == lit["populated_blocks"] == 0 and lit["time_s"] == lit_off["time_s"]
+
+
+@pytest.mark.parametrize("oversub", [1.5, 1.7])
+def test_first_writes_into_dead_memory_take_no_link_time(oversub):
+    # GIVEN the shipped GPT-2 small trace (its activations land where the record has other tensors: the running
+    # launch's first writes into dead memory miss), the H100's costs and the live host
+    from uvmprefetch.sim.replay import replay
+    from uvmprefetch.trace import load
+    t = load(SMALL)
+    ahead = {}
+
+    class Watch(UvmPrefetchPolicy):
+        def on_launch(self, info, state):
+            dec = super().on_launch(info, state)
+            # (the plan's predicted end of the H2D queue against the simulator's, at the next decision)
+            self.seen.append(float(self.plan.r["q_end"]))
+            self.real.append(float(state.t_h2d))
+            return dec
+
+    def run(spec):
+        pol = Watch(make_policy(spec).params)
+        pol.seen, pol.real = [], []
+        r = replay(t, pol, "h100-pcie", oversub=oversub, host="live", evict="auto")
+        q, real = np.array(pol.seen[:-1]), np.array(pol.real[1:])
+        ahead[spec] = int((q > real + pol.t_blk).sum())
+        return r
+    # WHEN it is replayed with first_writes_free (the default) and without
+    on, off = run("uvmprefetch"), run("uvmprefetch:first_writes_free=false")
+    # THEN the plan's queue runs ahead of the link's at fewer decisions (1.5x: 6 against 249 when measured), the
+    # first writes need no populate (the queue is idle when they are prefetched) and fault no more, and the run is
+    # faster (0.2566 against 0.2581 s at 1.5x)
+    assert ahead["uvmprefetch"] < 0.2 * ahead["uvmprefetch:first_writes_free=false"]
+    assert on["faults"] <= off["faults"] and on["time_s"] < off["time_s"]
+    assert on["iteration_times_s"][0] == off["iteration_times_s"][0]  # (no dead memory yet: nothing changes)
 
 
 def test_fresh_memory_moves_no_data_in_the_first_iteration():
@@ -236,9 +272,12 @@ def test_fresh_memory_moves_no_data_in_the_first_iteration():
         # (moved_births off: it acts from iteration 1 on, where a first write into a block freed while on the host
         # is populated and refused, the block's host copy moved in: 15 blocks on this trace; follow_cold off: it
         # acts in iteration 1 too, where the pointer goes on by name over the cold record; with it on, iteration 1
-        # differs between the two runs by 0.6 % of its time on this trace, a difference not traced further)
-        return replay(t, "uvmprefetch:moved_births=false,follow_cold=false", "h100-pcie", oversub=1.5, host="live",
-                      evict="auto", layout=lay)
+        # differs between the two runs by 0.6 % of its time on this trace, a difference not traced further;
+        # first_writes_free off: the link time it takes off the queue's estimate is that of blocks dead where the
+        # first iteration freed them, which differ with and without fresh blocks, and with them the later
+        # iterations' pacing by 0.2 %)
+        return replay(t, "uvmprefetch:moved_births=false,follow_cold=false,first_writes_free=false", "h100-pcie",
+                      oversub=1.5, host="live", evict="auto", layout=lay)
     # WHEN it is replayed with the trace's fresh blocks and without
     on, off = run(True), run(False)
     # THEN the first iteration brings its new tensors in without moving data or faulting (1 fault, 2.8 GiB H2D,
@@ -972,9 +1011,12 @@ def test_the_policy_decides_as_the_reference(name, spec, unknown):
 def test_the_policy_populates_as_the_reference():
     # GIVEN the shipped trace on the H100's measured costs, where the caller populates
     # WHEN the compiled policy and the reference run in lock step
-    one, n = _lockstep(_trace("gpt2-small"), "uvmprefetch", 1.7, gpu="h100-pcie")
+    # (with first_writes_free the queue is idle where first writes miss, and none is populated: both settings)
+    one, n = _lockstep(_trace("gpt2-small"), "uvmprefetch:first_writes_free=false", 1.7, gpu="h100-pcie")
     # THEN the same decisions throughout, populates among them
     assert n == len(_trace("gpt2-small").launch_iter) and one.report()["populated_blocks"] > 0
+    one, n = _lockstep(_trace("gpt2-small"), "uvmprefetch", 1.7, gpu="h100-pcie")
+    assert n == len(_trace("gpt2-small").launch_iter)
 
 
 def test_the_steps_entry_point_takes_only_arrays_of_the_types_it_was_kept_for(monkeypatch):

@@ -606,16 +606,19 @@ class ReferencePolicy(UvmPrefetchPolicy):
                     self.stats["discarded_blocks"] += discard.shape[0]
                 placed += k_ok
         pf = pop = EMPTY
+        k = self._get("history", "pk")
+        # the running launch's first writes into dead memory move no data (``first_writes_free``; its marks took them
+        # for live)
+        first = h.pbuf[:k][h.wbuf[:k] == 2] if self._get("history", "phas_w") else EMPTY
+        free_fw = first if P.first_writes_free else EMPTY
         if P.prefetch:
             pf, pp = blk[:placed], pos[:placed]
             if pf.size and q > state.now + float(pr["lat"]):
                 keep = pp >= 0  # the running launch's misses fault instead, but for its first writes into dead memory
                 if pr["populate"] and self._get("history", "phas_w"):
-                    k = self._get("history", "pk")
-                    first = h.pbuf[:k][h.wbuf[:k] == 2]
                     pop = pf[(pp < 0) & np.isin(pf, first)]
                 if P.fault_late_soft and p is not None and p + 1 < self.end and self._flat("h_soft")[p + 1 - self.base]:
-                    arrive = q + t_blk * np.cumsum(~(bs.dead[pf] | bs.fresh[pf]))
+                    arrive = q + t_blk * np.cumsum(~(bs.dead[pf] | bs.fresh[pf] | np.isin(pf, free_fw)))
                     keep &= ~((pp == p + 1) & (arrive > state.now + dur + float(pr["lat"]))
                               & (bs.w_iter[pf] != self.it))
                 pf = pf[keep]
@@ -629,7 +632,7 @@ class ReferencePolicy(UvmPrefetchPolicy):
             self.stats["populated_blocks"] += pop.shape[0]
         if pf.size:
             bs.pf_unused[pf] = True
-            live = int((~(bs.dead[pf] | bs.fresh[pf])).sum())
+            live = int((~(bs.dead[pf] | bs.fresh[pf] | np.isin(pf, free_fw))).sum())
             pr["q_end"] = q + live * t_blk
             self.stats["prefetched_blocks"] += pf.shape[0]
             self.advice.r["link_blocks"] += live

@@ -128,7 +128,8 @@ class UvmPrefetchPolicy(Policy):
                                  lat=float(ctx.gpu.fault_batch_latency_s), lead_s=P.lead_s, prefetch=P.prefetch,
                                  pre_evict=P.pre_evict, pace=P.pace, stall_aware=P.stall_aware,
                                  fault_late_soft=P.fault_late_soft,
-                                 populate=populates, moved_births=P.moved_births and self.invalidating and discards))
+                                 populate=populates, moved_births=P.moved_births and self.invalidating and discards,
+                                 first_writes_free=P.first_writes_free))
         self.advice = AdviceState(n)
         self.monitor = WindowMonitor(P.window, P.window_min, P.window_max, P.patience, P.adaptive_window)
         self.stats = Counts()

@@ -43,6 +43,9 @@ class UvmPrefetchParams(Params):
     # no launch has used are populated on the GPU without data beside the queue instead of left to fault
     # (Decision.populate)
     populate: bool = True
+    # the predicted end of the H2D queue (the pacing budget's clock) counts no link time for the running launch's
+    # first writes into dead memory, prefetched with its misses (they move no data); off, it counts a block's each
+    first_writes_free: bool = True
     track_moves: bool = True  # translate predicted blocks of tensors the allocator placed elsewhere
     # ... and where predictions are translated, the record's first writes of new tensors are not prefetched at their
     # recorded blocks (this step's allocator places them elsewhere: docs/policies.md "Moved tensors"); only where
