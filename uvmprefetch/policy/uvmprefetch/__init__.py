@@ -114,7 +114,7 @@ class UvmPrefetchPolicy(Policy):
         # (follow_cold only where frees are deaths the caller drops: without discards the jumps measured better)
         self.correlation = Correlation(P.table_entries, P.ngram, P.stable_sync,
                                        P.follow_cold and self.invalidating and discards)
-        self.moves = Moves(n, P.track_moves, P.layer_stride, P.jump_moves, P.jump_far)
+        self.moves = Moves(n, P.track_moves, P.layer_stride)
         populates = P.populate and bool(getattr(ctx, "populates", False))
         # (where memory nothing has used is mapped without data: docs/simulator.md "Cold start")
         self.blocks = Blocks(n, fresh=bool(getattr(ctx, "fresh_memory", False)))

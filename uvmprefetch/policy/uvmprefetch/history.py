@@ -280,16 +280,14 @@ def advance(h, mv, q, lim):
 
 
 @nb.njit(cache=True, nogil=True)
-def rebuild(h, q, keep_far):
+def rebuild(h, q):
     """The pointer jumps to ``q``: every block's predicted next use is the position of its first entry after
-    ``q``; only the first ``scan_max`` entries are read. A block they do not hold has no predicted use (``INF``),
-    or with ``keep_far``, when they end before the history does, keeps a prediction that lies past them (read up
-    to where ``advance`` left it: a jump there and back, or to a nearby layer, changes no far block's next use).
-    Returns the first position not read in full (``INF``: all were)."""
+    ``q``; only the first ``scan_max`` entries are read (further ones count as unknown: ``INF``)."""
     s = h.s[0]
     s.p = q
     s.has_p = True
     nu = h.nu
+    nu[:] = INF
     base = s.base
     nh = s.n
     a = s.fn
@@ -297,26 +295,15 @@ def rebuild(h, q, keep_far):
         a = h.h_ptr[q + 1 - base] - s.fbase
     m = min(s.fn - a, s.scan_max)
     if m <= 0:
-        nu[:] = INF
-        return INF
+        return
     pos = np.empty(m, dtype=np.int64)
     t = q + 1
     for i in range(m):
         while t + 1 - base < nh and h.h_ptr[t + 1 - base] - s.fbase <= a + i:
             t += 1
         pos[i] = t
-    far = INF
-    if m < s.fn - a:
-        far = pos[m - 1]  # (the last scanned position may be read only in part)
-    if keep_far and far < INF:
-        for x in range(nu.shape[0]):
-            if nu[x] < far:
-                nu[x] = INF
-    else:
-        nu[:] = INF
     for i in range(m - 1, -1, -1):  # the first entry of a block is written last
         nu[h.f_blk[a + i]] = pos[i]
-    return far
 
 
 @nb.njit(cache=True, nogil=True)

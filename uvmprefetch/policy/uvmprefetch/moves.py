@@ -15,10 +15,6 @@ distance between layers, one for older data (weights) and one for this iteration
 caching allocator lays both out layer after layer (``learn_shift``). The window pass applies it to the positions of
 this iteration.
 
-A jump of the pointer rebuilds every next use from the record (``rebuild``), which knows the recorded blocks only;
-with ``jump_moves`` the moves are applied after it as ``advance`` applies them (``keep_moves``): a moved tensor's
-block keeps the next use its recorded block has after the new position.
-
 At an iteration's end the remap is dropped and the moved blocks' next uses are settled (``settle``).
 """
 
@@ -35,8 +31,7 @@ MOVES = np.dtype([
     ("moved_at_start", np.int64),  # the count of moved blocks when this iteration began
     ("s_old", np.int64), ("s_new", np.int64),  # layer stride (blocks) of older data / of this iteration's data
     ("shift_it", np.bool_),  # a layer stride was in use this iteration
-    ("track_moves", np.bool_), ("layer_stride", np.bool_), ("jump_moves", np.bool_),
-    ("jump_far", np.bool_),  # settings
+    ("track_moves", np.bool_), ("layer_stride", np.bool_),  # settings
 ], align=True)
 
 FIELDS = ("s", "remap", "rend", "moved_to")
@@ -45,10 +40,8 @@ FIELDS = ("s", "remap", "rend", "moved_to")
 class Moves(Part, fields=FIELDS):
     """The moves part: see the module docstring."""
 
-    def __init__(self, n_blocks: int, track_moves: bool, layer_stride: bool, jump_moves: bool = False,
-                 jump_far: bool = False) -> None:
-        self.record_of(MOVES, track_moves=track_moves, layer_stride=layer_stride, jump_moves=jump_moves,
-                       jump_far=jump_far)
+    def __init__(self, n_blocks: int, track_moves: bool, layer_stride: bool) -> None:
+        self.record_of(MOVES, track_moves=track_moves, layer_stride=layer_stride)
         self.remap = np.arange(n_blocks, dtype=np.int64)  # recorded block -> where its tensor lives now
         self.rend = np.zeros(n_blocks, dtype=np.int64)  # ... for its recorded entries before this position
         self.moved_to = np.zeros(n_blocks, dtype=bool)  # blocks that took a recorded block's next use
@@ -105,56 +98,6 @@ def remap_limit(mv, moves_now, q, rec_end):
     if mv.s[0].track_moves and moves_now and q < rec_end:
         return rec_end
     return 0
-
-
-@nb.njit(cache=True, nogil=True)
-def keep_moves(mv, h, lim, far):
-    """After a jump (``rebuild``) to a position before ``lim`` (the followed record's end, ``remap_limit``): each
-    recorded block ``x`` the moves sent to ``y`` hands its rebuilt next use to ``y``, as ``advance`` would (a use
-    from ``lim`` on: where this iteration first used ``y``); ``x`` itself, when that use comes before its next
-    birth (``rend``: the next tensor at its address), is next used at that birth if the record has one before
-    ``lim``, else has no predicted use. All rebuilt values are read before any is written (a block can be both a
-    moved tensor's old and another's new place). A use the rebuild did not read (from ``far`` on) is left as the
-    rebuild left it where ``y`` kept a prediction. Returns one past the furthest translated next use (at least
-    ``lim``), what a victim pool not kept up through moves waits for (``moved_reach``)."""
-    remap = mv.remap
-    nu = h.nu
-    it = h.s[0].iters
-    n = remap.shape[0]
-    m = 0
-    for x in range(n):
-        if remap[x] != x:
-            m += 1
-    top = lim
-    if m == 0:
-        return top
-    xs = np.empty(m, dtype=np.int64)
-    raw = np.empty(m, dtype=np.int64)
-    j = 0
-    for x in range(n):
-        if remap[x] != x:
-            xs[j] = x
-            raw[j] = nu[x]
-            j += 1
-    for j in range(m):
-        x = xs[j]
-        if raw[j] < far and raw[j] < mv.rend[x] and mv.rend[x] < lim:
-            nu[x] = mv.rend[x]
-    for j in range(m):
-        y = remap[xs[j]]
-        t = raw[j]
-        if t >= mv.rend[xs[j]]:
-            t = INF  # (used from the next birth at its address on: the record's moved tensor is not used again)
-        elif t >= far:
-            if nu[y] < INF:
-                continue
-            t = INF
-        if t >= lim and h.first_it[y] == it:
-            t = h.first_pos[y]
-        nu[y] = t
-        if t < INF and t + 1 > top:
-            top = t + 1
-    return top
 
 
 @nb.njit(cache=True, nogil=True)

@@ -53,11 +53,6 @@ class UvmPrefetchParams(Params):
     # of jumping to another position with its exact signature (docs/policies.md "Encoder-decoder training"); only
     # where the caller discards and frees are deaths (without discards the jumps measured better: +2 % geomean)
     follow_cold: bool = True
-    # a jump of the pointer keeps the learned moves: a moved tensor's block takes the next use its recorded block has
-    # after the new position (docs/policies.md "Encoder-decoder training")
-    jump_moves: bool = False
-    # ... and keeps each block's prediction that lies past the entries its rebuild reads (scan_max)
-    jump_far: bool = False
     layer_stride: bool = True  # following an earlier layer of this iteration, shift its blocks by the stride
     window: int = 1024  # initial lookahead, in launches
     window_min: int = 64  # below this the plan cannot cover a layer's launches

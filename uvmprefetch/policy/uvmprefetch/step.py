@@ -26,7 +26,7 @@ import numpy as np
 from . import correlation as corr
 from .blocks import cur_marks, decided, launch_marks, note_thrash
 from .history import INF, advance, commit_pending, flat_span, has_room, rebuild, record_end, set_pending, trim
-from .moves import keep_moves, learn_moves, learn_shift, move_touches, moved_reach, remap_limit
+from .moves import learn_moves, learn_shift, move_touches, moved_reach, remap_limit
 from .parts import define_part
 from .plan import plan
 from .victims import pool_add, pool_due, pool_rekey
@@ -81,11 +81,9 @@ def _go(st, q, moves_now):
 
 
 @nb.njit(cache=True, nogil=True)
-def _jump(st, q, moves_now):
+def _jump(st, q):
     """The pointer jumps to ``q``: the plan starts after it, the pool and the verified span are gone (and the pool
-    waits for the shifted predictions of this iteration's record), every next use is rebuilt; with ``jump_moves``
-    the moves learned this iteration (``moves_now``) are kept where ``q`` lies in the record they translate (and a
-    pool not kept up through moves waits for the translated predictions)."""
+    waits for the shifted predictions of this iteration's record), every next use is rebuilt."""
     h = st.hist
     s = h.s[0]
     ps = st.plan.s[0]
@@ -96,18 +94,8 @@ def _jump(st, q, moves_now):
     ps.v_hi = -1
     vr.on = False
     vr.last_q = q
-    stale = vr.stale
     vr.stale = s.base + s.n + 1 if (mr.s_old != 0 or mr.s_new != 0) else 0
-    cold = s.n_starts == 0 or q < h.starts[0]  # (the cold iteration's record)
-    far = rebuild(h, q, mr.jump_far and cold)
-    if mr.jump_far and cold and not vr.through_moves:  # (kept predictions may have been made through moves)
-        vr.stale = max(vr.stale, stale)
-    if mr.jump_moves and cold and q < s.iter_start:
-        lim = remap_limit(st.moves, moves_now, q, record_end(h, q))
-        if lim > 0:
-            top = keep_moves(st.moves, h, lim, far)
-            if not vr.through_moves:
-                vr.stale = max(vr.stale, top)
+    rebuild(h, q)
 
 
 @nb.njit(cache=True, nogil=True)
@@ -240,7 +228,7 @@ def step(st, launch, blocks, writes, view):
     elif how == corr.M_MATCHED or how == corr.M_SOFT:
         _go(st, q, moves_now)
     else:
-        _jump(st, q, moves_now)
+        _jump(st, q)
     # stamp: match
     resident, in_flight = view[0], view[1]
     vs = st.victims
