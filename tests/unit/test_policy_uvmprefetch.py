@@ -1382,3 +1382,10 @@ def test_every_compiled_function_of_the_policy_releases_the_gil():
                if isinstance(v, CPUDispatcher) and v.py_func.__module__ == m.__name__]
     assert len(kernels) > 40
     assert [k.py_func.__name__ for k in kernels if not k.targetoptions.get("nogil")] == []
+
+
+def test_a_negative_follow_cold_visit_is_refused_by_name():
+    # GIVEN / WHEN a spec with a negative average visit length THEN the error names the parameter
+    from uvmprefetch.errors import ConfigError
+    with pytest.raises(ConfigError, match="follow_cold_visit"):
+        UvmPrefetchPolicy(follow_cold_visit=-1)
