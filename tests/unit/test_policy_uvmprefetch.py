@@ -1309,12 +1309,13 @@ def test_a_recorded_new_tensor_is_not_prefetched_where_the_record_had_it_while_t
 
 
 @pytest.mark.parametrize("cls", [UvmPrefetchPolicy, ReferencePolicy])
-@pytest.mark.parametrize("follow_cold", [True, False])
-def test_following_the_cold_record_goes_on_by_name_before_an_exact_signature_elsewhere(cls, follow_cold):
+@pytest.mark.parametrize("follow_cold,visit", [(True, 0.0), (False, 0.0), (True, 2.5)])
+def test_following_the_cold_record_goes_on_by_name_before_an_exact_signature_elsewhere(cls, follow_cold, visit):
     # GIVEN a first step of two layers, each a kernel writing an activation (0) and one reading it with a buffer
-    # every layer reads (1, block 2), the second layer's activation in block 20
+    # every layer reads (1, block 2), the second layer's activation in block 20 (follow_cold_visit 2.5: follow_cold
+    # acts only once the pointer's visits to this step's earlier launches lasted 2.5 launches on average)
     pol = cls(window=8, window_min=1, adaptive_window=False, advice=False, stable_sync=False,
-              follow_cold=follow_cold)
+              follow_cold=follow_cold, follow_cold_visit=visit)
     n = 32
     view = FakeView(n, n)
     pol.on_start(ctx(n, n))
@@ -1328,9 +1329,35 @@ def test_following_the_cold_record_goes_on_by_name_before_an_exact_signature_els
     _step(pol, view, 4, 1, 0, [1, 20], [20])
     assert pol.history.p == 0
     _step(pol, view, 5, 1, 1, [2, 20], [])
-    # THEN with follow_cold the pointer goes on to the record's next launch (the same kernel: a soft match); without,
-    # it jumps to the recorded second layer, whose blocks are this launch's
-    assert pol.history.p == (1 if follow_cold else 3)
+    # THEN with follow_cold acting the pointer goes on to the record's next launch (the same kernel: a soft match);
+    # without, or before any visit was seen, it jumps to the recorded second layer, whose blocks are this launch's
+    assert pol.history.p == (1 if follow_cold and visit == 0 else 3)
+
+
+@pytest.mark.parametrize("lengths,acts", [((3, 2), True), ((1, 2), False), ((5,), False), ((2, 2, 4), True)])
+def test_follow_cold_acts_once_the_visits_to_this_step_last_long_enough_on_average(lengths, acts):
+    # GIVEN a policy after a first step of 4 launches (this step's launches begin at position 4) and follow_cold
+    # acting from visits of 2.5 launches on average
+    from uvmprefetch.policy.uvmprefetch.correlation import visit
+    pol = UvmPrefetchPolicy(advice=False, follow_cold_visit=2.5)
+    n = 16
+    view = FakeView(n, n)
+    pol.on_start(ctx(n, n))
+    for i in range(4):
+        _step(pol, view, i, 0, i, [i], [i])
+    pol.on_iteration(0)
+    for i in range(4):
+        _step(pol, view, 4 + i, 1, i, [8 + i], [8 + i])
+    assert pol.history.r["iter_start"] == 4 and not pol.correlation.r["cold_on"]
+    # WHEN the pointer visits this step's launches from the cold record and comes back, each visit that many launches
+    t = 100
+    for k in lengths:
+        visit(pol.correlation.ref, pol.history.ref, 2, 5, t)  # (record -> this step)
+        visit(pol.correlation.ref, pol.history.ref, 6, 3, t + k)  # (back)
+        t += k + 10
+    # THEN follow_cold acts from the second visit on when they lasted 2.5 launches on average
+    assert pol.correlation.r["cold_on"] == acts
+    assert pol.correlation.r["visits"] == len(lengths)
 
 
 def test_iteration_end_settles_the_next_use_of_moved_blocks():
@@ -1398,3 +1425,10 @@ def test_every_compiled_function_of_the_policy_releases_the_gil():
                if isinstance(v, CPUDispatcher) and v.py_func.__module__ == m.__name__]
     assert len(kernels) > 40
     assert [k.py_func.__name__ for k in kernels if not k.targetoptions.get("nogil")] == []
+
+
+def test_a_negative_follow_cold_visit_is_refused_by_name():
+    # GIVEN / WHEN a spec with a negative average visit length THEN the error names the parameter
+    from uvmprefetch.errors import ConfigError
+    with pytest.raises(ConfigError, match="follow_cold_visit"):
+        UvmPrefetchPolicy(follow_cold_visit=-1)

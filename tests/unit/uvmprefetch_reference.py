@@ -291,9 +291,10 @@ class ReferencePolicy(UvmPrefetchPolicy):
 
     def _match(self, key, name, sig, stab, moves_now):
         """Most specific first: the next recorded launch with the same signature, the last position with it (not a
-        repeat inside this iteration while following a later record than the cold one; with ``follow_cold`` not
-        anywhere while following the cold record and this kernel comes next there), the stable signature (into
-        this iteration's and the last one's records only), the next launch by name, then the n-gram tables."""
+        repeat inside this iteration while following a later record than the cold one; with ``follow_cold``, once
+        it acts (``_visit``), not anywhere while following the cold record and this kernel comes next there), the
+        stable signature (into this iteration's and the last one's records only), the next launch by name, then the
+        n-gram tables."""
         h, st = self.history, self.stats
         self._set("history", "soft", 0)
         base, end, p = self.base, self.end, self.p
@@ -309,7 +310,7 @@ class ReferencePolicy(UvmPrefetchPolicy):
             if starts.size and starts[0] <= nxt:  # (a later record than the cold one)
                 if q >= it_start:
                     q = None
-            elif self._get("correlation", "follow_cold"):
+            elif self._get("correlation", "cold_on"):
                 q = None
         if (q is None or not base <= q < end) and stab:
             q2 = self._tab("stab_pos", stab)
@@ -317,6 +318,7 @@ class ReferencePolicy(UvmPrefetchPolicy):
                     and hkey[q2 - base] == key and q2 != nxt):
                 st["stable_resync"] += 1
                 self._set("history", "soft", 1)
+                self._visit(p, q2)
                 return self._jump(q2)
         if q is None or not base <= q < end:
             if nxt is not None and nxt < end and hname[nxt - base] == name:
@@ -340,7 +342,25 @@ class ReferencePolicy(UvmPrefetchPolicy):
             st["matched"] += 1
             return self._advance(q, moves_now)
         st["resync"] += 1
+        self._visit(p, q)
         self._jump(q)
+
+    def _visit(self, p, q):
+        """``follow_cold`` acts once the pointer's visits from the cold record to this step's earlier launches last
+        ``follow_cold_visit`` launches on average (from the end of the second on)."""
+        cr = self.correlation.r
+        if p is None or not cr["follow_cold"] or cr["cold_on"]:
+            return
+        it_start = self._get("history", "iter_start")
+        starts = self.history.starts[:self._get("history", "n_starts")]
+        n = self.stats["launches"]
+        if p < it_start <= q and (not starts.size or p < starts[0]):
+            cr["visit_at"] = n
+        elif q < it_start <= p and cr["visit_at"] >= 0:
+            cr["visits"] += 1
+            cr["visited"] += n - cr["visit_at"]
+            cr["visit_at"] = -1
+            cr["cold_on"] = cr["visits"] >= 2 and cr["visited"] >= self.params.follow_cold_visit * cr["visits"]
 
     def _remap_lim(self, p, moves_now):
         it_start = self._get("history", "iter_start")

@@ -113,7 +113,7 @@ class UvmPrefetchPolicy(Policy):
         self.history = History(n, P.history_launches, P.scan_max)
         # (follow_cold only where frees are deaths the caller drops: without discards the jumps measured better)
         self.correlation = Correlation(P.table_entries, P.ngram, P.stable_sync,
-                                       P.follow_cold and self.invalidating and discards)
+                                       P.follow_cold and self.invalidating and discards, P.follow_cold_visit)
         self.moves = Moves(n, P.track_moves, P.layer_stride)
         populates = P.populate and bool(getattr(ctx, "populates", False))
         # (where memory nothing has used is mapped without data: docs/simulator.md "Cold start")

@@ -31,6 +31,10 @@ CORRELATION = np.dtype([
     ("n", np.int64),  # setting: predecessors in an n-gram
     ("stable_sync", np.bool_),  # setting: count and use stable signatures
     ("follow_cold", np.bool_),  # setting: following the cold iteration's record, go on by name before a jump
+    ("visit_len", np.float64),  # setting: ... once the visits below last this many launches on average
+    # the pointer's visits to this step's earlier launches while it follows the cold record: how many ended, their
+    # launches in all, when the running one began (-1: none); whether ``follow_cold`` acts now
+    ("visits", np.int64), ("visited", np.int64), ("visit_at", np.int64), ("cold_on", np.bool_),
 ], align=True)
 
 FIELDS = ("s", "sig_pos", "stab_pos", "exec_pos", "name_pos", "ngram_count", "stab_count", "recent")
@@ -45,8 +49,10 @@ _SEED = np.int64(0x5EED)
 class Correlation(Part, fields=FIELDS):
     """The correlation part: see the module docstring."""
 
-    def __init__(self, entries: int, n: int, stable_sync: bool, follow_cold: bool = True) -> None:
-        self.record_of(CORRELATION, n=n, stable_sync=stable_sync, follow_cold=follow_cold)
+    def __init__(self, entries: int, n: int, stable_sync: bool, follow_cold: bool = True,
+                 visit_len: float = 0.0) -> None:
+        self.record_of(CORRELATION, n=n, stable_sync=stable_sync, follow_cold=follow_cold, visit_len=visit_len,
+                       visit_at=-1, cold_on=follow_cold and visit_len <= 0)
         for f in ("sig_pos", "stab_pos", "exec_pos", "name_pos", "ngram_count", "stab_count"):
             setattr(self, f, assoc_table(entries))
         self.recent = np.zeros((2, n + 1), dtype=np.int64)  # the last exec ids / names committed
@@ -184,7 +190,9 @@ def find(c, h, launch):
     in the record and back every few launches, each jump rebuilding every next use without the learned moves (T5
     base at 3x: iteration 1 took 0.99 s, 1.52x the oracle, with 27 GB H2D against its 16 GB; 0.84 s without the
     jumps, ``bench/refetch.py``). Off, the previous layer of this iteration, shifted by the layer stride, may
-    predict the cold record's activations better (BERT large at 1.5x, iteration 1: 0.637 s against 0.665 s)."""
+    predict the cold record's activations better (BERT large at 1.5x, iteration 1: 0.637 s against 0.665 s). So
+    ``follow_cold`` acts only once the pointer's visits there (``visit``) have lasted ``visit_len`` launches on
+    average, over two at least: T5 base's visit 4.5 launches each, BERT, GPT-2 and ViT large's 1.2-1.6."""
     s = h.s[0]
     key, name, sig, stab = launch
     base = s.base
@@ -197,7 +205,7 @@ def find(c, h, launch):
         if s.n_starts > 0 and h.starts[0] <= nxt:  # (a later record than the cold one)
             if q >= s.iter_start:
                 q = -1
-        elif c.s[0].follow_cold:
+        elif c.s[0].cold_on:
             q = -1
     if not base <= q < end and stab != 0:
         q2 = _get(c, c.stab_pos, stab)
@@ -219,3 +227,21 @@ def find(c, h, launch):
     if q == nxt:
         return M_MATCHED, q, 0
     return M_RESYNC, q, 0
+
+
+@nb.njit(cache=True, nogil=True)
+def visit(c, h, p, q, launches):
+    """The pointer jumps from ``p`` to ``q`` at launch count ``launches``: a jump from the cold record into this
+    step's earlier launches begins a visit, one back into a record ends it; ``follow_cold`` acts from the end of the
+    second visit on while the visits so far lasted ``visit_len`` launches on average."""
+    cs = c.s[0]
+    s = h.s[0]
+    if not cs.follow_cold or cs.cold_on:
+        return
+    if p < s.iter_start <= q and (s.n_starts == 0 or p < h.starts[0]):
+        cs.visit_at = launches
+    elif q < s.iter_start <= p and cs.visit_at >= 0:
+        cs.visits += 1
+        cs.visited += launches - cs.visit_at
+        cs.visit_at = -1
+        cs.cold_on = cs.visits >= 2 and cs.visited >= cs.visit_len * cs.visits
