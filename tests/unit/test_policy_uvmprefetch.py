@@ -991,7 +991,8 @@ def _lockstep(tr, spec, oversub, unknown=False, gpu="h100-pcie-lit"):
     ("gpt2-small", "uvmprefetch:history_launches=300,scan_max=256", False),
     ("gpt2-small", "uvmprefetch:invalidate=false,dead_reuse=false,stall_aware=false,lead_s=1e-4", False),
     ("gpt2-small", "uvmprefetch:pre_evict=false", False), ("gpt2-small", "uvmprefetch:prefetch=false", True),
-    ("gpt2-small", "uvmprefetch:pace=false", False), ("gpt2-small", "uvmprefetch:follow_cold=false", False)])
+    ("gpt2-small", "uvmprefetch:pace=false", False), ("gpt2-small", "uvmprefetch:follow_cold=false", False),
+    ("moe", "uvmprefetch:writeback_clock=false", False)])
 def test_the_policy_decides_as_the_reference(name, spec, unknown):
     # GIVEN traces whose launches repeat exactly, move their activations (the shipped trace: the allocator),
     # follow soft slots (MoE) or change pattern, short of memory; with and without known accesses; the default
@@ -1018,6 +1019,24 @@ def test_the_policy_populates_as_the_reference():
     assert n == len(_trace("gpt2-small").launch_iter) and one.report()["populated_blocks"] > 0
     one, n = _lockstep(_trace("gpt2-small"), "uvmprefetch", 1.7, gpu="h100-pcie")
     assert n == len(_trace("gpt2-small").launch_iter)
+
+
+def test_at_soft_matches_the_pacing_budget_waits_for_the_plans_write_backs():
+    # GIVEN a trace whose sequence length alternates (soft matches where it changes) on the H100's measured costs at
+    # 1.5x, where the plan evicts dirty blocks for later launches
+    from uvmprefetch.sim.replay import replay
+
+    tr = _trace("alternating")
+    # WHEN the policy and the reference run in lock step with the write-back clock, and it is replayed without
+    one, n = _lockstep(tr, "uvmprefetch", 1.5, gpu="h100-pcie")
+    with_clock = replay(tr, make_policy("uvmprefetch"), "h100-pcie", oversub=1.5)["time_s"]
+    off = make_policy("uvmprefetch:writeback_clock=false")
+    without = replay(tr, off, "h100-pcie", oversub=1.5)["time_s"]
+    # THEN the same decisions throughout; the plan kept a predicted end of its write-backs (none without the clock),
+    # which held its budget back at some decision (another run) and did not make it slower
+    assert n == len(tr.launch_iter)
+    assert float(one.plan.s[0]["d_end"]) > 0 and float(off.plan.s[0]["d_end"]) == 0
+    assert with_clock != without and with_clock <= without
 
 
 def test_the_steps_entry_point_takes_only_arrays_of_the_types_it_was_kept_for(monkeypatch):

@@ -609,8 +609,11 @@ class ReferencePolicy(UvmPrefetchPolicy):
             rest = n - placed
             if rest and paced:
                 until = state.now + dur + lead + (max(0.0, q - state.now) if waits else 0.0)
-                room = (until - (q + placed * t_blk)) / t_blk
-                budget = max(0, int(np.ceil(room) if not self._get("history", "soft") else room))
+                soft = self._get("history", "soft")
+                # (``writeback_clock``: at a soft match from the later of the queue's end and the victims' write-backs)
+                qb = max(q, float(pr["d_end"])) if pr["writeback_clock"] and soft else q
+                room = (until - (qb + placed * t_blk)) / t_blk
+                budget = max(0, int(np.ceil(room) if not soft else room))
                 rest = min(rest, int((pos[placed:] <= near).sum()) + budget)
             if rest:
                 vict, vkey = victims_ref(res, cur, (bs.dead, h.nu, bs.dirty, bs.last_use, P.dead_reuse), pw, rest)
@@ -620,6 +623,9 @@ class ReferencePolicy(UvmPrefetchPolicy):
                     chosen = vict[:k_ok]
                     d = bs.dead[chosen]
                     evict, discard = chosen[~d], chosen[d]
+                    nd = int((bs.dirty[chosen] & ~d).sum())  # (each dirty live victim's data leaves before its room frees)
+                    if pr["writeback_clock"] and nd:
+                        pr["d_end"] = max(float(pr["d_end"]), state.now) + nd * t_blk
                     self._note_thrash(chosen, near + max(1, self.monitor.window // 8))
                     bs.dirty[chosen] = False
                     self.stats["evicted_blocks"] += evict.shape[0]

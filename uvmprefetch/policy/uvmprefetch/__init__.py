@@ -129,7 +129,8 @@ class UvmPrefetchPolicy(Policy):
                                  pre_evict=P.pre_evict, pace=P.pace, stall_aware=P.stall_aware,
                                  fault_late_soft=P.fault_late_soft,
                                  populate=populates, moved_births=P.moved_births and self.invalidating and discards,
-                                 first_writes_free=P.first_writes_free))
+                                 first_writes_free=P.first_writes_free,
+                                 writeback_clock=P.writeback_clock and self.invalidating and discards))
         self.advice = AdviceState(n)
         self.monitor = WindowMonitor(P.window, P.window_min, P.window_max, P.patience, P.adaptive_window)
         self.stats = Counts()

@@ -46,6 +46,10 @@ class UvmPrefetchParams(Params):
     # the predicted end of the H2D queue (the pacing budget's clock) counts no link time for the running launch's
     # first writes into dead memory, prefetched with its misses (they move no data); off, it counts a block's each
     first_writes_free: bool = True
+    # at a soft match the pacing budget counts from the later of the H2D queue's end and the predicted end of the
+    # victims' write-backs (a prefetch into an evicted block's room waits for its data to leave); only where the
+    # caller discards and frees are deaths (docs/policies.md "How it decides")
+    writeback_clock: bool = True
     track_moves: bool = True  # translate predicted blocks of tensors the allocator placed elsewhere
     # ... and where predictions are translated, the record's first writes of new tensors are not prefetched at their
     # recorded blocks (this step's allocator places them elsewhere: docs/policies.md "Moved tensors"); only where
