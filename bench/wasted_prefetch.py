@@ -110,38 +110,59 @@ class Tracked(UvmPrefetchPolicy):
         super().on_iteration(k)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def replay_arguments(description: str, iterations: str) -> argparse.ArgumentParser:
+    """A parser with the replay settings this script, ``bench/refetch.py`` and ``bench/link_idle.py`` take
+    (``iterations``: the default of ``--iterations``)."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("trace", help="a standard trace's name (recorded if missing) or a .uvmt file")
     ap.add_argument("--oversub", type=float, default=3.0)
-    ap.add_argument("--policy", default="uvmprefetch", help="uvmprefetch[:k=v,...]")
     ap.add_argument("--gpu", default="h100-pcie")
     ap.add_argument("--host", default="live", help="the host model (the preset's decision cost is fixed, so the "
                     "tracking's own time does not count)")
     ap.add_argument("--evict", default="auto")
     ap.add_argument("--no-discard", dest="discards", action="store_false")
-    ap.add_argument("--iterations", default="1", help="comma-separated iterations to print (default 1)")
-    args = ap.parse_args(argv)
-    from uvmprefetch.errors import ConfigError, UvmPrefetchError
+    ap.add_argument("--iterations", default=iterations,
+                    help=f"comma-separated iterations to print (default {iterations})")
+    return ap
+
+
+def parse_iterations(text: str) -> list[int]:
+    """``--iterations``' value as integers; a ConfigError naming it otherwise."""
+    from uvmprefetch.errors import ConfigError
     try:
-        try:
-            its = [int(x) for x in args.iterations.split(",")]
-        except ValueError:
-            raise ConfigError(f"--iterations {args.iterations!r}: comma-separated integers expected") from None
-        from bench.policy_cost import get_trace
-        _, trace = get_trace(args.trace, "gpt2")
-        spec = make_policy(args.policy)
-        if not isinstance(spec, UvmPrefetchPolicy):
-            raise ConfigError(f"--policy {args.policy!r}: only uvmprefetch is tracked")
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise ConfigError(f"--iterations {text!r}: comma-separated integers expected") from None
+
+
+def trace_and_policy(args, verb: str):
+    """``(iterations, trace, policy)`` of the command line; ``ConfigError`` naming what is wrong (``verb``: what the
+    script does to the policy, for the message)."""
+    from uvmprefetch.errors import ConfigError
+    its = parse_iterations(args.iterations)
+    from bench.policy_cost import get_trace
+    _, trace = get_trace(args.trace, "gpt2")
+    spec = make_policy(args.policy)
+    if not isinstance(spec, UvmPrefetchPolicy):
+        raise ConfigError(f"--policy {args.policy!r}: only uvmprefetch is {verb}")
+    n_it = len(set(trace.launch_iter[trace.launch_iter >= 0].tolist()))
+    if any(not 0 <= i < n_it for i in its):
+        raise ConfigError(f"--iterations {args.iterations!r}: the trace has iterations 0..{n_it - 1}")
+    return its, trace, spec
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = replay_arguments(__doc__.split("\n\n")[0], "1")
+    ap.add_argument("--policy", default="uvmprefetch", help="uvmprefetch[:k=v,...]")
+    args = ap.parse_args(argv)
+    from uvmprefetch.errors import UvmPrefetchError
+    try:
+        its, trace, spec = trace_and_policy(args, "tracked")
         pol = Tracked(spec.params)
         res = replay(trace, pol, args.gpu, oversub=args.oversub, host=args.host,
                      evict=args.evict, discards=args.discards)
         plain = replay(trace, make_policy(args.policy), args.gpu, oversub=args.oversub, host=args.host,
                      evict=args.evict, discards=args.discards)
-        bad = [i for i in its if not 0 <= i < len(res["iteration_times_s"])]
-        if bad:
-            raise ConfigError(f"--iterations {args.iterations!r}: the trace has iterations 0.."
-                              f"{len(res['iteration_times_s']) - 1}")
     except (UvmPrefetchError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

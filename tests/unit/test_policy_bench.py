@@ -257,3 +257,63 @@ def test_wasted_prefetch_rejects_another_policy_in_one_line(small_trace):
     r = run(["bench/wasted_prefetch.py", str(small_trace), "--policy", "demand"])
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines() == ["error: --policy 'demand': only uvmprefetch is tracked"]
+
+
+def test_refetch_splits_each_iterations_h2d_bytes_by_why_they_crossed(small_trace):
+    # GIVEN a small training trace at 3x WHEN bench/refetch.py follows every block that crosses the link under
+    # uvmprefetch and the oracle THEN the tracked replays took the same decisions as untracked ones and each
+    # iteration's rows add up to the replay's own H2D bytes (the script checks both and exits 1 otherwise), and the
+    # printed tables add up too, with data that crossed again after an eviction in the same iteration among them
+    r = run(["bench/refetch.py", str(small_trace), "--oversub", "3", "--iterations", "1,2"])
+    assert r.returncode == 0, r.stderr
+    tables = r.stdout.split("\niteration ")[1:]
+    assert len(tables) == 2
+    again = 0.0
+    for t in tables:
+        rows = [[c.strip() for c in line.split("|")[1:-1]] for line in t.splitlines()
+                if line.startswith("| ") and "---" not in line]
+        head, body, total = rows[0], rows[1:-1], rows[-1]
+        assert head[4].startswith("uvmprefetch GB") and head[6].startswith("oracle GB")
+        for col in (4, 6):
+            assert abs(sum(float(b[col]) for b in body) - float(total[col])) < 0.05
+        assert float(total[4]) > 0 and all(b[0] in ("first", "first, left", "again", "not needed") for b in body)
+        again += sum(float(b[4]) for b in body if b[0] == "again")
+    assert again > 0
+
+
+@pytest.mark.parametrize("flag, value, says", [("--policies", "nosuch", "nosuch"), ("--iterations", "9", "0..2"),
+                                              ("--iterations", "a", "--iterations")])
+def test_refetch_names_a_bad_argument_in_one_line(small_trace, flag, value, says):
+    r = run(["bench/refetch.py", str(small_trace), flag, value])
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(err) == 1 and err[0].startswith("error:") and says in err[0], r.stderr
+
+
+def test_link_idle_splits_the_lost_link_time_by_cause_and_by_kind():
+    # GIVEN the shipped GPT-2 small trace at 1.7x (its activations move: launches stall on late blocks) WHEN
+    # bench/link_idle.py follows uvmprefetch's decisions THEN its two replays took the same decisions (the script
+    # exits 2 otherwise), each iteration's lost link time is part of its idle time, and the causes and the kinds of
+    # block each add up to it; some link time is lost (the stalls are real)
+    r = run(["bench/link_idle.py", "traces/gpt2-small-b2s128.uvmt", "--oversub", "1.7", "--iterations", "0,1,2"])
+    assert r.returncode == 0, r.stderr
+    causes, kinds = [t.splitlines() for t in r.stdout.split("\nlost link s by the missing block's kind")]
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in causes
+            if line.startswith("| ") and "---" not in line]
+    head, body = rows[0], rows[1:]
+    assert [b[0] for b in body] == ["0", "1", "2"]
+    lost = head.index("lost s")
+    total = 0.0
+    for b in body:
+        idle, lo = float(b[head.index("link idle s")]), float(b[lost])
+        assert lo <= idle + 1e-9 and abs(sum(float(c) for c in b[lost + 2:]) - lo) < 0.003
+        assert float(b[lost + 1]) <= lo + 1e-9  # (of which for the step)
+        total += lo
+    k = [[float(c) for c in line.split("|")[2:-1]] for line in kinds if line.startswith("| ") and line[2].isdigit()]
+    assert len(k) == 3 and all(abs(sum(row) - float(b[lost])) < 0.003 for row, b in zip(k, body))
+    assert total > 0
+
+
+def test_link_idle_rejects_another_policy_in_one_line(small_trace):
+    r = run(["bench/link_idle.py", str(small_trace), "--policy", "demand"])
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines() == ["error: --policy 'demand': only uvmprefetch is watched"]

@@ -291,8 +291,10 @@ class ReferencePolicy(UvmPrefetchPolicy):
 
     def _match(self, key, name, sig, stab, moves_now):
         """Most specific first: the next recorded launch with the same signature, the last position with it (not a
-        repeat inside this iteration while following a later record than the cold one), the stable signature (into
-        this iteration's and the last one's records only), the next launch by name, then the n-gram tables."""
+        repeat inside this iteration while following a later record than the cold one; with ``follow_cold``, once
+        it acts (``_visit``), not anywhere while following the cold record and this kernel comes next there), the
+        stable signature (into this iteration's and the last one's records only), the next launch by name, then the
+        n-gram tables."""
         h, st = self.history, self.stats
         self._set("history", "soft", 0)
         base, end, p = self.base, self.end, self.p
@@ -304,15 +306,19 @@ class ReferencePolicy(UvmPrefetchPolicy):
             st["matched"] += 1
             return self._advance(nxt, moves_now)
         q = self._tab("sig_pos", sig)
-        if (q is not None and q >= it_start and nxt is not None and starts.size and starts[0] <= nxt < it_start
-                and hname[nxt - base] == name):
-            q = None
+        if q is not None and nxt is not None and q != nxt and nxt < it_start and hname[nxt - base] == name:
+            if starts.size and starts[0] <= nxt:  # (a later record than the cold one)
+                if q >= it_start:
+                    q = None
+            elif self._get("correlation", "cold_on"):
+                q = None
         if (q is None or not base <= q < end) and stab:
             q2 = self._tab("stab_pos", stab)
             if (q2 is not None and max(self._get("history", "prev_start"), base) <= q2 < end
                     and hkey[q2 - base] == key and q2 != nxt):
                 st["stable_resync"] += 1
                 self._set("history", "soft", 1)
+                self._visit(p, q2)
                 return self._jump(q2)
         if q is None or not base <= q < end:
             if nxt is not None and nxt < end and hname[nxt - base] == name:
@@ -336,7 +342,25 @@ class ReferencePolicy(UvmPrefetchPolicy):
             st["matched"] += 1
             return self._advance(q, moves_now)
         st["resync"] += 1
+        self._visit(p, q)
         self._jump(q)
+
+    def _visit(self, p, q):
+        """``follow_cold`` acts once the pointer's visits from the cold record to this step's earlier launches last
+        ``follow_cold_visit`` launches on average (from the end of the second on)."""
+        cr = self.correlation.r
+        if p is None or not cr["follow_cold"] or cr["cold_on"]:
+            return
+        it_start = self._get("history", "iter_start")
+        starts = self.history.starts[:self._get("history", "n_starts")]
+        n = self.stats["launches"]
+        if p < it_start <= q and (not starts.size or p < starts[0]):
+            cr["visit_at"] = n
+        elif q < it_start <= p and cr["visit_at"] >= 0:
+            cr["visits"] += 1
+            cr["visited"] += n - cr["visit_at"]
+            cr["visit_at"] = -1
+            cr["cold_on"] = cr["visits"] >= 2 and cr["visited"] >= self.params.follow_cold_visit * cr["visits"]
 
     def _remap_lim(self, p, moves_now):
         it_start = self._get("history", "iter_start")
@@ -585,8 +609,11 @@ class ReferencePolicy(UvmPrefetchPolicy):
             rest = n - placed
             if rest and paced:
                 until = state.now + dur + lead + (max(0.0, q - state.now) if waits else 0.0)
-                room = (until - (q + placed * t_blk)) / t_blk
-                budget = max(0, int(np.ceil(room) if not self._get("history", "soft") else room))
+                soft = self._get("history", "soft")
+                # (``writeback_clock``: at a soft match from the later of the queue's end and the victims' write-backs)
+                qb = max(q, float(pr["d_end"])) if pr["writeback_clock"] and soft else q
+                room = (until - (qb + placed * t_blk)) / t_blk
+                budget = max(0, int(np.ceil(room) if not soft else room))
                 rest = min(rest, int((pos[placed:] <= near).sum()) + budget)
             if rest:
                 vict, vkey = victims_ref(res, cur, (bs.dead, h.nu, bs.dirty, bs.last_use, P.dead_reuse), pw, rest)
@@ -596,22 +623,28 @@ class ReferencePolicy(UvmPrefetchPolicy):
                     chosen = vict[:k_ok]
                     d = bs.dead[chosen]
                     evict, discard = chosen[~d], chosen[d]
+                    nd = int((bs.dirty[chosen] & ~d).sum())  # (each dirty live victim's data leaves before its room frees)
+                    if pr["writeback_clock"] and nd:
+                        pr["d_end"] = max(float(pr["d_end"]), state.now) + nd * t_blk
                     self._note_thrash(chosen, near + max(1, self.monitor.window // 8))
                     bs.dirty[chosen] = False
                     self.stats["evicted_blocks"] += evict.shape[0]
                     self.stats["discarded_blocks"] += discard.shape[0]
                 placed += k_ok
         pf = pop = EMPTY
+        k = self._get("history", "pk")
+        # the running launch's first writes into dead memory move no data (``first_writes_free``; its marks took them
+        # for live)
+        first = h.pbuf[:k][h.wbuf[:k] == 2] if self._get("history", "phas_w") else EMPTY
+        free_fw = first if P.first_writes_free else EMPTY
         if P.prefetch:
             pf, pp = blk[:placed], pos[:placed]
             if pf.size and q > state.now + float(pr["lat"]):
                 keep = pp >= 0  # the running launch's misses fault instead, but for its first writes into dead memory
                 if pr["populate"] and self._get("history", "phas_w"):
-                    k = self._get("history", "pk")
-                    first = h.pbuf[:k][h.wbuf[:k] == 2]
                     pop = pf[(pp < 0) & np.isin(pf, first)]
                 if P.fault_late_soft and p is not None and p + 1 < self.end and self._flat("h_soft")[p + 1 - self.base]:
-                    arrive = q + t_blk * np.cumsum(~(bs.dead[pf] | bs.fresh[pf]))
+                    arrive = q + t_blk * np.cumsum(~(bs.dead[pf] | bs.fresh[pf] | np.isin(pf, free_fw)))
                     keep &= ~((pp == p + 1) & (arrive > state.now + dur + float(pr["lat"]))
                               & (bs.w_iter[pf] != self.it))
                 pf = pf[keep]
@@ -625,7 +658,7 @@ class ReferencePolicy(UvmPrefetchPolicy):
             self.stats["populated_blocks"] += pop.shape[0]
         if pf.size:
             bs.pf_unused[pf] = True
-            live = int((~(bs.dead[pf] | bs.fresh[pf])).sum())
+            live = int((~(bs.dead[pf] | bs.fresh[pf] | np.isin(pf, free_fw))).sum())
             pr["q_end"] = q + live * t_blk
             self.stats["prefetched_blocks"] += pf.shape[0]
             self.advice.r["link_blocks"] += live

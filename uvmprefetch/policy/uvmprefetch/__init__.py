@@ -111,7 +111,9 @@ class UvmPrefetchPolicy(Policy):
         t_blk = ctx.gpu.transfer_time(ctx.block_size)
         self.t_blk = t_blk
         self.history = History(n, P.history_launches, P.scan_max)
-        self.correlation = Correlation(P.table_entries, P.ngram, P.stable_sync)
+        # (follow_cold only where frees are deaths the caller drops: without discards the jumps measured better)
+        self.correlation = Correlation(P.table_entries, P.ngram, P.stable_sync,
+                                       P.follow_cold and self.invalidating and discards, P.follow_cold_visit)
         self.moves = Moves(n, P.track_moves, P.layer_stride)
         populates = P.populate and bool(getattr(ctx, "populates", False))
         # (where memory nothing has used is mapped without data: docs/simulator.md "Cold start")
@@ -126,7 +128,9 @@ class UvmPrefetchPolicy(Policy):
                                  lat=float(ctx.gpu.fault_batch_latency_s), lead_s=P.lead_s, prefetch=P.prefetch,
                                  pre_evict=P.pre_evict, pace=P.pace, stall_aware=P.stall_aware,
                                  fault_late_soft=P.fault_late_soft,
-                                 populate=populates, moved_births=P.moved_births and self.invalidating and discards))
+                                 populate=populates, moved_births=P.moved_births and self.invalidating and discards,
+                                 first_writes_free=P.first_writes_free,
+                                 writeback_clock=P.writeback_clock and self.invalidating and discards))
         self.advice = AdviceState(n)
         self.monitor = WindowMonitor(P.window, P.window_min, P.window_max, P.patience, P.adaptive_window)
         self.stats = Counts()

@@ -30,6 +30,11 @@ CORRELATION = np.dtype([
     ("ngram", np.int64),  # the running launch's counted exec-id n-gram key (0: none)
     ("n", np.int64),  # setting: predecessors in an n-gram
     ("stable_sync", np.bool_),  # setting: count and use stable signatures
+    ("follow_cold", np.bool_),  # setting: following the cold iteration's record, go on by name before a jump
+    ("visit_len", np.float64),  # setting: ... once the visits below last this many launches on average
+    # the pointer's visits to this step's earlier launches while it follows the cold record: how many ended, their
+    # launches in all, when the running one began (-1: none); whether ``follow_cold`` acts now
+    ("visits", np.int64), ("visited", np.int64), ("visit_at", np.int64), ("cold_on", np.bool_),
 ], align=True)
 
 FIELDS = ("s", "sig_pos", "stab_pos", "exec_pos", "name_pos", "ngram_count", "stab_count", "recent")
@@ -44,8 +49,10 @@ _SEED = np.int64(0x5EED)
 class Correlation(Part, fields=FIELDS):
     """The correlation part: see the module docstring."""
 
-    def __init__(self, entries: int, n: int, stable_sync: bool) -> None:
-        self.record_of(CORRELATION, n=n, stable_sync=stable_sync)
+    def __init__(self, entries: int, n: int, stable_sync: bool, follow_cold: bool = True,
+                 visit_len: float = 0.0) -> None:
+        self.record_of(CORRELATION, n=n, stable_sync=stable_sync, follow_cold=follow_cold, visit_len=visit_len,
+                       visit_at=-1, cold_on=follow_cold and visit_len <= 0)
         for f in ("sig_pos", "stab_pos", "exec_pos", "name_pos", "ngram_count", "stab_count"):
             setattr(self, f, assoc_table(entries))
         self.recent = np.zeros((2, n + 1), dtype=np.int64)  # the last exec ids / names committed
@@ -177,9 +184,15 @@ def find(c, h, launch):
     An exact signature seen earlier in this iteration (a buffer every layer touches alike) is not a place to jump
     to while the pointer follows a later record than the cold iteration's and it goes on with this kernel: a
     repeat inside the step (jumping there and back rebuilt every block's next use once a layer; GPT-2-large at 2x,
-    iterations 2-3 went from 1.12-1.18x the oracle to 1.02-1.04x). Iteration 0's record is left out: its
-    activations sat elsewhere, and the previous layer of this iteration, shifted by the layer stride, predicts
-    them better (iteration 1: 1.31x the oracle against 1.43x)."""
+    iterations 2-3 went from 1.12-1.18x the oracle to 1.02-1.04x). While it follows the cold iteration's record
+    (``follow_cold``), no exact signature elsewhere is: an encoder-decoder's launches that read the encoder's
+    output, or a buffer every layer touches, sent the pointer to the previous layer of this step or another place
+    in the record and back every few launches, each jump rebuilding every next use without the learned moves (T5
+    base at 3x: iteration 1 took 0.99 s, 1.52x the oracle, with 27 GB H2D against its 16 GB; 0.84 s without the
+    jumps, ``bench/refetch.py``). Off, the previous layer of this iteration, shifted by the layer stride, may
+    predict the cold record's activations better (BERT large at 1.5x, iteration 1: 0.637 s against 0.665 s). So
+    ``follow_cold`` acts only once the pointer's visits there (``visit``) have lasted ``visit_len`` launches on
+    average, over two at least: T5 base's visit 4.5 launches each, BERT, GPT-2 and ViT large's 1.2-1.6."""
     s = h.s[0]
     key, name, sig, stab = launch
     base = s.base
@@ -188,9 +201,12 @@ def find(c, h, launch):
     if 0 <= nxt < end and h.h_sig[nxt - base] == sig:
         return M_MATCHED, nxt, 0
     q = _get(c, c.sig_pos, sig)
-    if (q >= s.iter_start and nxt >= 0 and s.n_starts > 0 and h.starts[0] <= nxt < s.iter_start
-            and h.h_name[nxt - base] == name):
-        q = -1
+    if 0 <= nxt < s.iter_start and q != nxt and h.h_name[nxt - base] == name:
+        if s.n_starts > 0 and h.starts[0] <= nxt:  # (a later record than the cold one)
+            if q >= s.iter_start:
+                q = -1
+        elif c.s[0].cold_on:
+            q = -1
     if not base <= q < end and stab != 0:
         q2 = _get(c, c.stab_pos, stab)
         # (a position before ``base`` was forgotten: the history was trimmed past the last iteration's start)
@@ -211,3 +227,21 @@ def find(c, h, launch):
     if q == nxt:
         return M_MATCHED, q, 0
     return M_RESYNC, q, 0
+
+
+@nb.njit(cache=True, nogil=True)
+def visit(c, h, p, q, launches):
+    """The pointer jumps from ``p`` to ``q`` at launch count ``launches``: a jump from the cold record into this
+    step's earlier launches begins a visit, one back into a record ends it; ``follow_cold`` acts from the end of the
+    second visit on while the visits so far lasted ``visit_len`` launches on average."""
+    cs = c.s[0]
+    s = h.s[0]
+    if not cs.follow_cold or cs.cold_on:
+        return
+    if p < s.iter_start <= q and (s.n_starts == 0 or p < h.starts[0]):
+        cs.visit_at = launches
+    elif q < s.iter_start <= p and cs.visit_at >= 0:
+        cs.visits += 1
+        cs.visited += launches - cs.visit_at
+        cs.visit_at = -1
+        cs.cold_on = cs.visits >= 2 and cs.visited >= cs.visit_len * cs.visits

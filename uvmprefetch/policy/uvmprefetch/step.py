@@ -228,6 +228,8 @@ def step(st, launch, blocks, writes, view):
     elif how == corr.M_MATCHED or how == corr.M_SOFT:
         _go(st, q, moves_now)
     else:
+        if s.has_p:
+            corr.visit(st.corr, h, s.p, q, c.launches)
         _jump(st, q)
     # stamp: match
     resident, in_flight = view[0], view[1]
