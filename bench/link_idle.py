@@ -22,6 +22,13 @@ model, and the ``oracle`` once for comparison, and prints per iteration:
 - the lost link seconds by the kind of missing block: its recorded tensor moved away (a learned move's source), a
   tensor moved into it (a move's target), neither; written this iteration or older data.
 
+A third table shows how the pointer followed the record in each iteration (the first replay): launches matched
+exactly (the record's next launch, same blocks), by kernel name only (soft), unpredicted, and the jumps (a resync
+through the exact-signature or n-gram tables, or a stable-signature resync) by where they land: into an older record
+than the one the pointer followed, elsewhere in that record, into a later record, into this iteration's own launches,
+or from no pointer.
+Each jump rebuilds every block's next use from the record without the learned moves.
+
 Link idle per launch is measured at decision points: between two launches' decisions the H2D queue works from the
 first decision to its end (``t_h2d``), so idle = next decision time - max(this decision time, queue end); waits
 inside the queue for room (an eviction's copy-out or write-back still running) count as busy here. The first
@@ -52,6 +59,10 @@ CAUSES = ("not predicted", "predicted too late", "beyond window", "placed, gone 
 # the missing blocks by kind: its recorded tensor moved away (a learned move's source), a tensor moved into it (a
 # target), neither; written this iteration or older data
 KINDS = tuple(f"{a}, {b}" for a in ("moved away", "moved into", "unmoved") for b in ("written", "older"))
+# how the pointer followed the record: matched, soft, unpredicted; jumps by where they land
+FOLLOW = ("exact", "soft", "unpredicted", "jump to an older record", "jump within the followed record",
+          "jump to a later record", "jump into this iteration", "jump from no pointer")
+_MATCHES = ("matched", "soft", "unpredicted", "resync", "stable_resync")
 
 
 class Watched(UvmPrefetchPolicy):
@@ -71,6 +82,7 @@ class Watched(UvmPrefetchPolicy):
         self.kind_s = {}  # (second replay) launch -> {kind of block: seconds}
         self.step_s = {}  # (second replay) launch -> lost seconds attributed to a launch of the optimizer step
         self.step_from = getattr(self, "step_from", None)  # (set before it starts) per launch: its step's first
+        self.follow: list[str] = []  # per launch: how the pointer followed the record (FOLLOW)
 
     def on_launch(self, info, state):
         i = int(info.index)
@@ -87,11 +99,34 @@ class Watched(UvmPrefetchPolicy):
         self.blocks_of.append(blk.copy())
         pr = self.plan.r
         before = (float(pr["q_end"]), int(state.capacity_blocks) - int(state.used_blocks) - int(pr["margin"]))
+        r = self.history.r
+        was = (int(r["p"]) if r["has_p"] else None, int(r["iter_start"]), self.history.starts[:int(r["n_starts"])].copy())
+        counts = [self.stats[k] for k in _MATCHES]
         dec = super().on_launch(info, state)
+        self.follow.append(self._followed(was, counts))
         self._budget = self._pacing(before, now, float(info.duration))
         if self.plan_for is not None and i in self.plan_for:
             self._classify(i, blk, state)
         return dec
+
+    def _followed(self, was: tuple, counts: list) -> str:
+        """How ``find`` placed the pointer for this launch (``was``: the pointer, the iteration's first position and
+        the records' first positions before it; ``counts``: the match counts before it), one of ``FOLLOW``."""
+        how = next(k for k, c in zip(_MATCHES, counts) if self.stats[k] != c)
+        if how in ("matched", "soft", "unpredicted"):
+            return {"matched": "exact", "soft": "soft", "unpredicted": "unpredicted"}[how]
+        p, it_start, starts = was
+        q = int(self.history.r["p"])
+        if p is None:
+            return "jump from no pointer"
+        if q >= it_start:
+            return "jump into this iteration"
+        rec = starts[starts <= p]
+        lo = int(rec[-1]) if rec.size else 0  # (the first and one past the last position of the record followed)
+        hi = int(starts[starts > p][0]) if (starts > p).any() else it_start
+        if q < lo:
+            return "jump to an older record"
+        return "jump to a later record" if q >= hi else "jump within the followed record"
 
     def _pacing(self, before: tuple, now: float, dur: float) -> int:
         """The plan's pacing budget at this decision (``plan.plan``'s formula, from its state before the decision)."""
@@ -225,7 +260,8 @@ def analyse(trace, args, spec) -> tuple[dict, dict, dict]:
                        fault=float(sum(stall[j] for j in sel if j in first.faulted)),
                        step_stall=float(stall[step].sum()),
                        step_lost=float(sum(second.step_s.get(int(i), 0.0) for i in sel)), idle=float(idle[sel].sum()),
-                       busy=float(span - idle[sel].sum()), lost=sum(causes.values()), causes=causes, kinds=kinds)
+                       busy=float(span - idle[sel].sum()), lost=sum(causes.values()), causes=causes, kinds=kinds,
+                       follow={f: sum(first.follow[int(i)] == f for i in sel) for f in FOLLOW})
     orc = replay(trace, make_policy("oracle"), args.gpu, oversub=args.oversub, host=args.host, evict=args.evict,
                  discards=args.discards)
     return res, per, orc
@@ -263,6 +299,11 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|" + "---|" * len(KINDS))
     for it in wanted:
         print(f"| {it} | " + " | ".join(f"{per[it]['kinds'][k]:.3f}" for k in KINDS) + " |")
+    print("\nhow the pointer followed the record: launches")
+    print(f"| iteration | {' | '.join(FOLLOW)} |")
+    print("|---|" + "---|" * len(FOLLOW))
+    for it in wanted:
+        print(f"| {it} | " + " | ".join(str(per[it]['follow'][f]) for f in FOLLOW) + " |")
     return 0
 
 

@@ -293,10 +293,13 @@ def test_link_idle_splits_the_lost_link_time_by_cause_and_by_kind():
     # GIVEN the shipped GPT-2 small trace at 1.7x (its activations move: launches stall on late blocks) WHEN
     # bench/link_idle.py follows uvmprefetch's decisions THEN its two replays took the same decisions (the script
     # exits 2 otherwise), each iteration's lost link time is part of its idle time, and the causes and the kinds of
-    # block each add up to it; some link time is lost (the stalls are real)
+    # block each add up to it; some link time is lost (the stalls are real); how the pointer followed the record
+    # accounts for each of the iteration's launches once; the first iteration has no record to jump into, the
+    # third (the allocator settled) follows the second's exactly
     r = run(["bench/link_idle.py", "traces/gpt2-small-b2s128.uvmt", "--oversub", "1.7", "--iterations", "0,1,2"])
     assert r.returncode == 0, r.stderr
-    causes, kinds = [t.splitlines() for t in r.stdout.split("\nlost link s by the missing block's kind")]
+    rest, follow = r.stdout.split("\nhow the pointer followed the record: launches")
+    causes, kinds = [t.splitlines() for t in rest.split("\nlost link s by the missing block's kind")]
     rows = [[c.strip() for c in line.split("|")[1:-1]] for line in causes
             if line.startswith("| ") and "---" not in line]
     head, body = rows[0], rows[1:]
@@ -311,6 +314,14 @@ def test_link_idle_splits_the_lost_link_time_by_cause_and_by_kind():
     k = [[float(c) for c in line.split("|")[2:-1]] for line in kinds if line.startswith("| ") and line[2].isdigit()]
     assert len(k) == 3 and all(abs(sum(row) - float(b[lost])) < 0.003 for row, b in zip(k, body))
     assert total > 0
+    f = [[int(c) for c in line.split("|")[1:-1]] for line in follow.splitlines()
+         if line.startswith("| ") and line[2].isdigit()]
+    from uvmprefetch.trace.format import load
+    its = load("traces/gpt2-small-b2s128.uvmt").launch_iter
+    assert [row[0] for row in f] == [0, 1, 2]
+    assert all(sum(row[1:]) == int((its == row[0]).sum()) for row in f)
+    assert f[0][4:7] == [0, 0, 0] and f[0][7] > 0  # (iteration 0's jumps land in its own launches)
+    assert f[2][1] == int((its == 2).sum())
 
 
 def test_link_idle_rejects_another_policy_in_one_line(small_trace):
