@@ -1050,20 +1050,24 @@ def test_on_the_copy_path_the_plan_places_batches_that_amortise_the_call_cost():
     gpu = get_profile("h100-pcie")
     # WHEN the policy and the reference run in lock step, and it is replayed with and without batches, and without
     # the copy path
-    one, n = _lockstep(tr, "uvmprefetch", 2.0, gpu="h100-pcie", evict="auto")
+    one, n = _lockstep(tr, "uvmprefetch:batch_share=0.1", 2.0, gpu="h100-pcie", evict="auto")
     runs = {}
-    for spec in ("uvmprefetch", "uvmprefetch:batch_share=0"):
+    for spec in ("uvmprefetch:batch_share=0.1", "uvmprefetch"):
         r = replay(tr, make_policy(spec), gpu, oversub=2.0, evict="auto")
         runs[spec] = (r["repopulate_calls"], r["time_s"])
-    uvm = make_policy("uvmprefetch")
+    uvm = make_policy("uvmprefetch:batch_share=0.1")
     replay(tr, uvm, gpu, oversub=2.0)
     # THEN the same decisions throughout; the batch is the fewest blocks whose link time is 10x a call's fixed cost
-    # (8 on these costs) and none without the copy path; the batches made fewer copy-in runs and a faster run
+    # (8 on these costs) and none without the copy path (nor by default); the batches made fewer copy-in runs and a
+    # faster run
     t_blk = gpu.transfer_time(2 << 20)
     want = int(np.ceil((gpu.repopulate_call_s + gpu.copy_call_s) / (0.1 * t_blk)))
     assert n == len(tr.launch_iter)
     assert int(one.plan.s[0]["batch"]) == want == 8 and int(uvm.plan.s[0]["batch"]) == 0
-    (calls, t), (calls0, t0) = runs["uvmprefetch"], runs["uvmprefetch:batch_share=0"]
+    default = make_policy("uvmprefetch")
+    replay(tr, default, gpu, oversub=2.0, evict="auto")
+    assert int(default.plan.s[0]["batch"]) == 0
+    (calls, t), (calls0, t0) = runs["uvmprefetch:batch_share=0.1"], runs["uvmprefetch"]
     assert calls < calls0 and t < t0
 
 

@@ -51,9 +51,10 @@ class UvmPrefetchParams(Params):
     # caller discards and frees are deaths (docs/policies.md "How it decides")
     writeback_clock: bool = True
     # where the caller has the copy path, a decision at an exact match that evicts for later launches at all places
-    # at least the batch whose copy-in call cost is at most this share of its link time (0: off; docs/policies.md
-    # "How it decides")
-    batch_share: float = 0.1
+    # at least the batch whose copy-in call cost is at most this share of its link time (0: off). Off by default:
+    # 0.1 took T5 small's steady state at 2 / 3x from 1.084 / 1.060x the oracle to 1.025 / 1.033x but at 1.5x made
+    # it swing between 1.02 and 1.21x from one iteration to the next (plan.py's docstring, "Batches")
+    batch_share: float = 0.0
     track_moves: bool = True  # translate predicted blocks of tensors the allocator placed elsewhere
     # ... and where predictions are translated, the record's first writes of new tensors are not prefetched at their
     # recorded blocks (this step's allocator places them elsewhere: docs/policies.md "Moved tensors"); only where

@@ -34,16 +34,19 @@ out again), a later entry of the block may list it, and the running launch's own
 fault where they land. T5 base at 3x (the H100's costs): iterations 1-3 prefetched 5.8 GiB of such blocks with data
 and 22 GiB without; the whole run went from 1.189x to 1.168x the oracle.
 
-*Batches on the copy path* (``batch_share``). Where evictions leave by the copy path, each contiguous run a decision
-brings back costs a fixed ``repopulate_call_s + copy_call_s`` on the H2D engine beside its blocks' link time (and
-each run it sends out ``copy_call_s + discard_call_s`` on D2H). Paced to the next decision point, a model of short
-launches (T5 small: 4-250 us each against 42 us per 2 MiB block on the H100) places one to six blocks a decision, a
-run each: at 2x its last iteration made 429 copy-in runs where the oracle made 150, and the extra calls' fixed costs
-(~8.4 ms H2D, ~5.9 ms D2H) were its whole 14.5 ms gap (with the call costs set to 0 both ran within 1.3 %). So at an
-exact match a decision that evicts for later launches at all places at least the batch whose call cost is at most
-``batch_share`` of its link time (8 blocks on the H100's costs): T5 small's steady state went from 1.057 / 1.084 /
-1.060x the oracle at 1.5 / 2 / 3x to 1.017 / 1.025 / 1.033x (batches of 6, 10 and 12 blocks: 1.027 / 1.046 / 1.034,
-1.012 / 1.011 / 1.030 and 1.208 / 1.005 / 1.020). Off where the caller has no copy path (no call costs modelled).
+*Batches on the copy path* (``batch_share``, off by default). Where evictions leave by the copy path, each
+contiguous run a decision brings back costs a fixed ``repopulate_call_s + copy_call_s`` on the H2D engine beside its
+blocks' link time (each run sent out ``copy_call_s + discard_call_s`` on D2H). Paced to the next decision point, a
+model of short launches (T5 small: 4-250 us each against 42 us per 2 MiB block on the H100's costs) places one to
+six blocks a decision, a run each: at 2x its last iteration made 429 copy-in runs where the oracle made 150, and the
+extra calls' fixed costs (~8.4 ms H2D, ~5.9 ms D2H) were its whole 14.5 ms gap to the oracle (with the three call
+costs set to 0 it ran 1.000 / 1.013 / 1.003x the oracle at 1.5 / 2 / 3x). With ``batch_share`` a decision at an
+exact match that evicts for later launches at all places at least the batch whose call cost is at most that share of
+its link time (0.1: 8 blocks on the H100's costs). On T5 small recorded with 8 iterations it took the steady state
+at 2 / 3x from 1.084 / 1.060x to 1.025 / 1.033x, but at 1.5x the iterations swung between 1.02 and 1.21x (0.3 GB
+more an iteration of live victims evicted with their use still ahead; without, 1.057x throughout); keeping the
+batch's extra victims to blocks without a predicted use gave nothing (1.055 / 1.083 / 1.060x). The standard set
+(5 iterations) moved by -2.0 % .. +0.5 % a trace. Where the caller has no copy path it does nothing.
 
 *The write-back clock* (``writeback_clock``). A prefetch into room that an eviction frees cannot start before that
 victim's data has left, so a burst of evictions of dirty blocks holds the H2D queue up behind the D2H side, which the
