@@ -421,7 +421,8 @@ def test_launch_signature_is_a_deterministic_hash_of_the_name_and_blocks():
 @pytest.mark.parametrize("spec", ["uvmprefetch:window=0", "uvmprefetch:window_min=8,window_max=4",
                                   "uvmprefetch:window=9000",
                                   "uvmprefetch:margin=0.9", "uvmprefetch:bogus=1", "uvmprefetch:pace=maybe",
-                                  "uvmprefetch:victim_pool=-1", "uvmprefetch:pool_launches=0"])
+                                  "uvmprefetch:victim_pool=-1", "uvmprefetch:pool_launches=0",
+                                  "uvmprefetch:batch_share=2", "uvmprefetch:batch_share=-0.1"])
 def test_bad_params_raise_one_config_error(spec):
     with pytest.raises(ConfigError):
         make_policy(spec)
@@ -944,11 +945,11 @@ def _same_state(a: dict, b: dict) -> list:
     return bad + (["monitor"] if a["monitor"] != b["monitor"] else [])
 
 
-def _lockstep(tr, spec, oversub, unknown=False, gpu="h100-pcie-lit"):
+def _lockstep(tr, spec, oversub, unknown=False, gpu="h100-pcie-lit", evict=None):
     """A replay driving the policy and the reference in lock step (the reference decides first, on the same view):
     at every launch their decisions, and after every fourth launch and every iteration their state, must be equal.
-    ``unknown``: the launches come without their accesses (the policy learns from faults). Returns ``(policy,
-    launches compared)``."""
+    ``unknown``: the launches come without their accesses (the policy learns from faults); ``evict``: the replay's
+    eviction paths. Returns ``(policy, launches compared)``."""
     from uvmprefetch.sim.replay import replay
 
     one = make_policy(spec)
@@ -980,7 +981,7 @@ def _lockstep(tr, spec, oversub, unknown=False, gpu="h100-pcie-lit"):
 
     for h in hooks:
         setattr(one, h, both(h))
-    replay(tr, one, gpu, oversub=oversub)
+    replay(tr, one, gpu, oversub=oversub, evict=evict)
     return one, count[0]
 
 
@@ -1037,6 +1038,37 @@ def test_at_soft_matches_the_pacing_budget_waits_for_the_plans_write_backs():
     assert n == len(tr.launch_iter)
     assert float(one.plan.s[0]["d_end"]) > 0 and float(off.plan.s[0]["d_end"]) == 0
     assert with_clock != without and with_clock <= without
+
+
+def test_on_the_copy_path_the_plan_places_batches_that_amortise_the_call_cost():
+    # GIVEN a trace whose sequence length alternates on the H100's measured costs at 2x, evictions by the copy path
+    # (a copy-in run costs repopulate_call_s + copy_call_s beside its blocks' link time)
+    from uvmprefetch.gpus import get_profile
+    from uvmprefetch.sim.replay import replay
+
+    tr = _trace("alternating")
+    gpu = get_profile("h100-pcie")
+    # WHEN the policy and the reference run in lock step, and it is replayed with and without batches, and without
+    # the copy path
+    one, n = _lockstep(tr, "uvmprefetch:batch_share=0.1", 2.0, gpu="h100-pcie", evict="auto")
+    runs = {}
+    for spec in ("uvmprefetch:batch_share=0.1", "uvmprefetch"):
+        r = replay(tr, make_policy(spec), gpu, oversub=2.0, evict="auto")
+        runs[spec] = (r["repopulate_calls"], r["time_s"])
+    uvm = make_policy("uvmprefetch:batch_share=0.1")
+    replay(tr, uvm, gpu, oversub=2.0)
+    # THEN the same decisions throughout; the batch is the fewest blocks whose link time is 10x a call's fixed cost
+    # (8 on these costs) and none without the copy path (nor by default); the batches made fewer copy-in runs and a
+    # faster run
+    t_blk = gpu.transfer_time(2 << 20)
+    want = int(np.ceil((gpu.repopulate_call_s + gpu.copy_call_s) / (0.1 * t_blk)))
+    assert n == len(tr.launch_iter)
+    assert int(one.plan.s[0]["batch"]) == want == 8 and int(uvm.plan.s[0]["batch"]) == 0
+    default = make_policy("uvmprefetch")
+    replay(tr, default, gpu, oversub=2.0, evict="auto")
+    assert int(default.plan.s[0]["batch"]) == 0
+    (calls, t), (calls0, t0) = runs["uvmprefetch:batch_share=0.1"], runs["uvmprefetch"]
+    assert calls < calls0 and t < t0
 
 
 def test_the_steps_entry_point_takes_only_arrays_of_the_types_it_was_kept_for(monkeypatch):

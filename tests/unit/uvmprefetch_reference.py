@@ -614,6 +614,8 @@ class ReferencePolicy(UvmPrefetchPolicy):
                 qb = max(q, float(pr["d_end"])) if pr["writeback_clock"] and soft else q
                 room = (until - (qb + placed * t_blk)) / t_blk
                 budget = max(0, int(np.ceil(room) if not soft else room))
+                if pr["batch"] > 1 and not soft and budget > 0:  # (``batch_share``: at least a batch at once)
+                    budget = max(budget, int(pr["batch"]))
                 rest = min(rest, int((pos[placed:] <= near).sum()) + budget)
             if rest:
                 vict, vkey = victims_ref(res, cur, (bs.dead, h.nu, bs.dirty, bs.last_use, P.dead_reuse), pw, rest)

@@ -50,6 +50,11 @@ class UvmPrefetchParams(Params):
     # victims' write-backs (a prefetch into an evicted block's room waits for its data to leave); only where the
     # caller discards and frees are deaths (docs/policies.md "How it decides")
     writeback_clock: bool = True
+    # where the caller has the copy path, a decision at an exact match that evicts for later launches at all places
+    # at least the batch whose copy-in call cost is at most this share of its link time (0: off). Off by default:
+    # 0.1 took T5 small's steady state at 2 / 3x from 1.084 / 1.060x the oracle to 1.025 / 1.033x but at 1.5x made
+    # it swing between 1.02 and 1.21x from one iteration to the next (plan.py's docstring, "Batches")
+    batch_share: float = 0.0
     track_moves: bool = True  # translate predicted blocks of tensors the allocator placed elsewhere
     # ... and where predictions are translated, the record's first writes of new tensors are not prefetched at their
     # recorded blocks (this step's allocator places them elsewhere: docs/policies.md "Moved tensors"); only where
@@ -93,6 +98,8 @@ class UvmPrefetchParams(Params):
             raise ConfigError(f"uvmprefetch: lead_s must be >= 0, got {self.lead_s!r}")
         if not (isinstance(self.follow_cold_visit, (int, float)) and self.follow_cold_visit >= 0):
             raise ConfigError(f"uvmprefetch: follow_cold_visit must be >= 0, got {self.follow_cold_visit!r}")
+        if not (isinstance(self.batch_share, (int, float)) and 0 <= self.batch_share <= 1):
+            raise ConfigError(f"uvmprefetch: batch_share must be in [0, 1], got {self.batch_share!r}")
         if not (isinstance(self.margin, (int, float)) and 0 <= self.margin < 0.5):
             raise ConfigError(f"uvmprefetch: margin must be in [0, 0.5), got {self.margin!r}")
         self.check_ints("uvmprefetch", ("victim_pool",), least=0)
