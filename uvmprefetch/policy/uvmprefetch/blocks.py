@@ -169,10 +169,6 @@ def take_victims(bs, chosen, nu, p, lim):
 
 @nb.njit(cache=True, nogil=True)
 def mark_prefetched(bs, pf):
-    """Prefetched blocks are unused until a launch touches them; returns how many move data (``moves_data``)."""
-    live = 0
+    """Prefetched blocks are unused until a launch touches them."""
     for i in range(pf.shape[0]):
         bs.pf_unused[pf[i]] = True
-        if moves_data(bs, pf[i]):
-            live += 1
-    return live
