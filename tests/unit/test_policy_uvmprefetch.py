@@ -993,7 +993,8 @@ def _lockstep(tr, spec, oversub, unknown=False, gpu="h100-pcie-lit", evict=None)
     ("gpt2-small", "uvmprefetch:invalidate=false,dead_reuse=false,stall_aware=false,lead_s=1e-4", False),
     ("gpt2-small", "uvmprefetch:pre_evict=false", False), ("gpt2-small", "uvmprefetch:prefetch=false", True),
     ("gpt2-small", "uvmprefetch:pace=false", False), ("gpt2-small", "uvmprefetch:follow_cold=false", False),
-    ("moe", "uvmprefetch:writeback_clock=false", False)])
+    ("moe", "uvmprefetch:writeback_clock=false", False), ("gpt2-small", "uvmprefetch:whole=true", False),
+    ("moe", "uvmprefetch:whole=true", False)])
 def test_the_policy_decides_as_the_reference(name, spec, unknown):
     # GIVEN traces whose launches repeat exactly, move their activations (the shipped trace: the allocator),
     # follow soft slots (MoE) or change pattern, short of memory; with and without known accesses; the default

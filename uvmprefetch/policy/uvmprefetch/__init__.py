@@ -131,7 +131,7 @@ class UvmPrefetchPolicy(Policy):
                                  populate=populates, moved_births=P.moved_births and self.invalidating and discards,
                                  first_writes_free=P.first_writes_free,
                                  writeback_clock=P.writeback_clock and self.invalidating and discards,
-                                 batch=batch_for(ctx, t_blk, P.batch_share)))
+                                 batch=batch_for(ctx, t_blk, P.batch_share), whole=P.whole))
         self.advice = AdviceState(n)
         self.monitor = WindowMonitor(P.window, P.window_min, P.window_max, P.patience, P.adaptive_window)
         self.stats = Counts()
