@@ -428,7 +428,7 @@ def test_bad_params_raise_one_config_error(spec):
         make_policy(spec)
 
 
-@pytest.mark.parametrize("name,says", [("deadline", "was removed"), ("whole", "was removed"),
+@pytest.mark.parametrize("name,says", [("deadline", "was removed"), ("whole", "whole_launches"),
                                        ("guard_soft", "was removed"), ("guess_unpredicted", "was removed"),
                                        ("soft_moves", "was removed"), ("fault_late", "fault_late_soft"),
                                        ("invalidate_always", "renamed invalidate_without_discard")])
@@ -993,8 +993,7 @@ def _lockstep(tr, spec, oversub, unknown=False, gpu="h100-pcie-lit", evict=None)
     ("gpt2-small", "uvmprefetch:invalidate=false,dead_reuse=false,stall_aware=false,lead_s=1e-4", False),
     ("gpt2-small", "uvmprefetch:pre_evict=false", False), ("gpt2-small", "uvmprefetch:prefetch=false", True),
     ("gpt2-small", "uvmprefetch:pace=false", False), ("gpt2-small", "uvmprefetch:follow_cold=false", False),
-    ("moe", "uvmprefetch:writeback_clock=false", False), ("gpt2-small", "uvmprefetch:whole=true", False),
-    ("moe", "uvmprefetch:whole=true", False)])
+    ("moe", "uvmprefetch:writeback_clock=false", False)])
 def test_the_policy_decides_as_the_reference(name, spec, unknown):
     # GIVEN traces whose launches repeat exactly, move their activations (the shipped trace: the allocator),
     # follow soft slots (MoE) or change pattern, short of memory; with and without known accesses; the default
@@ -1021,6 +1020,29 @@ def test_the_policy_populates_as_the_reference():
     assert n == len(_trace("gpt2-small").launch_iter) and one.report()["populated_blocks"] > 0
     one, n = _lockstep(_trace("gpt2-small"), "uvmprefetch", 1.7, gpu="h100-pcie")
     assert n == len(_trace("gpt2-small").launch_iter)
+
+
+def test_whole_places_the_launch_the_budget_reaches_into_as_the_reference():
+    # GIVEN the shipped trace and one whose sequence length alternates, at 1.5x on the H100's measured costs, where
+    # evictions take the copy path (a fixed cost per copy-in call)
+    from uvmprefetch.sim.replay import replay
+
+    for name in ("gpt2-small", "alternating"):
+        tr = _trace(name)
+        # WHEN the policy with ``whole_launches`` and the reference run in lock step, and it is replayed with and without
+        one, n = _lockstep(tr, "uvmprefetch:whole_launches=true", 1.5, gpu="h100-pcie", evict="auto")
+        runs = [replay(tr, make_policy(s), "h100-pcie", oversub=1.5, evict="auto")
+                for s in ("uvmprefetch:whole_launches=true", "uvmprefetch")]
+        # THEN the same decisions throughout, and whole launches changed the run (on the alternating trace: fewer,
+        # longer copy-in calls)
+        assert n == len(tr.launch_iter)
+        assert runs[0]["time_s"] != runs[1]["time_s"]
+        if name == "alternating":
+            assert runs[0]["repopulate_calls"] < runs[1]["repopulate_calls"]
+    # ... and where the caller has no copy path (no per-call cost) it decides as without it
+    tr = _trace("alternating")
+    lit = [replay(tr, make_policy(s), "h100-pcie-lit", oversub=1.5) for s in ("uvmprefetch:whole_launches=true", "uvmprefetch")]
+    assert lit[0]["time_s"] == lit[1]["time_s"] and lit[0]["bytes_htod"] == lit[1]["bytes_htod"]
 
 
 def test_at_soft_matches_the_pacing_budget_waits_for_the_plans_write_backs():

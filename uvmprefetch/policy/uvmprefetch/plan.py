@@ -48,6 +48,17 @@ more an iteration of live victims evicted with their use still ahead; without, 1
 batch's extra victims to blocks without a predicted use gave nothing (1.055 / 1.083 / 1.060x). The standard set
 (5 iterations) moved by -2.0 % .. +0.5 % a trace. Where the caller has no copy path it does nothing.
 
+*Whole launches* (``whole_launches``, off by default). Where evictions leave by the copy path, a decision at an exact
+match on a plain pass (no learned moves, no layer stride) whose pacing budget reaches into a launch places that
+launch's candidates whole, as the oracle places launches, where that launch matched exactly when it was recorded; the
+window pass then lists whole positions up to that one, and the first candidate left out. A launch waits for its last
+block, so part of its blocks early buys nothing, and each decision's blocks are a copy-in call of their own: at 2x the
+oracle's calls on T5 small carry 16 or more blocks, the policy's one or two. On T5 small the steady state at 2 / 3x
+went from 1.084 / 1.060x the oracle to 0.990 / 1.019x, at 1.5x from 1.057x to 1.058-1.074x; the standard set's steady
+state from 1.014x to 1.004x on the geomean, but T5 base's whole run at 3x +1.1 % and ViT large's steady state at 3x
++1.0 %. On soft or translated passes, or reaching into a launch recorded softly, it placed the record's blocks of
+tensors placed elsewhere since (GPT-2 large at 1.5x, iteration 2: 1.82 s against 1.52 s).
+
 *The write-back clock* (``writeback_clock``). A prefetch into room that an eviction frees cannot start before that
 victim's data has left, so a burst of evictions of dirty blocks holds the H2D queue up behind the D2H side, which the
 queue estimate does not see. The plan keeps a predicted end of its victims' write-backs (each dirty live victim adds
@@ -88,13 +99,20 @@ PLAN = np.dtype([
 FIELDS = ("s", "mark", "out")
 
 
+def copy_call_s(ctx) -> float:
+    """The fixed H2D cost of one copy-in call (``repopulate_call_s + copy_call_s``) where the caller has the copy
+    path, else 0."""
+    if not getattr(ctx, "copy_path", False):
+        return 0.0
+    return float(getattr(ctx.gpu, "repopulate_call_s", 0.0)) + float(getattr(ctx.gpu, "copy_call_s", 0.0))
+
+
 def batch_for(ctx, t_blk: float, share: float) -> int:
     """The fewest blocks a decision at an exact match places once it evicts for later launches (``batch_share``: see
-    the module docstring): where the caller has the copy path, enough that one copy-in call's fixed cost
-    (``repopulate_call_s + copy_call_s``) is at most ``share`` of the batch's link time; 0 (no batch) elsewhere."""
-    gpu = ctx.gpu
-    call_s = float(getattr(gpu, "repopulate_call_s", 0.0)) + float(getattr(gpu, "copy_call_s", 0.0))
-    if not (share > 0 and getattr(ctx, "copy_path", False) and call_s > 0 and t_blk > 0):
+    the module docstring): where the caller has the copy path, enough that one copy-in call's fixed cost is at most
+    ``share`` of the batch's link time; 0 (no batch) elsewhere."""
+    call_s = copy_call_s(ctx)
+    if not (share > 0 and call_s > 0 and t_blk > 0):
         return 0
     return int(np.ceil(call_s / (share * t_blk)))
 
