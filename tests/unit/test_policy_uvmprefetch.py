@@ -871,9 +871,9 @@ def test_window_pass_matches_the_reference():
         tr = (mv.remap, mv.rend, lim, shift_from, int(mv.r["s_old"]), int(mv.r["s_new"]), bs.w_iter, 1, bs.dead,
               bool(pol.plan.r["moved_births"]))
 
-        def window(extra=-1, verified=(0, -1)):  # (the compiled pass over this trial's history and state)
+        def window(extra=-1, verified=(0, -1), whole=False):  # (the compiled pass over this trial's history and state)
             return plan.window_candidates(h.ref, miss, (pa, pb, lo, hi), p, cap, tr,
-                                          (view.resident, view.in_flight, pol.plan.mark), verified, extra)
+                                          (view.resident, view.in_flight, pol.plan.mark), verified, extra, whole)
 
         # THEN the compiled pass lists the same candidates at the same positions, stops at the same position and
         # brings the same next uses (one pass: the scan and the list together)
@@ -889,6 +889,16 @@ def test_window_pass_matches_the_reference():
         keep = min(rb.size, int(np.count_nonzero(rp <= p + 1)) + extra)
         assert np.array_equal(cb, rb[:keep]) and np.array_equal(cp, rp[:keep])
         assert (c_hi, c_spanned) == (w_hi, spanned) and np.array_equal(h.nu, nu_ref)
+        # AND with ``whole`` the prefix ends where the position of its last candidate but one ends, plus the first
+        # candidate left out
+        h.nu[:] = nu0
+        near = int(np.count_nonzero(rp <= p + 1))
+        keep_w = keep
+        if extra >= 2 and near + extra - 2 < rb.size:
+            keep_w = min(rb.size, int(np.count_nonzero(rp <= rp[near + extra - 2])) + 1)
+        wb2, wp2, w_hi2, w_spanned = window(extra, whole=True)
+        assert np.array_equal(wb2, rb[:keep_w]) and np.array_equal(wp2, rp[:keep_w])
+        assert (w_hi2, w_spanned) == (w_hi, spanned) and np.array_equal(h.nu, nu_ref)
         if kind or lo > scan_hi:
             continue
         # AND a pass without translation or shift leaves its positions verified: a second pass skipping their

@@ -262,20 +262,22 @@ def window_candidates(h, miss, span, p, cap, tr, present, verified, extra, whole
     start = lo
     chunk = 16
     topped = False
+    grew = False
     while start <= hi and got < cap and spanned < s.scan_max:
         stop = min(hi, start + chunk - 1)
         for t in range(start, stop + 1):
             if t == max(lo, p + 2) and extra >= 0:
                 lim = m + extra
             lim_t = lim
-            if whole and not topped:
-                # (``whole``: a position the list reaches into is listed whole, then one more candidate: the first
-                # left out)
+            if whole and not topped and lim < out_b.shape[0]:
+                # (``whole``: a position the list reaches into is listed whole, then the first candidate left out)
                 if m < lim - 1:
                     lim_t = out_b.shape[0]
-                elif lim < out_b.shape[0]:
-                    lim = min(out_b.shape[0], m + 1)
-                    lim_t = lim
+                    grew = True
+                else:
+                    if grew and m >= lim:
+                        lim = m + 1
+                        lim_t = lim
                     topped = True
             a = h_ptr[t - base] - fbase
             b = (h_ptr[t + 1 - base] - fbase) if t + 1 < end else nflat
