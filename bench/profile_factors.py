@@ -13,6 +13,8 @@ default profile's differences to the literature one (``uvmprefetch bench --gpu h
   copy path (55 GB/s each way);
 - ``default``: ``h100-pcie``, host ``live`` (``uvmprefetch bench``'s default setting).
 
+Every replay takes ``--evict auto`` and discards, as ``uvmprefetch bench`` does.
+
 For each setting and oversubscription it prints the whole run and the steady state against the oracle, each
 iteration's ratio, the oracle's iteration-0 time, and iteration 0's H2D bytes under both policies; the lines that
 follow name, per oversubscription, how much of the whole run's ratio each step moved.
@@ -83,8 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         for x in xs:
             for name, gpu, host in chain:
-                u = replay(trace, make_policy(args.policy), gpu, oversub=x, host=host)
-                o = replay(trace, make_policy("oracle"), gpu, oversub=x, host=host)
+                kw = dict(oversub=x, host=host, evict="auto")  # (as ``uvmprefetch bench``: the copy path where there is one)
+                u = replay(trace, make_policy(args.policy), gpu, **kw)
+                o = replay(trace, make_policy("oracle"), gpu, **kw)
                 rows.append((x, name, u, o))
     except (UvmPrefetchError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
