@@ -955,7 +955,7 @@ def _same_state(a: dict, b: dict) -> list:
     return bad + (["monitor"] if a["monitor"] != b["monitor"] else [])
 
 
-def _lockstep(tr, spec, oversub, unknown=False, gpu="h100-pcie-lit", evict=None):
+def _lockstep(tr, spec, oversub, unknown=False, gpu="h100-pcie-lit", evict=None, discards=True):
     """A replay driving the policy and the reference in lock step (the reference decides first, on the same view):
     at every launch their decisions, and after every fourth launch and every iteration their state, must be equal.
     ``unknown``: the launches come without their accesses (the policy learns from faults); ``evict``: the replay's
@@ -991,7 +991,7 @@ def _lockstep(tr, spec, oversub, unknown=False, gpu="h100-pcie-lit", evict=None)
 
     for h in hooks:
         setattr(one, h, both(h))
-    replay(tr, one, gpu, oversub=oversub, evict=evict)
+    replay(tr, one, gpu, oversub=oversub, evict=evict, discards=discards)
     return one, count[0]
 
 
@@ -1053,6 +1053,27 @@ def test_whole_places_the_launch_the_budget_reaches_into_as_the_reference():
     tr = _trace("alternating")
     lit = [replay(tr, make_policy(s), "h100-pcie-lit", oversub=1.5) for s in ("uvmprefetch:whole_launches=true", "uvmprefetch")]
     assert lit[0]["time_s"] == lit[1]["time_s"] and lit[0]["bytes_htod"] == lit[1]["bytes_htod"]
+
+
+def test_without_discards_driver_victims_leave_the_victims_of_exact_matches_to_the_driver():
+    # GIVEN the shipped trace on the H100's measured costs at 1.7x, where evictions go through UVM and dead data is
+    # not dropped (the live runtime's default)
+    from uvmprefetch.sim.replay import replay
+
+    tr = _trace("gpt2-small")
+    # WHEN the policy with ``driver_victims`` and the reference run in lock step, and it is replayed with and without
+    one, n = _lockstep(tr, "uvmprefetch:driver_victims=true", 1.7, gpu="h100-pcie", discards=False)
+    on, off = (replay(tr, make_policy(s), "h100-pcie", oversub=1.7, discards=False)
+               for s in ("uvmprefetch:driver_victims=true", "uvmprefetch"))
+    # THEN the same decisions throughout; the driver evicted where the plan did before (the plan's own victims only
+    # at soft matches and before the pointer follows a record: fewer of them)
+    assert n == len(tr.launch_iter)
+    assert on["policy_evictions"] < off["policy_evictions"] and on["evictions"] > on["policy_evictions"]
+    assert on["time_s"] != off["time_s"]
+    # ... and where the caller discards it decides as without the option
+    with_d = [replay(tr, make_policy(s), "h100-pcie", oversub=1.7)
+              for s in ("uvmprefetch:driver_victims=true", "uvmprefetch")]
+    assert with_d[0]["time_s"] == with_d[1]["time_s"] and with_d[0]["bytes_htod"] == with_d[1]["bytes_htod"]
 
 
 def test_at_soft_matches_the_pacing_budget_waits_for_the_plans_write_backs():

@@ -581,7 +581,9 @@ class ReferencePolicy(UvmPrefetchPolicy):
         scan_hi = p if p is not None else -1
         q = max(float(pr["q_end"]), state.now)
         free = max(0, state.capacity_blocks - state.used_blocks - margin)
-        paced = P.pace and P.pre_evict and t_blk > 0
+        # (``driver_victims``: at an exact match the driver chooses the victims, as without ``pre_evict``)
+        own = P.pre_evict and not (pr["driver_victims"] and p is not None and not self._get("history", "soft"))
+        paced = P.pace and own and t_blk > 0
         if P.prefetch and p is not None:
             lo = max(p + 1, int(pr["horizon"]))
             hi = min(p + self.monitor.window, self.end - 1)
@@ -597,13 +599,13 @@ class ReferencePolicy(UvmPrefetchPolicy):
                     hi = min(hi, p + 1)
                 scan_hi, sa, sb = self._scan(lo, hi, cap, present)
         if not (miss.size or pb > pa or sb > sa):
-            return self._margin(cur, state, res) if P.pre_evict and margin else None
+            return self._margin(cur, state, res) if own and margin else None
         pw = p if p is not None else -1
         blk, pos = self._candidates(miss, (pa, pb), (sa, sb, lo), pw, present)
         n = blk.shape[0]
         near = pw + 1 if p is not None else -1
         evict = discard = EMPTY
-        if not P.pre_evict:
+        if not own:
             placed = min(n, max(int((pos <= near).sum()), free))
         else:
             placed = min(free, n)

@@ -60,6 +60,11 @@ class UvmPrefetchParams(Params):
     # when it was recorded. Off by default: T5 small's steady state at 2 / 3x 1.084 / 1.060x -> 0.990 / 1.019x the
     # oracle, but T5 base at 3x whole run +1.1 % and ViT large at 3x steady +1.0 % (plan.py's docstring, "Whole")
     whole_launches: bool = False
+    # where the caller evicts through UVM without discards (a write-back holds the mover thread until the D2H queue
+    # drains), a decision at an exact match leaves the choice of victims to the driver. Off by default: the standard
+    # set's steady state there 1.132x -> 0.993x the oracle (T5 base at 2x 1.256x -> 0.949x), but GPT-2 large's whole
+    # run at 1.5x +4.9 % (plan.py's docstring, "Driver victims")
+    driver_victims: bool = False
     track_moves: bool = True  # translate predicted blocks of tensors the allocator placed elsewhere
     # ... and where predictions are translated, the record's first writes of new tensors are not prefetched at their
     # recorded blocks (this step's allocator places them elsewhere: docs/policies.md "Moved tensors"); only where
