@@ -57,9 +57,9 @@ class UvmPrefetchParams(Params):
     batch_share: float = 0.0
     # where the caller has the copy path (a fixed cost per copy-in call), at an exact match on a plain pass the launch
     # the pacing budget reaches into is placed whole, as the oracle places launches, where that launch matched exactly
-    # when it was recorded. Off by default: T5 small's steady state at 2 / 3x 1.084 / 1.060x -> 0.990 / 1.019x the
-    # oracle, but T5 base at 3x whole run +1.1 % and ViT large at 3x steady +1.0 % (plan.py's docstring, "Whole")
-    whole_launches: bool = False
+    # when it was recorded and the blocks it adds bring data. T5 small's steady state at 2 / 3x 1.084 / 1.060x ->
+    # 1.030 / 1.030x the oracle, ResNet-152's at 2 / 3x -2 %, no standard trace worse (plan.py's docstring, "Whole")
+    whole_launches: bool = True
     track_moves: bool = True  # translate predicted blocks of tensors the allocator placed elsewhere
     # ... and where predictions are translated, the record's first writes of new tensors are not prefetched at their
     # recorded blocks (this step's allocator places them elsewhere: docs/policies.md "Moved tensors"); only where

@@ -508,7 +508,11 @@ def plan(parts, cur, view, ctx):
             if whole and 0 < k < rest:  # (``whole``: see the module docstring)
                 t_last = pos[placed + k - 1]
                 if base <= t_last < end and h.h_soft[t_last - base] == 0:
-                    k = count_le(pos, placed, t_last)
+                    kw = count_le(pos, placed, t_last)
+                    for i in range(placed + k, placed + kw):
+                        if moves_data(bs, blk[i]):  # (only where the blocks it adds bring data: the docstring)
+                            k = kw
+                            break
             rest = k
         if rest:
             vict, vkey, pooled, refill = choose(vs, keys_of(vs, bs, nu), res, cur, p, rest, pool_k)
