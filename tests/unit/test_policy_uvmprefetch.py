@@ -1056,6 +1056,22 @@ def test_whole_places_the_launch_the_budget_reaches_into_as_the_reference():
     assert lit[0]["time_s"] == lit[1]["time_s"] and lit[0]["bytes_htod"] == lit[1]["bytes_htod"]
 
 
+def test_whole_launches_uvm_places_whole_launches_without_the_copy_path_as_the_reference():
+    # GIVEN a trace whose sequence length alternates at 1.5x, where evictions leave by UVM's own eviction and dead
+    # data is never dropped (the live runtime's defaults: no copy path)
+    from uvmprefetch.sim.replay import replay
+
+    tr = _trace("alternating")
+    # WHEN the policy with ``whole_launches_uvm`` and the reference run in lock step, and it is replayed with and
+    # without
+    one, n = _lockstep(tr, "uvmprefetch:whole_launches_uvm=true", 1.5, gpu="h100-pcie", evict="uvm")
+    runs = [replay(tr, make_policy(s), "h100-pcie", oversub=1.5, evict="uvm", discards=False)
+            for s in ("uvmprefetch:whole_launches_uvm=true", "uvmprefetch")]
+    # THEN the same decisions throughout, and whole launches changed the run where the default leaves it as it was
+    assert n == len(tr.launch_iter)
+    assert runs[0]["time_s"] != runs[1]["time_s"]
+
+
 def test_at_soft_matches_the_pacing_budget_waits_for_the_plans_write_backs():
     # GIVEN a trace whose sequence length alternates (soft matches where it changes) on the H100's measured costs at
     # 1.5x, where the plan evicts dirty blocks for later launches

@@ -60,6 +60,11 @@ class UvmPrefetchParams(Params):
     # when it was recorded and the blocks it adds bring data. T5 small's steady state at 2 / 3x 1.084 / 1.060x ->
     # 1.030 / 1.030x the oracle, ResNet-152's at 2 / 3x -2 %, no standard trace worse (plan.py's docstring, "Whole")
     whole_launches: bool = True
+    # ... and where evictions leave by UVM's own eviction (no copy path: the live runtime without discards). Off by
+    # default: with --no-discard --evict uvm the steady state goes from 1.132x to 1.045x the oracle on the geomean
+    # (GPT-2 large 3x -20 %, ViT large 3x -22 %) but T5 base at 1.5 / 2x +6.0 / +1.9 % and ResNet-152 at 1.5x +1.8 %
+    # (docs/policies.md "Whole launches without the copy path")
+    whole_launches_uvm: bool = False
     track_moves: bool = True  # translate predicted blocks of tensors the allocator placed elsewhere
     # ... and where predictions are translated, the record's first writes of new tensors are not prefetched at their
     # recorded blocks (this step's allocator places them elsewhere: docs/policies.md "Moved tensors"); only where
