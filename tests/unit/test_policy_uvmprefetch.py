@@ -1042,7 +1042,7 @@ def test_whole_places_the_launch_the_budget_reaches_into_as_the_reference():
         # WHEN the policy with ``whole_launches`` and the reference run in lock step, and it is replayed with and without
         one, n = _lockstep(tr, "uvmprefetch:whole_launches=true", 1.5, gpu="h100-pcie", evict="auto")
         runs = [replay(tr, make_policy(s), "h100-pcie", oversub=1.5, evict="auto")
-                for s in ("uvmprefetch:whole_launches=true", "uvmprefetch")]
+                for s in ("uvmprefetch:whole_launches=true", "uvmprefetch:whole_launches=false")]
         # THEN the same decisions throughout, and whole launches changed the run (on the alternating trace: fewer,
         # longer copy-in calls)
         assert n == len(tr.launch_iter)
@@ -1051,7 +1051,8 @@ def test_whole_places_the_launch_the_budget_reaches_into_as_the_reference():
             assert runs[0]["repopulate_calls"] < runs[1]["repopulate_calls"]
     # ... and where the caller has no copy path (no per-call cost) it decides as without it
     tr = _trace("alternating")
-    lit = [replay(tr, make_policy(s), "h100-pcie-lit", oversub=1.5) for s in ("uvmprefetch:whole_launches=true", "uvmprefetch")]
+    lit = [replay(tr, make_policy(s), "h100-pcie-lit", oversub=1.5)
+           for s in ("uvmprefetch:whole_launches=true", "uvmprefetch:whole_launches=false")]
     assert lit[0]["time_s"] == lit[1]["time_s"] and lit[0]["bytes_htod"] == lit[1]["bytes_htod"]
 
 
@@ -1074,6 +1075,22 @@ def test_without_discards_driver_victims_leave_the_victims_of_exact_matches_to_t
     with_d = [replay(tr, make_policy(s), "h100-pcie", oversub=1.7)
               for s in ("uvmprefetch:driver_victims=true", "uvmprefetch")]
     assert with_d[0]["time_s"] == with_d[1]["time_s"] and with_d[0]["bytes_htod"] == with_d[1]["bytes_htod"]
+
+
+def test_whole_launches_uvm_places_whole_launches_without_the_copy_path_as_the_reference():
+    # GIVEN a trace whose sequence length alternates at 1.5x, where evictions leave by UVM's own eviction and dead
+    # data is never dropped (the live runtime's defaults: no copy path)
+    from uvmprefetch.sim.replay import replay
+
+    tr = _trace("alternating")
+    # WHEN the policy with ``whole_launches_uvm`` and the reference run in lock step, and it is replayed with and
+    # without
+    one, n = _lockstep(tr, "uvmprefetch:whole_launches_uvm=true", 1.5, gpu="h100-pcie", evict="uvm")
+    runs = [replay(tr, make_policy(s), "h100-pcie", oversub=1.5, evict="uvm", discards=False)
+            for s in ("uvmprefetch:whole_launches_uvm=true", "uvmprefetch")]
+    # THEN the same decisions throughout, and whole launches changed the run where the default leaves it as it was
+    assert n == len(tr.launch_iter)
+    assert runs[0]["time_s"] != runs[1]["time_s"]
 
 
 def test_at_soft_matches_the_pacing_budget_waits_for_the_plans_write_backs():

@@ -624,7 +624,10 @@ class ReferencePolicy(UvmPrefetchPolicy):
                 # (``whole``: the last launch whole, on a plain pass, where that launch matched exactly when recorded)
                 if (pr["whole"] and not soft and budget > 0 and self._plain and self.base <= t_last < self.end
                         and not self._flat("h_soft")[t_last - self.base]):
-                    k = int((pos[placed:] <= t_last).sum())
+                    kw = int((pos[placed:] <= t_last).sum())
+                    ext = blk[placed + k:placed + kw]
+                    if (~(bs.dead[ext] | bs.fresh[ext])).any():  # (only where the blocks it adds bring data)
+                        k = kw
                 rest = k
             if rest:
                 vict, vkey = victims_ref(res, cur, (bs.dead, h.nu, bs.dirty, bs.last_use, P.dead_reuse), pw, rest)

@@ -132,7 +132,7 @@ class UvmPrefetchPolicy(Policy):
                                  first_writes_free=P.first_writes_free,
                                  writeback_clock=P.writeback_clock and self.invalidating and discards,
                                  batch=batch_for(ctx, t_blk, P.batch_share),
-                                 whole=P.whole_launches and copy_call_s(ctx) > 0,
+                                 whole=P.whole_launches and (copy_call_s(ctx) > 0 or P.whole_launches_uvm),
                                  driver_victims=P.driver_victims and not discards
                                  and not getattr(ctx, "copy_path", False)))
         self.advice = AdviceState(n)

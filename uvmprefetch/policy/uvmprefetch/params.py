@@ -57,9 +57,14 @@ class UvmPrefetchParams(Params):
     batch_share: float = 0.0
     # where the caller has the copy path (a fixed cost per copy-in call), at an exact match on a plain pass the launch
     # the pacing budget reaches into is placed whole, as the oracle places launches, where that launch matched exactly
-    # when it was recorded. Off by default: T5 small's steady state at 2 / 3x 1.084 / 1.060x -> 0.990 / 1.019x the
-    # oracle, but T5 base at 3x whole run +1.1 % and ViT large at 3x steady +1.0 % (plan.py's docstring, "Whole")
-    whole_launches: bool = False
+    # when it was recorded and the blocks it adds bring data. T5 small's steady state at 2 / 3x 1.084 / 1.060x ->
+    # 1.030 / 1.030x the oracle, ResNet-152's at 2 / 3x -2 %, no standard trace worse (plan.py's docstring, "Whole")
+    whole_launches: bool = True
+    # ... and where evictions leave by UVM's own eviction (no copy path: the live runtime without discards). Off by
+    # default: with --no-discard --evict uvm the steady state goes from 1.132x to 1.045x the oracle on the geomean
+    # (GPT-2 large 3x -20 %, ViT large 3x -22 %) but T5 base at 1.5 / 2x +6.0 / +1.9 % and ResNet-152 at 1.5x +1.8 %
+    # (docs/policies.md "Whole launches without the copy path")
+    whole_launches_uvm: bool = False
     # where the caller evicts through UVM without discards (a write-back holds the mover thread until the D2H queue
     # drains), a decision at an exact match leaves the choice of victims to the driver. Off by default: the standard
     # set's steady state there 1.132x -> 0.993x the oracle (T5 base at 2x 1.256x -> 0.949x), but GPT-2 large's whole

@@ -48,16 +48,19 @@ more an iteration of live victims evicted with their use still ahead; without, 1
 batch's extra victims to blocks without a predicted use gave nothing (1.055 / 1.083 / 1.060x). The standard set
 (5 iterations) moved by -2.0 % .. +0.5 % a trace. Where the caller has no copy path it does nothing.
 
-*Whole launches* (``whole_launches``, off by default). Where evictions leave by the copy path, a decision at an exact
-match on a plain pass (no learned moves, no layer stride) whose pacing budget reaches into a launch places that
-launch's candidates whole, as the oracle places launches, where that launch matched exactly when it was recorded; the
-window pass then lists whole positions up to that one, and the first candidate left out. A launch waits for its last
-block, so part of its blocks early buys nothing, and each decision's blocks are a copy-in call of their own: at 2x the
-oracle's calls on T5 small carry 16 or more blocks, the policy's one or two. On T5 small the steady state at 2 / 3x
-went from 1.084 / 1.060x the oracle to 0.990 / 1.019x, at 1.5x from 1.057x to 1.058-1.074x; the standard set's steady
-state from 1.014x to 1.004x on the geomean, but T5 base's whole run at 3x +1.1 % and ViT large's steady state at 3x
-+1.0 %. On soft or translated passes, or reaching into a launch recorded softly, it placed the record's blocks of
-tensors placed elsewhere since (GPT-2 large at 1.5x, iteration 2: 1.82 s against 1.52 s).
+*Whole launches* (``whole_launches``). Where evictions leave by the copy path, a decision at an exact match on a plain
+pass (no learned moves, no layer stride) whose pacing budget reaches into a launch places that launch's candidates
+whole, as the oracle places launches, where that launch matched exactly when it was recorded and the blocks this adds
+bring data; the window pass then lists whole positions up to that one, and the first candidate left out. A launch
+waits for its last block, so part of its blocks early buys nothing, and each decision's blocks are a copy-in call of
+their own: at 2x the oracle's calls on T5 small carry 16 or more blocks, the policy's one or two. Blocks without data
+(first writes into dead memory) take no link time, so the budget reaches far past them: extended for those alone, a
+decision placed a launch 70-160 launches ahead, taking room that the tensors dying before it would have freed (T5 base
+at 3x, iteration 3: 109 such extensions, every added block dead, whole run +1.1 %; ViT large at 3x steady state
++1.0 %), so such an extension is not made. On T5 small the steady state at 2 / 3x goes from 1.084 / 1.060x the oracle
+to 1.030-1.049 / 1.030x (5 and 8 iterations; 1.5x unchanged), ResNet-152's at 2 / 3x by -2 %, no standard trace worse. On soft or translated
+passes, or reaching into a launch recorded softly, it placed the record's blocks of tensors placed elsewhere since
+(GPT-2 large at 1.5x, iteration 2: 1.82 s against 1.52 s).
 
 *The write-back clock* (``writeback_clock``). A prefetch into room that an eviction frees cannot start before that
 victim's data has left, so a burst of evictions of dirty blocks holds the H2D queue up behind the D2H side, which the
@@ -521,7 +524,11 @@ def plan(parts, cur, view, ctx):
             if whole and 0 < k < rest:  # (``whole``: see the module docstring)
                 t_last = pos[placed + k - 1]
                 if base <= t_last < end and h.h_soft[t_last - base] == 0:
-                    k = count_le(pos, placed, t_last)
+                    kw = count_le(pos, placed, t_last)
+                    for i in range(placed + k, placed + kw):
+                        if moves_data(bs, blk[i]):  # (only where the blocks it adds bring data: the docstring)
+                            k = kw
+                            break
             rest = k
         if rest:
             vict, vkey, pooled, refill = choose(vs, keys_of(vs, bs, nu), res, cur, p, rest, pool_k)
