@@ -32,6 +32,7 @@ CORRELATION = np.dtype([
     ("stable_sync", np.bool_),  # setting: count and use stable signatures
     ("follow_cold", np.bool_),  # setting: following the cold iteration's record, go on by name before a jump
     ("visit_len", np.float64),  # setting: ... once the visits below last this many launches on average
+    ("follow_later", np.bool_),  # setting: following a later record, go on by name before a jump back
     # the pointer's visits to this step's earlier launches while it follows the cold record: how many ended, their
     # launches in all, when the running one began (-1: none); whether ``follow_cold`` acts now
     ("visits", np.int64), ("visited", np.int64), ("visit_at", np.int64), ("cold_on", np.bool_),
@@ -50,9 +51,9 @@ class Correlation(Part, fields=FIELDS):
     """The correlation part: see the module docstring."""
 
     def __init__(self, entries: int, n: int, stable_sync: bool, follow_cold: bool = True,
-                 visit_len: float = 0.0) -> None:
+                 visit_len: float = 0.0, follow_later: bool = False) -> None:
         self.record_of(CORRELATION, n=n, stable_sync=stable_sync, follow_cold=follow_cold, visit_len=visit_len,
-                       visit_at=-1, cold_on=follow_cold and visit_len <= 0)
+                       visit_at=-1, cold_on=follow_cold and visit_len <= 0, follow_later=follow_later)
         for f in ("sig_pos", "stab_pos", "exec_pos", "name_pos", "ngram_count", "stab_count"):
             setattr(self, f, assoc_table(entries))
         self.recent = np.zeros((2, n + 1), dtype=np.int64)  # the last exec ids / names committed
@@ -203,7 +204,7 @@ def find(c, h, launch):
     q = _get(c, c.sig_pos, sig)
     if 0 <= nxt < s.iter_start and q != nxt and h.h_name[nxt - base] == name:
         if s.n_starts > 0 and h.starts[0] <= nxt:  # (a later record than the cold one)
-            if q >= s.iter_start:
+            if q >= s.iter_start or (c.s[0].follow_later and q < nxt):
                 q = -1
         elif c.s[0].cold_on:
             q = -1
