@@ -932,7 +932,8 @@ def _comparable(pol) -> dict:
                   starts=h.starts[:r["n_starts"]], pbuf=h.pbuf[:r["pk"]], wbuf=h.wbuf[:r["pk"] if r["phas_w"] else 0])
     arrays.update({f: getattr(c, f) for f in ("sig_pos", "stab_pos", "exec_pos", "name_pos", "ngram_count",
                                              "stab_count", "recent")})
-    arrays.update(remap=mv.remap, rend=mv.rend, moved_to=mv.moved_to, advice=adv.advice, prev_uses=adv.prev_uses)
+    arrays.update(remap=mv.remap, rend=mv.rend, moved_to=mv.moved_to, missed=mv.missed, advice=adv.advice,
+                  prev_uses=adv.prev_uses)
     arrays.update({f: getattr(bs, f) for f in ("dirty", "dead", "pf_unused", "thrashed", "written", "w_iter",
                                               "last_use", "uses")})
     assert not pol.plan.mark.any() and not pol.victims.mark.any(), "scratch left dirty"
@@ -993,7 +994,9 @@ def _lockstep(tr, spec, oversub, unknown=False, gpu="h100-pcie-lit", evict=None)
     ("gpt2-small", "uvmprefetch:invalidate=false,dead_reuse=false,stall_aware=false,lead_s=1e-4", False),
     ("gpt2-small", "uvmprefetch:pre_evict=false", False), ("gpt2-small", "uvmprefetch:prefetch=false", True),
     ("gpt2-small", "uvmprefetch:pace=false", False), ("gpt2-small", "uvmprefetch:follow_cold=false", False),
-    ("moe", "uvmprefetch:writeback_clock=false", False)])
+    ("moe", "uvmprefetch:writeback_clock=false", False),
+    ("gpt2-small", "uvmprefetch:follow_later=false,dead_births=false,dead_misses=0", False),
+    ("gpt2-small", "uvmprefetch:dead_misses=1", False)])
 def test_the_policy_decides_as_the_reference(name, spec, unknown):
     # GIVEN traces whose launches repeat exactly, move their activations (the shipped trace: the allocator),
     # follow soft slots (MoE) or change pattern, short of memory; with and without known accesses; the default
@@ -1398,6 +1401,32 @@ def test_following_the_cold_record_goes_on_by_name_before_an_exact_signature_els
     # THEN with follow_cold acting the pointer goes on to the record's next launch (the same kernel: a soft match);
     # without, or before any visit was seen, it jumps to the recorded second layer, whose blocks are this launch's
     assert pol.history.p == (1 if follow_cold and visit == 0 else 3)
+
+
+@pytest.mark.parametrize("cls", [UvmPrefetchPolicy, ReferencePolicy])
+@pytest.mark.parametrize("follow_later", [True, False])
+def test_following_a_later_record_goes_on_by_name_before_an_exact_signature_behind_the_pointer(cls, follow_later):
+    # GIVEN two steps of two layers recorded alike, each layer a kernel writing an activation (0) and one reading it
+    # with a buffer every layer reads (1, block 2): the first layer's activation in block 10, the second's in 20
+    pol = cls(window=8, window_min=1, adaptive_window=False, advice=False, stable_sync=False,
+              follow_later=follow_later)
+    n = 32
+    view = FakeView(n, n)
+    pol.on_start(ctx(n, n))
+    layers = [(0, [1, 10], [10]), (1, [2, 10], []), (0, [3, 20], [20]), (1, [2, 20], [])]
+    for it in range(2):
+        for k, (name, blocks, writes) in enumerate(layers):
+            _step(pol, view, 4 * it + k, it, name, blocks, writes)
+        pol.on_iteration(it)
+    # WHEN the third step follows the second's record (positions 4-7), its layers' activations placed in blocks 14
+    # and 24, and its second layer's reading launch reads block 10: the exact signature of the recorded first
+    # layer's (position 5, behind the pointer), while the record's next launch (7) is the same kernel
+    for i, (name, blocks, writes) in enumerate([(0, [1, 14], [14]), (1, [2, 14], []), (0, [3, 24], [24])]):
+        _step(pol, view, 8 + i, 2, name, blocks, writes)
+    assert pol.history.p == 6
+    _step(pol, view, 11, 2, 1, [2, 10], [])
+    # THEN with follow_later the pointer goes on to the record's next launch (a soft match); without, it jumps back
+    assert pol.history.p == (7 if follow_later else 5)
 
 
 @pytest.mark.parametrize("lengths,acts", [((3, 2), True), ((1, 2), False), ((5,), False), ((2, 2, 4), True)])

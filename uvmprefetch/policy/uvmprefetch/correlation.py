@@ -22,6 +22,7 @@ import numba as nb
 import numpy as np
 
 from ..tables import assoc_count, assoc_get, assoc_put, assoc_table, mix64
+from .history import record_start
 from .parts import Part
 
 CORRELATION = np.dtype([
@@ -204,7 +205,7 @@ def find(c, h, launch):
     q = _get(c, c.sig_pos, sig)
     if 0 <= nxt < s.iter_start and q != nxt and h.h_name[nxt - base] == name:
         if s.n_starts > 0 and h.starts[0] <= nxt:  # (a later record than the cold one)
-            if q >= s.iter_start or (c.s[0].follow_later and q < nxt):
+            if q >= s.iter_start or (c.s[0].follow_later and record_start(h, nxt) <= q < nxt):
                 q = -1
         elif c.s[0].cold_on:
             q = -1

@@ -158,6 +158,18 @@ def record_end(h, q):
 
 
 @nb.njit(cache=True, nogil=True)
+def record_start(h, q):
+    """The first position of the recorded iteration that holds ``q`` (before this one; 0: the first recorded)."""
+    s = h.s[0]
+    lo = np.int64(0)
+    for i in range(s.n_starts):
+        if h.starts[i] > q:
+            break
+        lo = h.starts[i]
+    return lo
+
+
+@nb.njit(cache=True, nogil=True)
 def has_room(h):
     """Whether the buffers can take the pending launch's commit."""
     s = h.s[0]
