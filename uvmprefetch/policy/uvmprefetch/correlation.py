@@ -194,7 +194,10 @@ def find(c, h, launch):
     jumps, ``bench/refetch.py``). Off, the previous layer of this iteration, shifted by the layer stride, may
     predict the cold record's activations better (BERT large at 1.5x, iteration 1: 0.637 s against 0.665 s). So
     ``follow_cold`` acts only once the pointer's visits there (``visit``) have lasted ``visit_len`` launches on
-    average, over two at least: T5 base's visit 4.5 launches each, BERT, GPT-2 and ViT large's 1.2-1.6."""
+    average, over two at least: T5 base's visit 4.5 launches each, BERT, GPT-2 and ViT large's 1.2-1.6. While it
+    follows a later record (``follow_later``), an exact signature at an earlier position of that record is not one
+    either: T5 base at 3x, following iteration 2's record, jumped 28 times to another layer 90-100 launches back;
+    one in an older record (another pattern: alternating sequence lengths ran 14 % slower without it) still is."""
     s = h.s[0]
     key, name, sig, stab = launch
     base = s.base

@@ -69,9 +69,10 @@ class UvmPrefetchParams(Params):
     # launches on average (from the second on; 0: from the start): T5 base's last 4.5, BERT, GPT-2, ViT large's 1.2-1.6
     follow_cold_visit: float = 2.5
     # following a later record than the cold one, a launch whose kernel is the record's next one goes on there
-    # instead of jumping back to an exact signature behind the pointer (an earlier layer, an older record): T5 base
-    # at 3x, iteration 3 jumped 46 times and each jump rebuilt the next uses without the learned moves; only where
-    # the caller discards and frees are deaths, as follow_cold (docs/policies.md "What is left")
+    # instead of jumping back to an exact signature at an earlier position of that record (an older record, another
+    # pattern, still takes it): T5 base at 3x, iteration 3 jumped 46 times and each jump rebuilt the next uses without
+    # the learned moves; only where the caller discards and frees are deaths, as follow_cold (docs/policies.md
+    # "What is left")
     follow_later: bool = True
     # where moves are learned, a moved block that is dead where the followed record reads its recorded block is next
     # used at the record's next birth there (dead memory is written before it is read), not at that read's next entry;
