@@ -308,8 +308,8 @@ class ReferencePolicy(UvmPrefetchPolicy):
         q = self._tab("sig_pos", sig)
         if q is not None and nxt is not None and q != nxt and nxt < it_start and hname[nxt - base] == name:
             if starts.size and starts[0] <= nxt:  # (a later record than the cold one)
-                if q >= it_start or (self._get("correlation", "follow_later")
-                                     and int(starts[starts <= nxt][-1]) <= q < nxt):
+                if q >= it_start or (self._get("correlation", "follow_later") and q < nxt
+                                     and (moves_now or int(starts[starts <= nxt][-1]) <= q)):
                     q = None
             elif self._get("correlation", "cold_on"):
                 q = None

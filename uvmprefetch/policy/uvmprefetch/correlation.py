@@ -172,7 +172,7 @@ def _get(c, table, key):
 
 
 @nb.njit(cache=True, nogil=True)
-def find(c, h, launch):
+def find(c, h, launch, moved=False):
     """Where the running launch is in the history ``h``. ``launch`` is ``(key, name, sig, stab)``. Returns ``(how,
     q, soft)``: one of ``M_*``, the position (-1 with ``M_NONE``) and how the launch matched (``soft``).
 
@@ -208,7 +208,7 @@ def find(c, h, launch):
     q = _get(c, c.sig_pos, sig)
     if 0 <= nxt < s.iter_start and q != nxt and h.h_name[nxt - base] == name:
         if s.n_starts > 0 and h.starts[0] <= nxt:  # (a later record than the cold one)
-            if q >= s.iter_start or (c.s[0].follow_later and record_start(h, nxt) <= q < nxt):
+            if q >= s.iter_start or (c.s[0].follow_later and q < nxt and (moved or record_start(h, nxt) <= q)):
                 q = -1
         elif c.s[0].cold_on:
             q = -1

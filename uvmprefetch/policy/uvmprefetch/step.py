@@ -219,7 +219,7 @@ def step(st, launch, blocks, writes, view):
         ps.v_lo = 0
         ps.v_hi = -1
         ps.horizon = max(ps.horizon, s.base)
-    how, q, soft = corr.find(st.corr, h, (key, name, sig, stab))
+    how, q, soft = corr.find(st.corr, h, (key, name, sig, stab), moves_now)
     _count_match(c, how)
     s.soft = soft
     if how == corr.M_NONE:
