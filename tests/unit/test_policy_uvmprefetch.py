@@ -1429,6 +1429,34 @@ def test_following_a_later_record_goes_on_by_name_before_an_exact_signature_behi
     assert pol.history.p == (7 if follow_later else 5)
 
 
+@pytest.mark.parametrize("cls", [UvmPrefetchPolicy, ReferencePolicy])
+@pytest.mark.parametrize("follow_later,moved", [(True, True), (True, False), (False, True)])
+def test_a_jump_back_to_an_older_record_is_kept_only_while_no_move_was_learned(cls, follow_later, moved):
+    # GIVEN three steps of two layers recorded (positions 0-3, 4-7, 8-11), the first one's activations in blocks
+    # 10 and 20, the two later ones' in 11 and 21
+    pol = cls(window=8, window_min=1, adaptive_window=False, advice=False, stable_sync=False,
+              follow_later=follow_later)
+    n = 32
+    view = FakeView(n, n)
+    pol.on_start(ctx(n, n))
+    for it, (a, b) in enumerate([(10, 20), (11, 21), (11, 21)]):
+        for k, (name, blocks, writes) in enumerate([(0, [1, a], [a]), (1, [2, a], []), (0, [3, b], [b]),
+                                                    (1, [2, b], [])]):
+            _step(pol, view, 4 * it + k, it, name, blocks, writes)
+        pol.on_iteration(it)
+    # WHEN the fourth step follows the third's record, its first activation where the record has it or in block 15
+    # (a move learned), and its second layer's reading launch reads block 10: an exact signature of the first
+    # step's record only (position 1), while the followed record's next launch (11) is the same kernel
+    a = 15 if moved else 11
+    for i, (name, blocks, writes) in enumerate([(0, [1, a], [a]), (1, [2, a], []), (0, [3, 21], [21])]):
+        _step(pol, view, 12 + i, 3, name, blocks, writes)
+    assert pol.history.p == 10 and (pol.stats["moved_blocks"] != pol.moves.r["moved_at_start"]) == moved
+    _step(pol, view, 15, 3, 1, [2, 10], [])
+    # THEN with follow_later and a move learned the pointer goes on to the record's next launch; without a move (a
+    # pattern returning) or without follow_later it jumps back to the older record
+    assert pol.history.p == (11 if follow_later and moved else 1)
+
+
 @pytest.mark.parametrize("lengths,acts", [((3, 2), True), ((1, 2), False), ((5,), False), ((2, 2, 4), True)])
 def test_follow_cold_acts_once_the_visits_to_this_step_last_long_enough_on_average(lengths, acts):
     # GIVEN a policy after a first step of 4 launches (this step's launches begin at position 4) and follow_cold
