@@ -328,3 +328,62 @@ def test_link_idle_rejects_another_policy_in_one_line(small_trace):
     r = run(["bench/link_idle.py", str(small_trace), "--policy", "demand"])
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines() == ["error: --policy 'demand': only uvmprefetch is watched"]
+
+
+def test_profile_factors_chain_adds_one_difference_of_the_default_profile_at_a_time():
+    # GIVEN bench/profile_factors.py's chain WHEN each setting is compared with the one before THEN it differs in
+    # exactly the fields of one difference (populate costs, fault costs, then the link and copy path), starts at
+    # h100-pcie-lit with an idle host and ends at the bench's default (h100-pcie, host live)
+    import dataclasses
+    from uvmprefetch.gpus import PROFILES
+    chain = _module("profile_factors").settings()
+    assert [c[0] for c in chain] == ["lit", "+fresh", "+faults", "+link", "default"]
+    assert chain[0][1] == PROFILES["h100-pcie-lit"] and chain[0][2] == "free"
+    assert chain[-1][1] is PROFILES["h100-pcie"] and chain[-1][2] == "live"
+
+    def diff(a, b):
+        return {f.name for f in dataclasses.fields(a) if getattr(a, f.name) != getattr(b, f.name)} - {"name"}
+
+    assert diff(chain[0][1], chain[1][1]) == {"repopulate_call_s", "repopulate_block_s"}
+    assert diff(chain[1][1], chain[2][1]) == {"fault_batch_size", "fault_batch_latency_s"}
+    assert diff(chain[2][1], chain[3][1]) == {"link_htod_bw", "link_dtoh_bw", "copy_dtoh_bw", "copy_htod_bw",
+                                              "copy_call_s", "discard_call_s", "discard_block_s", "calibrated",
+                                              "sources"}
+    assert chain[3][1] is chain[4][1] and chain[3][2] == "free"
+
+
+def test_profile_factors_prints_each_settings_ratio_and_the_steps_between():
+    # GIVEN the shipped GPT-2 small trace at 1.5x WHEN bench/profile_factors.py replays it in the chain THEN the
+    # literature row is a plain replay's ratio to the oracle's, fresh memory takes iteration 0's cold data off the
+    # link for both policies (the literature profile moves every first touch), and the steps add up to the chain's
+    # end minus its start
+    from uvmprefetch.policy import make_policy
+    from uvmprefetch.sim.replay import replay
+    r = run(["bench/profile_factors.py", "traces/gpt2-small-b2s128.uvmt", "--oversub", "1.5"])
+    assert r.returncode == 0, r.stderr
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in r.stdout.splitlines()
+            if line.startswith("| 1.5 ")]
+    assert [row[1] for row in rows] == ["lit", "+fresh", "+faults", "+link", "default"]
+    from uvmprefetch.trace.format import load
+    t = load("traces/gpt2-small-b2s128.uvmt")
+    u = replay(t, make_policy("uvmprefetch"), "h100-pcie-lit", oversub=1.5, host="free")
+    o = replay(t, make_policy("oracle"), "h100-pcie-lit", oversub=1.5, host="free")
+    assert float(rows[0][2]) == pytest.approx(u["time_s"] / o["time_s"], abs=1e-4)
+
+    def h2d(row):
+        mine, oracle = row[6].replace(")", "").split(" (")
+        return float(mine), float(oracle)
+
+    assert all(b < a for a, b in zip(h2d(rows[0]), h2d(rows[1])))
+    whole = [float(row[2]) for row in rows]
+    steps = r.stdout.splitlines()[-1].split("each step: ")[1].split(", ")
+    assert abs(sum(float(s.split()[-1]) for s in steps) - (whole[-1] - whole[0])) < 5e-4
+
+
+@pytest.mark.parametrize("flag, value, says", [("--oversub", "0.5", "--oversub"), ("--oversub", "x", "--oversub"),
+                                              ("--settings", "lit,nosuch", "--settings"),
+                                              ("--policy", "demand", "only uvmprefetch")])
+def test_profile_factors_names_a_bad_argument_in_one_line(small_trace, flag, value, says):
+    r = run(["bench/profile_factors.py", str(small_trace), flag, value])
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(err) == 1 and err[0].startswith("error:") and says in err[0], r.stderr

@@ -428,7 +428,7 @@ def test_bad_params_raise_one_config_error(spec):
         make_policy(spec)
 
 
-@pytest.mark.parametrize("name,says", [("deadline", "was removed"), ("whole", "was removed"),
+@pytest.mark.parametrize("name,says", [("deadline", "was removed"), ("whole", "whole_launches"),
                                        ("guard_soft", "was removed"), ("guess_unpredicted", "was removed"),
                                        ("soft_moves", "was removed"), ("fault_late", "fault_late_soft"),
                                        ("invalidate_always", "renamed invalidate_without_discard")])
@@ -871,9 +871,9 @@ def test_window_pass_matches_the_reference():
         tr = (mv.remap, mv.rend, lim, shift_from, int(mv.r["s_old"]), int(mv.r["s_new"]), bs.w_iter, 1, bs.dead,
               bool(pol.plan.r["moved_births"]), bool(mv.r["dead_births"]))
 
-        def window(extra=-1, verified=(0, -1)):  # (the compiled pass over this trial's history and state)
+        def window(extra=-1, verified=(0, -1), whole=False):  # (the compiled pass over this trial's history and state)
             return plan.window_candidates(h.ref, miss, (pa, pb, lo, hi), p, cap, tr,
-                                          (view.resident, view.in_flight, pol.plan.mark), verified, extra)
+                                          (view.resident, view.in_flight, pol.plan.mark), verified, extra, whole)
 
         # THEN the compiled pass lists the same candidates at the same positions, stops at the same position and
         # brings the same next uses (one pass: the scan and the list together)
@@ -889,6 +889,16 @@ def test_window_pass_matches_the_reference():
         keep = min(rb.size, int(np.count_nonzero(rp <= p + 1)) + extra)
         assert np.array_equal(cb, rb[:keep]) and np.array_equal(cp, rp[:keep])
         assert (c_hi, c_spanned) == (w_hi, spanned) and np.array_equal(h.nu, nu_ref)
+        # AND with ``whole`` the prefix ends where the position of its last candidate but one ends, plus the first
+        # candidate left out
+        h.nu[:] = nu0
+        near = int(np.count_nonzero(rp <= p + 1))
+        keep_w = keep
+        if extra >= 2 and near + extra - 2 < rb.size:
+            keep_w = min(rb.size, int(np.count_nonzero(rp <= rp[near + extra - 2])) + 1)
+        wb2, wp2, w_hi2, w_spanned = window(extra, whole=True)
+        assert np.array_equal(wb2, rb[:keep_w]) and np.array_equal(wp2, rp[:keep_w])
+        assert (w_hi2, w_spanned) == (w_hi, spanned) and np.array_equal(h.nu, nu_ref)
         if kind or lo > scan_hi:
             continue
         # AND a pass without translation or shift leaves its positions verified: a second pass skipping their
@@ -1023,6 +1033,29 @@ def test_the_policy_populates_as_the_reference():
     assert n == len(_trace("gpt2-small").launch_iter) and one.report()["populated_blocks"] > 0
     one, n = _lockstep(_trace("gpt2-small"), "uvmprefetch", 1.7, gpu="h100-pcie")
     assert n == len(_trace("gpt2-small").launch_iter)
+
+
+def test_whole_places_the_launch_the_budget_reaches_into_as_the_reference():
+    # GIVEN the shipped trace and one whose sequence length alternates, at 1.5x on the H100's measured costs, where
+    # evictions take the copy path (a fixed cost per copy-in call)
+    from uvmprefetch.sim.replay import replay
+
+    for name in ("gpt2-small", "alternating"):
+        tr = _trace(name)
+        # WHEN the policy with ``whole_launches`` and the reference run in lock step, and it is replayed with and without
+        one, n = _lockstep(tr, "uvmprefetch:whole_launches=true", 1.5, gpu="h100-pcie", evict="auto")
+        runs = [replay(tr, make_policy(s), "h100-pcie", oversub=1.5, evict="auto")
+                for s in ("uvmprefetch:whole_launches=true", "uvmprefetch")]
+        # THEN the same decisions throughout, and whole launches changed the run (on the alternating trace: fewer,
+        # longer copy-in calls)
+        assert n == len(tr.launch_iter)
+        assert runs[0]["time_s"] != runs[1]["time_s"]
+        if name == "alternating":
+            assert runs[0]["repopulate_calls"] < runs[1]["repopulate_calls"]
+    # ... and where the caller has no copy path (no per-call cost) it decides as without it
+    tr = _trace("alternating")
+    lit = [replay(tr, make_policy(s), "h100-pcie-lit", oversub=1.5) for s in ("uvmprefetch:whole_launches=true", "uvmprefetch")]
+    assert lit[0]["time_s"] == lit[1]["time_s"] and lit[0]["bytes_htod"] == lit[1]["bytes_htod"]
 
 
 def test_at_soft_matches_the_pacing_budget_waits_for_the_plans_write_backs():

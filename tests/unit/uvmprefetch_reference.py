@@ -549,6 +549,7 @@ class ReferencePolicy(UvmPrefetchPolicy):
             blk, pos, fw, tr = np.where(second, blk[order], y[order]), pos[order], fw[order], tr[order]
         s_old, s_new = int(mv.r["s_old"]), int(mv.r["s_new"])
         it_start = self._get("history", "iter_start")
+        self._plain = not lim and not (self.p is not None and self.p >= it_start and (s_old or s_new))
         if self.p is not None and self.p >= it_start and (s_old or s_new):
             y = blk + np.where(bs.w_iter[blk] != self.it, s_old, s_new)
             blk = np.where((pos >= it_start) & (y >= 0) & (y < h.nu.shape[0]), y, blk)
@@ -630,7 +631,13 @@ class ReferencePolicy(UvmPrefetchPolicy):
                 budget = max(0, int(np.ceil(room) if not soft else room))
                 if pr["batch"] > 1 and not soft and budget > 0:  # (``batch_share``: at least a batch at once)
                     budget = max(budget, int(pr["batch"]))
-                rest = min(rest, int((pos[placed:] <= near).sum()) + budget)
+                k = min(rest, int((pos[placed:] <= near).sum()) + budget)
+                t_last = int(pos[placed + k - 1]) if 0 < k < rest else -1
+                # (``whole``: the last launch whole, on a plain pass, where that launch matched exactly when recorded)
+                if (pr["whole"] and not soft and budget > 0 and self._plain and self.base <= t_last < self.end
+                        and not self._flat("h_soft")[t_last - self.base]):
+                    k = int((pos[placed:] <= t_last).sum())
+                rest = k
             if rest:
                 vict, vkey = victims_ref(res, cur, (bs.dead, h.nu, bs.dirty, bs.last_use, P.dead_reuse), pw, rest)
                 ok = vkey <= pos[placed:placed + vkey.shape[0]]

@@ -41,7 +41,7 @@ from .history import INF, History
 from .moves import Moves
 from .params import UvmPrefetchParams
 from .parts import check_caches, fields
-from .plan import Plan, batch_for
+from .plan import Plan, batch_for, copy_call_s
 from .victims import Victims
 from .window import WindowMonitor
 
@@ -133,7 +133,8 @@ class UvmPrefetchPolicy(Policy):
                                  populate=populates, moved_births=P.moved_births and self.invalidating and discards,
                                  first_writes_free=P.first_writes_free,
                                  writeback_clock=P.writeback_clock and self.invalidating and discards,
-                                 batch=batch_for(ctx, t_blk, P.batch_share)))
+                                 batch=batch_for(ctx, t_blk, P.batch_share),
+                                 whole=P.whole_launches and copy_call_s(ctx) > 0))
         self.advice = AdviceState(n)
         self.monitor = WindowMonitor(P.window, P.window_min, P.window_max, P.patience, P.adaptive_window)
         self.stats = Counts()

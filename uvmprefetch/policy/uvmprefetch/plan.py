@@ -48,6 +48,17 @@ more an iteration of live victims evicted with their use still ahead; without, 1
 batch's extra victims to blocks without a predicted use gave nothing (1.055 / 1.083 / 1.060x). The standard set
 (5 iterations) moved by -2.0 % .. +0.5 % a trace. Where the caller has no copy path it does nothing.
 
+*Whole launches* (``whole_launches``, off by default). Where evictions leave by the copy path, a decision at an exact
+match on a plain pass (no learned moves, no layer stride) whose pacing budget reaches into a launch places that
+launch's candidates whole, as the oracle places launches, where that launch matched exactly when it was recorded; the
+window pass then lists whole positions up to that one, and the first candidate left out. A launch waits for its last
+block, so part of its blocks early buys nothing, and each decision's blocks are a copy-in call of their own: at 2x the
+oracle's calls on T5 small carry 16 or more blocks, the policy's one or two. On T5 small the steady state at 2 / 3x
+went from 1.084 / 1.060x the oracle to 0.990 / 1.019x, at 1.5x from 1.057x to 1.058-1.074x; the standard set's steady
+state from 1.014x to 1.004x on the geomean, but T5 base's whole run at 3x +1.1 % and ViT large's steady state at 3x
++1.0 %. On soft or translated passes, or reaching into a launch recorded softly, it placed the record's blocks of
+tensors placed elsewhere since (GPT-2 large at 1.5x, iteration 2: 1.82 s against 1.52 s).
+
 *The write-back clock* (``writeback_clock``). A prefetch into room that an eviction frees cannot start before that
 victim's data has left, so a burst of evictions of dirty blocks holds the H2D queue up behind the D2H side, which the
 queue estimate does not see. The plan keeps a predicted end of its victims' write-backs (each dirty live victim adds
@@ -82,18 +93,26 @@ PLAN = np.dtype([
     ("first_writes_free", np.bool_), ("writeback_clock", np.bool_),
     ("d_end", np.float64),  # predicted end of the victims' write-backs (``writeback_clock``)
     ("batch", np.int64),  # fewest blocks past the next launch issued together at an exact match (0, 1: any)
+    ("whole", np.bool_),  # at an exact match the launch the pacing budget reaches into is placed whole
 ], align=True)
 
 FIELDS = ("s", "mark", "out")
 
 
+def copy_call_s(ctx) -> float:
+    """The fixed H2D cost of one copy-in call (``repopulate_call_s + copy_call_s``) where the caller has the copy
+    path, else 0."""
+    if not getattr(ctx, "copy_path", False):
+        return 0.0
+    return float(getattr(ctx.gpu, "repopulate_call_s", 0.0)) + float(getattr(ctx.gpu, "copy_call_s", 0.0))
+
+
 def batch_for(ctx, t_blk: float, share: float) -> int:
     """The fewest blocks a decision at an exact match places once it evicts for later launches (``batch_share``: see
-    the module docstring): where the caller has the copy path, enough that one copy-in call's fixed cost
-    (``repopulate_call_s + copy_call_s``) is at most ``share`` of the batch's link time; 0 (no batch) elsewhere."""
-    gpu = ctx.gpu
-    call_s = float(getattr(gpu, "repopulate_call_s", 0.0)) + float(getattr(gpu, "copy_call_s", 0.0))
-    if not (share > 0 and getattr(ctx, "copy_path", False) and call_s > 0 and t_blk > 0):
+    the module docstring): where the caller has the copy path, enough that one copy-in call's fixed cost is at most
+    ``share`` of the batch's link time; 0 (no batch) elsewhere."""
+    call_s = copy_call_s(ctx)
+    if not (share > 0 and call_s > 0 and t_blk > 0):
         return 0
     return int(np.ceil(call_s / (share * t_blk)))
 
@@ -193,7 +212,7 @@ def _cand_entries(f_blk, f_w, a, b, t, p, tr, nu, lst, m, lim):
 
 
 @nb.njit(cache=True, nogil=True)
-def window_candidates(h, miss, span, p, cap, tr, present, verified, extra):
+def window_candidates(h, miss, span, p, cap, tr, present, verified, extra, whole):
     """The candidates in order of need, with their positions: ``miss`` (position -1), the next launch's entries
     ``[pa, pb)`` (position ``p + 1``; listed when the horizon is past it), then the window pass over positions
     ``lo..hi`` (``span``: ``(pa, pb, lo, hi)``) in chunks of 16, 32, ... while fewer than ``cap`` scanned blocks
@@ -206,7 +225,7 @@ def window_candidates(h, miss, span, p, cap, tr, present, verified, extra):
     no more than ``extra`` candidates beyond those up to position ``p + 1`` (its free room, its pacing budget, and
     the first left out); the list stops there, a prefix of the whole one, while the scan goes on as before (its
     chunks, its count, the updates). ``verified``: ``(v_lo, v_hi)``, positions past that cut whose updates can be
-    skipped (see the module docstring)."""
+    skipped (see the module docstring). ``whole``: the list ends at a position's end, then the first left out."""
     s = h.s[0]
     pa, pb, lo, hi = span
     v_lo, v_hi = verified
@@ -244,17 +263,30 @@ def window_candidates(h, miss, span, p, cap, tr, present, verified, extra):
     spanned = 0
     start = lo
     chunk = 16
+    topped = False
+    grew = False
     while start <= hi and got < cap and spanned < s.scan_max:
         stop = min(hi, start + chunk - 1)
         for t in range(start, stop + 1):
             if t == max(lo, p + 2) and extra >= 0:
                 lim = m + extra
+            lim_t = lim
+            if whole and not topped and lim < out_b.shape[0]:
+                # (``whole``: a position the list reaches into is listed whole, then the first candidate left out)
+                if m < lim - 1:
+                    lim_t = out_b.shape[0]
+                    grew = True
+                else:
+                    if grew and m >= lim:
+                        lim = m + 1
+                        lim_t = lim
+                    topped = True
             a = h_ptr[t - base] - fbase
             b = (h_ptr[t + 1 - base] - fbase) if t + 1 < end else nflat
             # (with the list cut and the count past ``cap``, the rest of the chunk only updates next uses; not even
             # that in the verified span)
             if m < lim or got < cap:
-                m, g = _cand_entries(f_blk, f_w, a, b, t, p, tr, nu, lst, m, lim)
+                m, g = _cand_entries(f_blk, f_w, a, b, t, p, tr, nu, lst, m, lim_t)
                 got += g
             elif not v_lo <= t <= v_hi:
                 m, _ = _cand_entries(f_blk, f_w, a, b, t, p, tr, nu, lst, m, -1)
@@ -421,6 +453,7 @@ def plan(parts, cur, view, ctx):
         until += max(0.0, q - now)
     budget = 0
     extra = -1
+    whole = False
     if paced:
         # evictions make room for at most the candidates up to the next launch and this many more (read only when
         # the candidates outnumber the free room): rounded up after an exact match, down after a soft one
@@ -432,16 +465,18 @@ def plan(parts, cur, view, ctx):
         if ps.batch > 1 and s.soft == 0 and budget > 0:
             budget = max(budget, ps.batch)  # (``batch_share``: see the module docstring)
         extra = free + budget + 1
+
     s_old = mv.s[0].s_old
     s_new = mv.s[0].s_new
     plain = remap_lim == 0 and not (shift_from < INF and (s_old != 0 or s_new != 0))
+    whole = paced and ps.whole and s.soft == 0 and budget > 0 and plain
     if not plain:  # (a translated or shifted pass updates other blocks than those recorded)
         ps.v_lo = 0
         ps.v_hi = -1
     tr = (mv.remap, mv.rend, remap_lim, shift_from, s_old, s_new, bs.w_iter, s.iters, bs.dead,
           ps.moved_births, mv.s[0].dead_births)
     blk, pos, scan_hi, spanned = window_candidates(h, miss, (pa, pb, lo, hi), p, cap, tr, (res, infl, pl.mark),
-                                                   (ps.v_lo, ps.v_hi), extra)
+                                                   (ps.v_lo, ps.v_hi), extra, whole)
     # stamp: window pass
     if scan and plain and lo <= scan_hi:
         if ps.v_lo <= lo <= ps.v_hi + 1:
@@ -471,7 +506,12 @@ def plan(parts, cur, view, ctx):
         placed = min(free, n)
         rest = n - placed
         if rest and paced:
-            rest = min(rest, count_le(pos, placed, near_pos) + budget)
+            k = min(rest, count_le(pos, placed, near_pos) + budget)
+            if whole and 0 < k < rest:  # (``whole``: see the module docstring)
+                t_last = pos[placed + k - 1]
+                if base <= t_last < end and h.h_soft[t_last - base] == 0:
+                    k = count_le(pos, placed, t_last)
+            rest = k
         if rest:
             vict, vkey, pooled, refill = choose(vs, keys_of(vs, bs, nu), res, cur, p, rest, pool_k)
             k_ok = first_not_above(vkey, pos, placed)
