@@ -825,8 +825,8 @@ def test_window_pass_matches_the_reference():
     for trial in range(240):
         # GIVEN a recorded history of random launches (some touching nothing; reads, writes and first writes of new
         # tensors) and a random residency; the pointer follows an earlier iteration's record with moves learned
-        # against it (with and without moved_births), or this iteration's with a layer stride, or neither
-        pol = ReferencePolicy(advice=False, moved_births=bool(trial % 2))
+        # against it (with and without moved_births, dead_births), or this iteration's with a layer stride, or neither
+        pol = ReferencePolicy(advice=False, moved_births=bool(trial % 2), dead_births=bool(trial // 2 % 2))
         pol.on_start(ctx(n, n))
         view = FakeView(n, n)
         h, mv, bs = pol.history, pol.moves, pol.blocks
@@ -869,7 +869,7 @@ def test_window_pass_matches_the_reference():
         rb, rp = pol._candidates(miss, (pa, pb), (sa, sb, lo), p, present)
         nu_ref = h.nu.copy()
         tr = (mv.remap, mv.rend, lim, shift_from, int(mv.r["s_old"]), int(mv.r["s_new"]), bs.w_iter, 1, bs.dead,
-              bool(pol.plan.r["moved_births"]))
+              bool(pol.plan.r["moved_births"]), bool(mv.r["dead_births"]))
 
         def window(extra=-1, verified=(0, -1), whole=False):  # (the compiled pass over this trial's history and state)
             return plan.window_candidates(h.ref, miss, (pa, pb, lo, hi), p, cap, tr,
@@ -942,7 +942,8 @@ def _comparable(pol) -> dict:
                   starts=h.starts[:r["n_starts"]], pbuf=h.pbuf[:r["pk"]], wbuf=h.wbuf[:r["pk"] if r["phas_w"] else 0])
     arrays.update({f: getattr(c, f) for f in ("sig_pos", "stab_pos", "exec_pos", "name_pos", "ngram_count",
                                              "stab_count", "recent")})
-    arrays.update(remap=mv.remap, rend=mv.rend, moved_to=mv.moved_to, advice=adv.advice, prev_uses=adv.prev_uses)
+    arrays.update(remap=mv.remap, rend=mv.rend, moved_to=mv.moved_to, missed=mv.missed, advice=adv.advice,
+                  prev_uses=adv.prev_uses)
     arrays.update({f: getattr(bs, f) for f in ("dirty", "dead", "pf_unused", "thrashed", "written", "w_iter",
                                               "last_use", "uses")})
     assert not pol.plan.mark.any() and not pol.victims.mark.any(), "scratch left dirty"
@@ -1003,7 +1004,9 @@ def _lockstep(tr, spec, oversub, unknown=False, gpu="h100-pcie-lit", evict=None,
     ("gpt2-small", "uvmprefetch:invalidate=false,dead_reuse=false,stall_aware=false,lead_s=1e-4", False),
     ("gpt2-small", "uvmprefetch:pre_evict=false", False), ("gpt2-small", "uvmprefetch:prefetch=false", True),
     ("gpt2-small", "uvmprefetch:pace=false", False), ("gpt2-small", "uvmprefetch:follow_cold=false", False),
-    ("moe", "uvmprefetch:writeback_clock=false", False)])
+    ("moe", "uvmprefetch:writeback_clock=false", False),
+    ("gpt2-small", "uvmprefetch:follow_later=false,dead_births=false,dead_misses=0", False),
+    ("gpt2-small", "uvmprefetch:dead_misses=1", False)])
 def test_the_policy_decides_as_the_reference(name, spec, unknown):
     # GIVEN traces whose launches repeat exactly, move their activations (the shipped trace: the allocator),
     # follow soft slots (MoE) or change pattern, short of memory; with and without known accesses; the default
@@ -1206,35 +1209,42 @@ def test_the_steps_entry_point_takes_only_arrays_of_the_types_it_was_kept_for(mo
 def test_learn_moves_kernel_matches_numpy():
     rng = np.random.default_rng(5)
     n = 32
+    misses_seen = 0
     for _ in range(300):
-        # GIVEN a recorded history whose first launch wrote some blocks (the later ones read, write in place, or
-        # write a new tensor into a dead block: f_w 0 / 1 / 2), and the blocks the running launch writes, where a
-        # new block may be another recorded one (so reads must come before writes)
-        pol = UvmPrefetchPolicy(advice=False)
+        # GIVEN a recorded history whose second launch (position 1) wrote some blocks (the later ones read, write in
+        # place, or write a new tensor into a dead block: f_w 0 / 1 / 2), and the blocks the running launch writes,
+        # where a new block may be another recorded one (so reads must come before writes); dead_misses 0, 1 or 3
+        dm = int(rng.choice([0, 1, 3]))
+        pol = UvmPrefetchPolicy(advice=False, dead_misses=dm)
         pol.on_start(ctx(n, n))
         h, mv = pol.history, pol.moves
         k = int(rng.integers(1, 8))
         rec_blocks = np.sort(rng.choice(n, k, replace=False)).astype(np.int64)
         f_w = np.where(rng.random(k) < 0.7, 1 + (rng.random(k) < 0.5), 0).astype(np.int8)
-        h.append(0, 0, 0, rec_blocks, f_w)
-        for i in range(1, int(rng.integers(1, 12))):
+        h.append(0, 0, 0, np.zeros(0, dtype=np.int64))
+        h.append(1, 1, 1, rec_blocks, f_w)
+        for i in range(2, int(rng.integers(2, 13))):
             b = np.sort(rng.choice(n, int(rng.integers(0, 6)), replace=False)).astype(np.int64)
             h.append(i, i, i, b, rng.integers(0, 3, b.shape[0]).astype(np.int8))
         h.r["iters"] = 1
-        lim = int(rng.integers(1, h.end + 2))
+        lim = int(rng.integers(2, h.end + 2))
         m = int((f_w != 0).sum()) if rng.random() < 0.9 else int(rng.integers(0, 4))
         writes = np.sort(rng.choice(n, m, replace=False)).astype(np.int64)
         h.nu[:] = rng.integers(0, 100, n)
-        pol.blocks.dead[:] = rng.random(n) < 0.3
-        # (earlier moves this iteration: some recorded blocks already sent elsewhere; first uses this iteration)
+        dead = pol.blocks.dead
+        dead[:] = rng.random(n) < 0.3
+        # (earlier moves this iteration: some recorded blocks already sent elsewhere, half of them with a birth
+        # predicted here; births that went elsewhere so far; first uses this iteration)
         moved_before = rng.random(n) < 0.3
         mv.remap[moved_before] = rng.integers(0, n, int(moved_before.sum()))
-        mv.rend[moved_before] = rng.integers(0, h.end + 2, int(moved_before.sum()))
+        mv.rend[moved_before] = np.where(rng.random(int(moved_before.sum())) < 0.5, 1,
+                                         rng.integers(0, h.end + 2, int(moved_before.sum())))
+        mv.missed[:] = rng.integers(0, 4, n)
         h.first_it[:] = rng.integers(0, 2, n)
         h.first_pos[:] = rng.integers(0, 100, n)
-        nu, remap, rend = h.nu.copy(), mv.remap.copy(), mv.rend.copy()
+        nu, remap, rend, missed = h.nu.copy(), mv.remap.copy(), mv.rend.copy(), mv.missed.copy()
         # WHEN the kernel pairs them, and the NumPy code does
-        moved, _ = moves.learn_moves(mv.ref, h.ref, 0, writes, lim)
+        moved, _ = moves.learn_moves(mv.ref, h.ref, 1, writes, lim, dead)
         rec = rec_blocks[f_w != 0]
         want = 0
         if rec.shape[0] == writes.shape[0] and rec.size:
@@ -1245,23 +1255,31 @@ def test_learn_moves_kernel_matches_numpy():
                 if y != x and y != w and h.first_it[y] == 1:  # an earlier move's block: next used next step
                     nu[y] = h.first_pos[y]
                 if x != w:  # the move holds up to the recorded block's next birth before the limit
+                    if not dead[x]:  # (a live address: its births are not missed)
+                        missed[x] = 0
+                    elif rend[x] == 1:  # (the birth predicted here went elsewhere while it was dead)
+                        missed[x] += 1
+                        misses_seen += 1
                     remap[x] = w
-                    births = [t for t in range(1, min(lim, h.end)) if x in h.blocks_at(t)
+                    births = [t for t in range(2, min(lim, h.end)) if x in h.blocks_at(t)
                               and h.f_w[h.span(t, t + 1)[0] + int(np.searchsorted(h.blocks_at(t), x))] == 2]
                     rend[x] = births[0] if births else lim
-                    if births:  # (dead or not: the next tensor at the address)
+                    if births and not 0 < dm <= missed[x]:  # (dead or not: the next tensor at the address)
                         nu[x] = births[0]
                 elif y != x:  # written where recorded: the tensor stayed
-                    remap[x], rend[x] = x, 0
+                    remap[x], rend[x], missed[x] = x, 0, 0
             nu[writes[mvd]] = vals
             want = int(mvd.sum())
-        # THEN the moved count, the remap, where each move ends, the moved blocks and the next uses agree
+        # THEN the moved count, the remap, where each move ends, the missed births, the moved blocks and the next
+        # uses agree
         assert moved == want and np.array_equal(mv.remap, remap) and np.array_equal(mv.rend, rend)
+        assert np.array_equal(mv.missed, missed)
         want_to = np.zeros(n, dtype=bool)
         if want:
             want_to[writes[rec != writes]] = True
         assert np.array_equal(mv.moved_to, want_to)
         assert np.array_equal(h.nu, nu)
+    assert misses_seen > 20  # (the missed births were exercised)
 
 
 def test_learn_shift_kernel_matches_numpy():
@@ -1454,6 +1472,60 @@ def test_following_the_cold_record_goes_on_by_name_before_an_exact_signature_els
     # THEN with follow_cold acting the pointer goes on to the record's next launch (the same kernel: a soft match);
     # without, or before any visit was seen, it jumps to the recorded second layer, whose blocks are this launch's
     assert pol.history.p == (1 if follow_cold and visit == 0 else 3)
+
+
+@pytest.mark.parametrize("cls", [UvmPrefetchPolicy, ReferencePolicy])
+@pytest.mark.parametrize("follow_later", [True, False])
+def test_following_a_later_record_goes_on_by_name_before_an_exact_signature_behind_the_pointer(cls, follow_later):
+    # GIVEN two steps of two layers recorded alike, each layer a kernel writing an activation (0) and one reading it
+    # with a buffer every layer reads (1, block 2): the first layer's activation in block 10, the second's in 20
+    pol = cls(window=8, window_min=1, adaptive_window=False, advice=False, stable_sync=False,
+              follow_later=follow_later)
+    n = 32
+    view = FakeView(n, n)
+    pol.on_start(ctx(n, n))
+    layers = [(0, [1, 10], [10]), (1, [2, 10], []), (0, [3, 20], [20]), (1, [2, 20], [])]
+    for it in range(2):
+        for k, (name, blocks, writes) in enumerate(layers):
+            _step(pol, view, 4 * it + k, it, name, blocks, writes)
+        pol.on_iteration(it)
+    # WHEN the third step follows the second's record (positions 4-7), its layers' activations placed in blocks 14
+    # and 24, and its second layer's reading launch reads block 10: the exact signature of the recorded first
+    # layer's (position 5, behind the pointer), while the record's next launch (7) is the same kernel
+    for i, (name, blocks, writes) in enumerate([(0, [1, 14], [14]), (1, [2, 14], []), (0, [3, 24], [24])]):
+        _step(pol, view, 8 + i, 2, name, blocks, writes)
+    assert pol.history.p == 6
+    _step(pol, view, 11, 2, 1, [2, 10], [])
+    # THEN with follow_later the pointer goes on to the record's next launch (a soft match); without, it jumps back
+    assert pol.history.p == (7 if follow_later else 5)
+
+
+@pytest.mark.parametrize("cls", [UvmPrefetchPolicy, ReferencePolicy])
+@pytest.mark.parametrize("follow_later,moved", [(True, True), (True, False), (False, True)])
+def test_a_jump_back_to_an_older_record_is_kept_only_while_no_move_was_learned(cls, follow_later, moved):
+    # GIVEN three steps of two layers recorded (positions 0-3, 4-7, 8-11), the first one's activations in blocks
+    # 10 and 20, the two later ones' in 11 and 21
+    pol = cls(window=8, window_min=1, adaptive_window=False, advice=False, stable_sync=False,
+              follow_later=follow_later)
+    n = 32
+    view = FakeView(n, n)
+    pol.on_start(ctx(n, n))
+    for it, (a, b) in enumerate([(10, 20), (11, 21), (11, 21)]):
+        for k, (name, blocks, writes) in enumerate([(0, [1, a], [a]), (1, [2, a], []), (0, [3, b], [b]),
+                                                    (1, [2, b], [])]):
+            _step(pol, view, 4 * it + k, it, name, blocks, writes)
+        pol.on_iteration(it)
+    # WHEN the fourth step follows the third's record, its first activation where the record has it or in block 15
+    # (a move learned), and its second layer's reading launch reads block 10: an exact signature of the first
+    # step's record only (position 1), while the followed record's next launch (11) is the same kernel
+    a = 15 if moved else 11
+    for i, (name, blocks, writes) in enumerate([(0, [1, a], [a]), (1, [2, a], []), (0, [3, 21], [21])]):
+        _step(pol, view, 12 + i, 3, name, blocks, writes)
+    assert pol.history.p == 10 and (pol.stats["moved_blocks"] != pol.moves.r["moved_at_start"]) == moved
+    _step(pol, view, 15, 3, 1, [2, 10], [])
+    # THEN with follow_later and a move learned the pointer goes on to the record's next launch; without a move (a
+    # pattern returning) or without follow_later it jumps back to the older record
+    assert pol.history.p == (11 if follow_later and moved else 1)
 
 
 @pytest.mark.parametrize("lengths,acts", [((3, 2), True), ((1, 2), False), ((5,), False), ((2, 2, 4), True)])

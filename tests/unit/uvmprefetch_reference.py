@@ -308,7 +308,8 @@ class ReferencePolicy(UvmPrefetchPolicy):
         q = self._tab("sig_pos", sig)
         if q is not None and nxt is not None and q != nxt and nxt < it_start and hname[nxt - base] == name:
             if starts.size and starts[0] <= nxt:  # (a later record than the cold one)
-                if q >= it_start:
+                if q >= it_start or (self._get("correlation", "follow_later") and q < nxt
+                                     and (moves_now or int(starts[starts <= nxt][-1]) <= q)):
                     q = None
             elif self._get("correlation", "cold_on"):
                 q = None
@@ -375,13 +376,18 @@ class ReferencePolicy(UvmPrefetchPolicy):
         if lim:
             self.plan.r["v_lo"], self.plan.r["v_hi"] = 0, -1
         a, b = self._span(q, q + 1)
+        dead = self.blocks.dead
+        dead_births, dead_misses = self._get("moves", "dead_births"), self._get("moves", "dead_misses")
         for i in range(a, b):
             x, nx = int(h.f_blk[i]), int(h.f_next[i])
             if lim and q < lim:
                 y = int(mv.remap[x])
                 if y != x:
-                    if nx >= mv.rend[x]:
+                    # (a dead address whose predicted births went elsewhere dead_misses times in a row: none)
+                    if nx >= mv.rend[x] and not (dead[x] and 0 < dead_misses <= mv.missed[x]):
                         h.nu[x] = nx
+                    if dead_births and h.f_w[i] == 0 and dead[y] and nx < lim:
+                        nx = self._next_birth(x, nx - 1, lim)  # (dead memory is written before it is read)
                     if nx >= lim and h.first_it[y] == self.it:
                         nx = int(h.first_pos[y])
                 x = y
@@ -453,14 +459,19 @@ class ReferencePolicy(UvmPrefetchPolicy):
                 nu[y] = h.first_pos[y]
                 settled += 1
             if x != w:
+                if not self.blocks.dead[x]:
+                    mv.missed[x] = 0
+                elif 0 < p == mv.rend[x]:  # (the birth predicted here went elsewhere)
+                    mv.missed[x] += 1
                 mv.remap[x] = w
                 mv.moved_to[w] = True
                 e = self._next_birth(x, p, rec_end)
                 mv.rend[x] = e
-                if e < rec_end:
+                misses = self._get("moves", "dead_misses")
+                if e < rec_end and not 0 < misses <= mv.missed[x]:
                     nu[x] = e
             elif y != x:
-                mv.remap[x], mv.rend[x] = x, 0
+                mv.remap[x], mv.rend[x], mv.missed[x] = x, 0, 0
                 settled += 1
         nu[writes[mvd]] = vals
         moved = int(mvd.sum())
@@ -528,6 +539,9 @@ class ReferencePolicy(UvmPrefetchPolicy):
         if self.p is not None and lim:
             tr = (pos >= 0) & (pos < lim)
             y = np.where(tr, mv.remap[blk], blk)
+            if self._get("moves", "dead_births"):  # (a dead block is not read: not brought nearer, not listed)
+                read_dead = tr & (y != blk) & (fw == 0) & bs.dead[y]
+                blk, pos, fw, tr, y = blk[~read_dead], pos[~read_dead], fw[~read_dead], tr[~read_dead], y[~read_dead]
             both = tr & (y != blk) & (pos >= mv.rend[blk]) & ~bs.dead[blk]
             order = np.repeat(np.arange(blk.shape[0]), np.where(both, 2, 1))
             second = np.zeros(order.shape[0], dtype=bool)

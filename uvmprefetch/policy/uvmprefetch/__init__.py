@@ -111,10 +111,12 @@ class UvmPrefetchPolicy(Policy):
         t_blk = ctx.gpu.transfer_time(ctx.block_size)
         self.t_blk = t_blk
         self.history = History(n, P.history_launches, P.scan_max)
-        # (follow_cold only where frees are deaths the caller drops: without discards the jumps measured better)
-        self.correlation = Correlation(P.table_entries, P.ngram, P.stable_sync,
-                                       P.follow_cold and self.invalidating and discards, P.follow_cold_visit)
-        self.moves = Moves(n, P.track_moves, P.layer_stride)
+        # (follow_cold and follow_later only where frees are deaths the caller drops: without discards the jumps
+        # measured better)
+        follow = self.invalidating and discards
+        self.correlation = Correlation(P.table_entries, P.ngram, P.stable_sync, P.follow_cold and follow,
+                                       P.follow_cold_visit, P.follow_later and follow)
+        self.moves = Moves(n, P.track_moves, P.layer_stride, P.dead_births, P.dead_misses)
         populates = P.populate and bool(getattr(ctx, "populates", False))
         # (where memory nothing has used is mapped without data: docs/simulator.md "Cold start")
         self.blocks = Blocks(n, fresh=bool(getattr(ctx, "fresh_memory", False)))

@@ -22,6 +22,7 @@ import numba as nb
 import numpy as np
 
 from ..tables import assoc_count, assoc_get, assoc_put, assoc_table, mix64
+from .history import record_start
 from .parts import Part
 
 CORRELATION = np.dtype([
@@ -32,6 +33,7 @@ CORRELATION = np.dtype([
     ("stable_sync", np.bool_),  # setting: count and use stable signatures
     ("follow_cold", np.bool_),  # setting: following the cold iteration's record, go on by name before a jump
     ("visit_len", np.float64),  # setting: ... once the visits below last this many launches on average
+    ("follow_later", np.bool_),  # setting: following a later record, go on by name before a jump back
     # the pointer's visits to this step's earlier launches while it follows the cold record: how many ended, their
     # launches in all, when the running one began (-1: none); whether ``follow_cold`` acts now
     ("visits", np.int64), ("visited", np.int64), ("visit_at", np.int64), ("cold_on", np.bool_),
@@ -50,9 +52,9 @@ class Correlation(Part, fields=FIELDS):
     """The correlation part: see the module docstring."""
 
     def __init__(self, entries: int, n: int, stable_sync: bool, follow_cold: bool = True,
-                 visit_len: float = 0.0) -> None:
+                 visit_len: float = 0.0, follow_later: bool = False) -> None:
         self.record_of(CORRELATION, n=n, stable_sync=stable_sync, follow_cold=follow_cold, visit_len=visit_len,
-                       visit_at=-1, cold_on=follow_cold and visit_len <= 0)
+                       visit_at=-1, cold_on=follow_cold and visit_len <= 0, follow_later=follow_later)
         for f in ("sig_pos", "stab_pos", "exec_pos", "name_pos", "ngram_count", "stab_count"):
             setattr(self, f, assoc_table(entries))
         self.recent = np.zeros((2, n + 1), dtype=np.int64)  # the last exec ids / names committed
@@ -170,7 +172,7 @@ def _get(c, table, key):
 
 
 @nb.njit(cache=True, nogil=True)
-def find(c, h, launch):
+def find(c, h, launch, moved=False):
     """Where the running launch is in the history ``h``. ``launch`` is ``(key, name, sig, stab)``. Returns ``(how,
     q, soft)``: one of ``M_*``, the position (-1 with ``M_NONE``) and how the launch matched (``soft``).
 
@@ -192,7 +194,10 @@ def find(c, h, launch):
     jumps, ``bench/refetch.py``). Off, the previous layer of this iteration, shifted by the layer stride, may
     predict the cold record's activations better (BERT large at 1.5x, iteration 1: 0.637 s against 0.665 s). So
     ``follow_cold`` acts only once the pointer's visits there (``visit``) have lasted ``visit_len`` launches on
-    average, over two at least: T5 base's visit 4.5 launches each, BERT, GPT-2 and ViT large's 1.2-1.6."""
+    average, over two at least: T5 base's visit 4.5 launches each, BERT, GPT-2 and ViT large's 1.2-1.6. While it
+    follows a later record (``follow_later``), an exact signature at an earlier position of that record is not one
+    either: T5 base at 3x, following iteration 2's record, jumped 28 times to another layer 90-100 launches back;
+    one in an older record (another pattern: alternating sequence lengths ran 14 % slower without it) still is."""
     s = h.s[0]
     key, name, sig, stab = launch
     base = s.base
@@ -203,7 +208,7 @@ def find(c, h, launch):
     q = _get(c, c.sig_pos, sig)
     if 0 <= nxt < s.iter_start and q != nxt and h.h_name[nxt - base] == name:
         if s.n_starts > 0 and h.starts[0] <= nxt:  # (a later record than the cold one)
-            if q >= s.iter_start:
+            if q >= s.iter_start or (c.s[0].follow_later and q < nxt and (moved or record_start(h, nxt) <= q)):
                 q = -1
         elif c.s[0].cold_on:
             q = -1

@@ -158,6 +158,18 @@ def record_end(h, q):
 
 
 @nb.njit(cache=True, nogil=True)
+def record_start(h, q):
+    """The first position of the recorded iteration that holds ``q`` (before this one; 0: the first recorded)."""
+    s = h.s[0]
+    lo = np.int64(0)
+    for i in range(s.n_starts):
+        if h.starts[i] > q:
+            break
+        lo = h.starts[i]
+    return lo
+
+
+@nb.njit(cache=True, nogil=True)
 def has_room(h):
     """Whether the buffers can take the pending launch's commit."""
     s = h.s[0]
@@ -250,20 +262,53 @@ def trim(h, k):
 
 
 @nb.njit(cache=True, nogil=True)
-def advance(h, mv, q, lim):
+def next_birth(h, x, t, lim):
+    """The first position from ``t`` on (along block ``x``'s entries) where the record writes a new tensor into
+    ``x`` (``f_w`` 2: written while dead); ``lim`` if none before it. In-place writes (1) keep the tensor. A
+    position's blocks are sorted."""
+    s = h.s[0]
+    end = s.base + s.n
+    while t < lim and t < end:
+        a, b = flat_span(h, t, t + 1)
+        lo = a + np.searchsorted(h.f_blk[a:b], x)
+        if lo >= b or h.f_blk[lo] != x:
+            return t  # (not recorded there: the links are stale, stop)
+        if h.f_w[lo] == 2:
+            return t
+        t = h.f_next[lo]
+    return lim
+
+
+@nb.njit(cache=True, nogil=True)
+def _dead_next(h, dead, x, z, f_w, nx, lim):
+    """The next use of block ``z``, translated from recorded block ``x`` whose entry here (write flag ``f_w``) next
+    links to ``nx``: ``nx``, but for a dead ``z`` read here (``dead_births``) the record's next birth at ``x`` from
+    ``nx`` on (``lim`` if none before it). Dead memory is read only after a new tensor is written into it: a read
+    here means the record's tensor lives elsewhere now, and so do its later reads."""
+    if f_w == 0 and dead[z] and nx < lim:
+        return next_birth(h, x, nx, lim)
+    return nx
+
+
+@nb.njit(cache=True, nogil=True)
+def advance(h, mv, q, lim, dead):
     """The pointer moves on to ``q``: the blocks recorded there (before ``lim``: through the learned moves ``mv``)
     are next used where their entries link to. A moved block whose recorded address is next used only from
     ``lim`` on (the followed iteration's end: another tensor at that address) is next used where this iteration
     first used it (``first_pos``): the same offset of the next iteration. When the recorded address's next entry
     holds a later tensor (from ``rend``, its birth), the address itself is next used there, dead or not (the
     caching allocator hands a freed address to the next tensor; the plan's window pass lists it as a candidate
-    too only while it is not dead)."""
+    too only while it is not dead), unless ``dead_misses`` births predicted there in a row went elsewhere while it
+    was dead (``mv.missed``: the allocator does not hand it out as the record did). With ``dead_births``, a moved
+    block that is dead (``dead``) where the record reads its recorded block is next used at the record's next birth
+    there instead of at the read's next entry (``_dead_next``). Both are ``mv``'s settings."""
     s = h.s[0]
     s.p = q
     s.has_p = True
     a, b = flat_span(h, q, q + 1)
     nu = h.nu
     remap = mv.remap
+    db = mv.s[0].dead_births
     it = s.iters
     for i in range(a, b):
         x = h.f_blk[i]
@@ -271,8 +316,10 @@ def advance(h, mv, q, lim):
         if lim > 0 and q < lim:
             y = remap[x]
             if y != x:
-                if nx >= mv.rend[x]:
+                if nx >= mv.rend[x] and not (dead[x] and 0 < mv.s[0].dead_misses <= mv.missed[x]):
                     nu[x] = nx  # the next tensor at the recorded address may stay there
+                if db:
+                    nx = _dead_next(h, dead, x, y, h.f_w[i], nx, lim)
                 if nx >= lim and h.first_it[y] == it:
                     nx = h.first_pos[y]
             x = y

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from .history import INF, flat_span
+from .history import INF, flat_span, next_birth
 from .parts import Part
 from .victims import due_settled
 
@@ -32,19 +32,26 @@ MOVES = np.dtype([
     ("s_old", np.int64), ("s_new", np.int64),  # layer stride (blocks) of older data / of this iteration's data
     ("shift_it", np.bool_),  # a layer stride was in use this iteration
     ("track_moves", np.bool_), ("layer_stride", np.bool_),  # settings
+    ("dead_births", np.bool_),  # setting: a dead block's translated next use is a birth (``history.advance``)
+    ("dead_misses", np.int64),  # setting: missed predicted births after which a dead address predicts none (0: off)
 ], align=True)
 
-FIELDS = ("s", "remap", "rend", "moved_to")
+FIELDS = ("s", "remap", "rend", "moved_to", "missed")
 
 
 class Moves(Part, fields=FIELDS):
     """The moves part: see the module docstring."""
 
-    def __init__(self, n_blocks: int, track_moves: bool, layer_stride: bool) -> None:
-        self.record_of(MOVES, track_moves=track_moves, layer_stride=layer_stride)
+    def __init__(self, n_blocks: int, track_moves: bool, layer_stride: bool, dead_births: bool = False,
+                 dead_misses: int = 0) -> None:
+        self.record_of(MOVES, track_moves=track_moves, layer_stride=layer_stride, dead_births=dead_births,
+                       dead_misses=dead_misses)
         self.remap = np.arange(n_blocks, dtype=np.int64)  # recorded block -> where its tensor lives now
         self.rend = np.zeros(n_blocks, dtype=np.int64)  # ... for its recorded entries before this position
         self.moved_to = np.zeros(n_blocks, dtype=bool)  # blocks that took a recorded block's next use
+        # per recorded block: births that ``rend`` predicted there in a row that came while it was dead and went
+        # elsewhere (``dead_misses``; 0 once it is seen live)
+        self.missed = np.zeros(n_blocks, dtype=np.int64)
         self.build()
 
     def settle(self, hist, victims) -> tuple[int | None, int | None]:
@@ -85,6 +92,7 @@ class Moves(Part, fields=FIELDS):
         if moved:
             self.remap[:] = np.arange(self.remap.shape[0])
             self.rend[:] = 0
+            self.missed[:] = 0
         r["s_old"] = r["s_new"] = 0
 
 
@@ -101,29 +109,15 @@ def remap_limit(mv, moves_now, q, rec_end):
 
 
 @nb.njit(cache=True, nogil=True)
-def next_birth(h, x, t, lim):
-    """The first position from ``t`` on (along block ``x``'s entries) where the record writes a new tensor into
-    ``x`` (``f_w`` 2: written while dead); ``lim`` if none before it. In-place writes (1) keep the tensor. A
-    position's blocks are sorted."""
-    s = h.s[0]
-    end = s.base + s.n
-    while t < lim and t < end:
-        a, b = flat_span(h, t, t + 1)
-        lo = a + np.searchsorted(h.f_blk[a:b], x)
-        if lo >= b or h.f_blk[lo] != x:
-            return t  # (not recorded there: the links are stale, stop)
-        if h.f_w[lo] == 2:
-            return t
-        t = h.f_next[lo]
-    return lim
-
-
-@nb.njit(cache=True, nogil=True)
-def learn_moves(mv, h, q, writes, rec_end):
+def learn_moves(mv, h, q, writes, rec_end, dead):
     """Pair the blocks position ``q`` wrote, in address order, with ``writes`` (the running launch's; ``rec_end``:
     the end of the record ``q`` is in). Where they differ, the recorded block is remapped to the new one and the
     new one takes its predicted next use; the recorded block's ``rend`` is its next birth before ``rec_end``,
-    which becomes its next use, dead or not (the next tensor at that address). A recorded block written where the
+    which becomes its next use, dead or not (the next tensor at that address), unless ``dead_misses`` (a setting)
+    such predicted births in a row came while it was dead and went elsewhere (``missed``): the allocator does not
+    hand the address out as the record did (T5 base at 3x, iteration 3: 100 dead addresses the step never handed
+    out again, predicted at each next birth of the followed record, stayed resident through its end, in the room
+    of dead memory the next step's first launches write). A recorded block written where the
     record has it drops its earlier move (the tensor stayed). The block an earlier move sent it to, when this write is not there, holds a
     tensor the followed record has no more uses of: it is next used where this iteration first used it (left at a
     passed position it would rank as unused and be dropped before the next step needs it: GPT-2-large at 1.5x,
@@ -168,13 +162,18 @@ def learn_moves(mv, h, q, writes, rec_end):
             if x != w:
                 remap[x] = w
                 mv.moved_to[w] = True
+                if not dead[x]:
+                    mv.missed[x] = 0
+                elif 0 < q == mv.rend[x]:  # (the birth predicted here went elsewhere; 0: no prediction)
+                    mv.missed[x] += 1
                 e = next_birth(h, x, h.f_next[i], rec_end)
                 mv.rend[x] = e
-                if e < rec_end:
+                if e < rec_end and not (0 < mv.s[0].dead_misses <= mv.missed[x]):
                     nu[x] = e
             elif y != x:
                 remap[x] = x  # written where the record has it: this tensor stayed
                 mv.rend[x] = 0
+                mv.missed[x] = 0
                 settled += 1
             j += 1
     for t in range(moved):

@@ -83,6 +83,21 @@ class UvmPrefetchParams(Params):
     # ... once the pointer's visits to this step's earlier launches, while it follows the cold record, last this many
     # launches on average (from the second on; 0: from the start): T5 base's last 4.5, BERT, GPT-2, ViT large's 1.2-1.6
     follow_cold_visit: float = 2.5
+    # following a later record than the cold one, a launch whose kernel is the record's next one goes on there
+    # instead of jumping back to an exact signature at an earlier position of that record (an older record, another
+    # pattern, still takes it): T5 base at 3x, iteration 3 jumped 46 times and each jump rebuilt the next uses without
+    # the learned moves; only where the caller discards and frees are deaths, as follow_cold (docs/policies.md
+    # "What is left")
+    follow_later: bool = True
+    # where moves are learned, a moved block that is dead where the followed record reads its recorded block is next
+    # used at the record's next birth there (dead memory is written before it is read), not at that read's next entry;
+    # the window pass does not bring such a block nearer or list it (history.advance, plan.window_candidates)
+    dead_births: bool = True
+    # a dead recorded address of a moved tensor is next used at the record's next birth there (moves.learn_moves,
+    # history.advance) until this many births predicted in a row came and went elsewhere (0: always): after those the
+    # address predicts none this iteration. 1 cost T5 base 1.2 % of its whole run at 1.5x (three quarters of the
+    # addresses missed once are handed out again later in the iteration); 3-5 measured alike
+    dead_misses: int = 4
     layer_stride: bool = True  # following an earlier layer of this iteration, shift its blocks by the stride
     window: int = 1024  # initial lookahead, in launches
     window_min: int = 64  # below this the plan cannot cover a layer's launches
@@ -117,6 +132,6 @@ class UvmPrefetchParams(Params):
             raise ConfigError(f"uvmprefetch: batch_share must be in [0, 1], got {self.batch_share!r}")
         if not (isinstance(self.margin, (int, float)) and 0 <= self.margin < 0.5):
             raise ConfigError(f"uvmprefetch: margin must be in [0, 0.5), got {self.margin!r}")
-        self.check_ints("uvmprefetch", ("victim_pool",), least=0)
+        self.check_ints("uvmprefetch", ("victim_pool", "dead_misses"), least=0)
         if self.history_launches < 16:
             raise ConfigError(f"uvmprefetch: history_launches must be >= 16, got {self.history_launches}")

@@ -186,7 +186,7 @@ def _cand_entries(f_blk, f_w, a, b, t, p, tr, nu, lst, m, lim):
     (``lst``: ``(out_b, out_p, mark, resident, in_flight)``) while fewer than ``lim`` are, if not present and not
     listed yet. Returns the new count of listed candidates and how many entries were missing as recorded; ``lim <
     0``: the updates alone (nothing listed or counted)."""
-    remap, rend, remap_lim, shift_from, s_old, s_new, w_iter, it, dead, moved_births = tr
+    remap, rend, remap_lim, shift_from, s_old, s_new, w_iter, it, dead, moved_births, dead_births = tr
     out_b, out_p, mark, resident, in_flight = lst
     listing = lim >= 0
     got = 0
@@ -198,6 +198,8 @@ def _cand_entries(f_blk, f_w, a, b, t, p, tr, nu, lst, m, lim):
         if listing and not (resident[x0] or in_flight[x0]):
             got += 1
         x = remap[x0] if translated else x0
+        if dead_births and x != x0 and f_w[i] == 0 and dead[x]:
+            continue  # (a dead block is not read before a birth: the record's tensor lives elsewhere now)
         # (a moved block from its next birth on, while not dead, is a candidate as recorded too: the next tensor
         # at its address may have moved as the first did, or stayed there when the address holds live data; a dead
         # one keeps only its next use, which ranks it as a victim: listing it too costs T5 base's steady state 1.5 %)
@@ -488,7 +490,7 @@ def plan(parts, cur, view, ctx):
         ps.v_lo = 0
         ps.v_hi = -1
     tr = (mv.remap, mv.rend, remap_lim, shift_from, s_old, s_new, bs.w_iter, s.iters, bs.dead,
-          ps.moved_births)
+          ps.moved_births, mv.s[0].dead_births)
     blk, pos, scan_hi, spanned = window_candidates(h, miss, (pa, pb, lo, hi), p, cap, tr, (res, infl, pl.mark),
                                                    (ps.v_lo, ps.v_hi), extra, whole)
     # stamp: window pass

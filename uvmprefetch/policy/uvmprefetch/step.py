@@ -77,7 +77,7 @@ def _go(st, q, moves_now):
         ps.v_lo = 0
         ps.v_hi = -1
     pool_due(st.victims, h, st.moves.remap, q)
-    advance(h, st.moves, q, lim)
+    advance(h, st.moves, q, lim, st.blocks.dead)
 
 
 @nb.njit(cache=True, nogil=True)
@@ -110,7 +110,7 @@ def _learn(st, q, launch, rec_end):
     blocks, writes = launch
     touched = move_touches(mv, h, q, writes) if mr.track_moves and q < rec_end else writes[:0]
     if touched.shape[0]:  # (empty: the moves would change nothing)
-        moved, settled = learn_moves(mv, h, q, writes, rec_end)
+        moved, settled = learn_moves(mv, h, q, writes, rec_end, st.blocks.dead)
         if moved or settled:  # (next uses changed: a moved block took its old address's, revised ones rose)
             if vr.through_moves:
                 pool_rekey(st.victims, h, mv.remap, touched, q)
@@ -219,7 +219,7 @@ def step(st, launch, blocks, writes, view):
         ps.v_lo = 0
         ps.v_hi = -1
         ps.horizon = max(ps.horizon, s.base)
-    how, q, soft = corr.find(st.corr, h, (key, name, sig, stab))
+    how, q, soft = corr.find(st.corr, h, (key, name, sig, stab), moves_now)
     _count_match(c, how)
     s.soft = soft
     if how == corr.M_NONE:
