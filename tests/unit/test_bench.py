@@ -63,3 +63,16 @@ def test_too_small_capacity_is_a_row_not_a_crash(two_traces, tmp_path, capsys):
                  "--json", "--no-progress"]) == 0
     (row,) = json.loads(capsys.readouterr().out)
     assert "largest launch" in row["error"]
+
+
+def test_a_policy_spec_with_several_parameters_stays_one_spec(two_traces, tmp_path, capsys):
+    # GIVEN --policies with a spec of two parameters between two plain names
+    out = tmp_path / "res"
+    rc = main(["bench", two_traces[0], "--policies", "demand,uvmprefetch:window=4,adaptive_window=false,oracle",
+               "--oversub", "2", "--out", str(out), "--json", "--no-progress"])
+    # THEN three policies ran, the spec with both its parameters (not 'adaptive_window=false' as a policy)
+    assert rc == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["policy"] for r in rows].count("demand") == 1 and len(rows) == 3
+    spec = [r["policy"] for r in rows if r["policy"].startswith("uvmprefetch")]
+    assert len(spec) == 1 and "window=4" in spec[0] and "adaptive_window=false" in spec[0]

@@ -30,7 +30,7 @@ def add_arguments(p) -> None:
     from .replay import add_gpu_arguments, add_gpus_arguments
     p.add_argument("traces", nargs="*", metavar="TRACE", help="trace files (replace the standard set)")
     p.add_argument("--policies", default="all", metavar="A,B|all",
-                   help=f"comma-separated policy specs (NAME[:k=v...] each), or all (default: {', '.join(available())})")
+                   help=f"comma-separated policy specs (NAME[:k=v,...] each), or all (default: {', '.join(available())})")
     p.add_argument("--oversub", default="1,1.25,1.5,2,3", metavar="X,Y,...",
                    help="oversubscription levels (footprint / capacity; default 1,1.25,1.5,2,3)")
     add_gpu_arguments(p)
@@ -59,7 +59,7 @@ def run(args) -> int:
     if args.policies.strip() == "all":
         policies = available()
     else:
-        policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+        policies = split_policies(args.policies)
         if not policies:
             raise ConfigError("--policies: empty list")
     traces = B.load_traces(args.traces) if args.traces else B.standard_trace_set(progress=not args.no_progress)
@@ -88,6 +88,20 @@ def run(args) -> int:
             print(f"baseline: {baseline}")
         print(f"results: {out}")
     return 0
+
+
+def split_policies(text: str) -> list[str]:
+    """``--policies``' comma-separated specs; a piece ``k=v`` without a policy name goes on the spec before it, so
+    ``uvmprefetch:a=1,b=2,oracle`` is two specs (a policy's name never holds ``=``)."""
+    specs: list[str] = []
+    for piece in (p.strip() for p in text.split(",")):
+        if not piece:
+            continue
+        if "=" in piece and ":" not in piece and specs:
+            specs[-1] += "," + piece
+        else:
+            specs.append(piece)
+    return specs
 
 
 def setting(args, n_gpus: int, standard: bool, copy_path: bool = False) -> str:
