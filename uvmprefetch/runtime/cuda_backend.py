@@ -185,7 +185,9 @@ class CudaBackend(AllocatorDiscards):
         policy.on_start(PolicyContext(block_size=self.block_size, capacity_blocks=cap_blocks,
                                       max_blocks=self.max_blocks, gpu=self.gpu, live=True,
                                       discards=self.discard_on, copy_path=cfg.evict == "auto",
-                                      populates=self.discard_on))
+                                      populates=self.discard_on,
+                                      # (the Python observer without the mover thread issues the moves itself)
+                                      sync_moves=cfg.observer == "python" and cfg.mover != "thread"))
 
     def attach_native(self, lib) -> None:
         """Run under the C++ observer (``native_observer.py``): the hooks run on the planner thread, every move
