@@ -155,3 +155,28 @@ def test_a_failing_cuda_call_switches_the_runtime_off_and_training_goes_on_bit_e
     err = [ln for ln in capfd.readouterr().err.splitlines() if ln.startswith("uvmprefetch:")]
     assert len(err) == 1 and "mover failed" in err[0], err
     assert rt.counts["prefetch"] == 40 and len(rt.moves()) == 39  # nothing issued after the failing call
+
+
+def test_where_auto_falls_back_to_the_python_observer_the_policy_is_told_the_moves_are_synchronous(libcudart,
+                                                                                                 monkeypatch):
+    # GIVEN the runtime's defaults without discards (UVM's eviction, the mover chosen by the observer) under
+    # UVMPREFETCH_OBSERVER=auto, once where the C++ observer runs and once where it cannot be loaded
+    def policy_after_start(broken: bool):
+        c = RuntimeConfig(enabled=True, backend="cuda", budget=parse_budget(f"{BUDGET}"), log="quiet",
+                          observer="auto")
+        if broken:
+            def unavailable(**kw):
+                raise native.NativeBuildError("no compiler (test)")
+            monkeypatch.setattr(native_observer, "load", unavailable)
+        s, _ = fake_cuda.start(c, libcudart)
+        try:
+            return s.observer, s.backend.policy_ctx.sync_moves, bool(s.backend.policy.plan.r["driver_victims"])
+        finally:
+            s.stop()
+
+    # WHEN each session starts
+    # THEN under the C++ observer the mover thread issues the moves and the driver may choose victims; in the
+    # Python fallback (no mover thread) the policy starts again told the planning thread issues them, as under
+    # UVMPREFETCH_OBSERVER=python
+    assert policy_after_start(False) == ("native", False, True)
+    assert policy_after_start(True) == ("python", True, False)

@@ -1091,19 +1091,27 @@ def test_without_discards_driver_victims_leave_the_victims_of_exact_matches_to_t
     from uvmprefetch.sim.replay import replay
 
     tr = _trace("gpt2-small")
-    # WHEN the policy with ``driver_victims`` and the reference run in lock step, and it is replayed with and without
-    one, n = _lockstep(tr, "uvmprefetch:driver_victims=true", 1.7, gpu="h100-pcie", discards=False)
-    on, off = (replay(tr, make_policy(s), "h100-pcie", oversub=1.7, discards=False)
-               for s in ("uvmprefetch:driver_victims=true", "uvmprefetch"))
+    specs = ("uvmprefetch:driver_victims_run=0", "uvmprefetch", "uvmprefetch:driver_victims=false")
+    # WHEN the policy with ``driver_victims`` at any exact match and by default (once a run of exact matches is long
+    # enough) and the reference run in lock step, and it is replayed with them and without the option
+    for spec in specs[:2]:
+        one, n = _lockstep(tr, spec, 1.7, gpu="h100-pcie", discards=False)
+        assert n == len(tr.launch_iter)
+    anyx, guarded, off = (replay(tr, make_policy(s), "h100-pcie", oversub=1.7, discards=False) for s in specs)
     # THEN the same decisions throughout; the driver evicted where the plan did before (the plan's own victims only
-    # at soft matches and before the pointer follows a record: fewer of them)
-    assert n == len(tr.launch_iter)
-    assert on["policy_evictions"] < off["policy_evictions"] and on["evictions"] > on["policy_evictions"]
-    assert on["time_s"] != off["time_s"]
-    # ... and where the caller discards it decides as without the option
-    with_d = [replay(tr, make_policy(s), "h100-pcie", oversub=1.7)
-              for s in ("uvmprefetch:driver_victims=true", "uvmprefetch")]
-    assert with_d[0]["time_s"] == with_d[1]["time_s"] and with_d[0]["bytes_htod"] == with_d[1]["bytes_htod"]
+    # at soft matches, before the pointer follows a record and, by default, early in a run of exact matches: fewer
+    # of them, fewest at any exact match)
+    assert make_policy("uvmprefetch").params.driver_victims and make_policy("uvmprefetch").params.driver_victims_run > 0
+    assert anyx["policy_evictions"] < guarded["policy_evictions"] < off["policy_evictions"]
+    assert anyx["evictions"] > anyx["policy_evictions"] and guarded["evictions"] > guarded["policy_evictions"]
+    assert len({anyx["time_s"], guarded["time_s"], off["time_s"]}) == 3
+    # ... and where the caller discards, or where the decisions' calls run on the planning thread (no mover thread:
+    # the plan's victims leave in time, and the driver's choice measured worse), it decides as without the option
+    with_d = [replay(tr, make_policy(s), "h100-pcie", oversub=1.7) for s in specs]
+    assert len({w["time_s"] for w in with_d}) == 1 and len({w["bytes_htod"] for w in with_d}) == 1
+    sync = [replay(tr, make_policy(s), "h100-pcie", oversub=1.7, discards=False,
+                   host="live-sync:measure_decision=false,decision_s=20e-6") for s in specs]
+    assert len({w["time_s"] for w in sync}) == 1 and len({w["policy_evictions"] for w in sync}) == 1
 
 
 def test_whole_launches_uvm_places_whole_launches_without_the_copy_path_as_the_reference():

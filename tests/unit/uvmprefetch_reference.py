@@ -138,7 +138,10 @@ class ReferencePolicy(UvmPrefetchPolicy):
         stab, ngram = self._count(key, blocks, writes, known and self._get("correlation", "stable_sync"))
         if committed and self._get("history", "n") > self.params.history_launches:
             self._trim(self._get("history", "n") // 2)
+        matched = self.stats["matched"]
         self._match(key, name, sig, stab, moves_now)
+        run = self._get("plan", "exact_run")
+        self._set("plan", "exact_run", run + 1 if self.stats["matched"] > matched else 0)
         p = self.p
         if known:
             if p is not None:
@@ -599,7 +602,8 @@ class ReferencePolicy(UvmPrefetchPolicy):
         q = max(float(pr["q_end"]), state.now)
         free = max(0, state.capacity_blocks - state.used_blocks - margin)
         # (``driver_victims``: at an exact match the driver chooses the victims, as without ``pre_evict``)
-        own = P.pre_evict and not (pr["driver_victims"] and p is not None and not self._get("history", "soft"))
+        own = P.pre_evict and not (pr["driver_victims"] and p is not None and not self._get("history", "soft")
+                                   and pr["exact_run"] >= pr["dv_run"])
         paced = P.pace and own and t_blk > 0
         if P.prefetch and p is not None:
             lo = max(p + 1, int(pr["horizon"]))

@@ -96,6 +96,11 @@ class PolicyContext:
     # zero-fills it): the simulator given the trace's fresh blocks on a profile that models populates
     # (docs/simulator.md "Cold start"); False elsewhere, where such memory may hold data and moves like any other
     fresh_memory: bool = False
+    # True where the decisions' calls (evictions, prefetches) run on the thread that makes the decisions, not on a
+    # mover thread of their own: the simulator's host models without a mover (``live-sync``), the live runtime under
+    # the Python observer without ``UVMPREFETCH_MOVER=thread``; False under the C++ observer (its mover thread issues
+    # them) and where no host model runs
+    sync_moves: bool = False
 
 
 @dataclass

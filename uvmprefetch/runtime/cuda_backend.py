@@ -35,6 +35,7 @@ The calls themselves, their streams and the mover thread are in ``mover.py``.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import ctypes
 import sys
 import time
@@ -182,10 +183,22 @@ class CudaBackend(AllocatorDiscards):
                 self.cupti_status = str(e)
         else:
             self.cupti_status = why
-        policy.on_start(PolicyContext(block_size=self.block_size, capacity_blocks=cap_blocks,
-                                      max_blocks=self.max_blocks, gpu=self.gpu, live=True,
-                                      discards=self.discard_on, copy_path=cfg.evict == "auto",
-                                      populates=self.discard_on))
+        # (the Python observer without the mover thread issues the moves itself; under ``auto`` the session says so
+        # with ``observer_fallback`` once it knows the C++ observer is unavailable)
+        self.policy_ctx = PolicyContext(block_size=self.block_size, capacity_blocks=cap_blocks,
+                                        max_blocks=self.max_blocks, gpu=self.gpu, live=True,
+                                        discards=self.discard_on, copy_path=cfg.evict == "auto",
+                                        populates=self.discard_on,
+                                        sync_moves=cfg.observer == "python" and cfg.mover != "thread")
+        policy.on_start(self.policy_ctx)
+
+    def observer_fallback(self) -> None:
+        """The session runs the Python observer where the C++ one was wanted but is unavailable (before any op was
+        seen): without the mover thread the moves are issued by the thread that decides, so the policy starts again,
+        told so (``PolicyContext.sync_moves``)."""
+        if self.mover.thread is None and not self.policy_ctx.sync_moves:
+            self.policy_ctx = dataclasses.replace(self.policy_ctx, sync_moves=True)
+            self.policy.on_start(self.policy_ctx)
 
     def attach_native(self, lib) -> None:
         """Run under the C++ observer (``native_observer.py``): the hooks run on the planner thread, every move

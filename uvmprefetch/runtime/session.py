@@ -233,6 +233,9 @@ class Session:
             self.active = False
             raise ConfigError(f"UVMPREFETCH_OBSERVER=native: the C++ observer cannot be used here: {why}")
         self.observer_why = why
+        fallback = getattr(self.backend, "observer_fallback", None)
+        if choice != "python" and fallback is not None:
+            fallback()
         if choice != "python" and self.cfg.log != "quiet":
             self._say(f"observer: Python dispatch mode (the C++ observer is unavailable: {why}); every op costs "
                       "tens of microseconds more on the training thread")

@@ -201,7 +201,8 @@ class GpuModel(FaultPath, Room, SsdTier, CopyPath, Populates):
         ctx = PolicyContext(block_size=bs, capacity_blocks=self.capacity_blocks, max_blocks=n, gpu=gpu,
                             live=False, discards=self.discards, trace=trace if policy.offline else None,
                             layout=layout if policy.offline else None, copy_path=self.copy_on,
-                            populates=self.populate_on and not self.ideal, fresh_memory=bool(self.fresh.any()))
+                            populates=self.populate_on and not self.ideal, fresh_memory=bool(self.fresh.any()),
+                            sync_moves=host is not None and not host.mover)
         policy.on_start(ctx)
 
     t_h2d = _link_clock("h2d")

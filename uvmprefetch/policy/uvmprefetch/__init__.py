@@ -136,7 +136,8 @@ class UvmPrefetchPolicy(Policy):
                                  batch=batch_for(ctx, t_blk, P.batch_share),
                                  whole=P.whole_launches and (copy_call_s(ctx) > 0 or P.whole_launches_uvm),
                                  driver_victims=P.driver_victims and not discards
-                                 and not getattr(ctx, "copy_path", False)))
+                                 and not getattr(ctx, "copy_path", False) and not getattr(ctx, "sync_moves", False),
+                                 dv_run=P.driver_victims_run))
         self.advice = AdviceState(n)
         self.monitor = WindowMonitor(P.window, P.window_min, P.window_max, P.patience, P.adaptive_window)
         self.stats = Counts()

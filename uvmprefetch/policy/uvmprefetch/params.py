@@ -66,10 +66,16 @@ class UvmPrefetchParams(Params):
     # (docs/policies.md "Whole launches without the copy path")
     whole_launches_uvm: bool = False
     # where the caller evicts through UVM without discards (a write-back holds the mover thread until the D2H queue
-    # drains), a decision at an exact match leaves the choice of victims to the driver. Off by default: the standard
-    # set's steady state there 1.132x -> 0.993x the oracle (T5 base at 2x 1.256x -> 0.949x), but GPT-2 large's whole
-    # run at 1.5x +4.9 % (plan.py's docstring, "Driver victims")
-    driver_victims: bool = False
+    # drains), a decision at an exact match leaves the choice of victims to the driver; not where the planning thread
+    # issues the calls itself (``PolicyContext.sync_moves``: live-sync's steady state +30 % at 1.5x with it)
+    # (plan.py's docstring, "Driver victims")
+    driver_victims: bool = True
+    # ... once this many launches in a row matched the record's next launch exactly (0: at any exact match). While
+    # the pointer re-learns (iterations 1-3) its runs of exact matches are short (median 1-4 launches; GPT-2 large at
+    # 1.5x none reaches 64, 23 launches reach 16), in the steady state one run spans the iteration. With --no-discard
+    # --evict uvm: 64 takes the standard set's steady state 1.132x -> 0.995x the oracle, whole run 1.161x -> 1.101x,
+    # no trace worse than +0.52 %; 0 (any exact match): GPT-2 large 1.5x whole +4.9 %; 16: +3.4 %
+    driver_victims_run: int = 64
     track_moves: bool = True  # translate predicted blocks of tensors the allocator placed elsewhere
     # ... and where predictions are translated, the record's first writes of new tensors are not prefetched at their
     # recorded blocks (this step's allocator places them elsewhere: docs/policies.md "Moved tensors"); only where

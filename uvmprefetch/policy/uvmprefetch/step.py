@@ -222,6 +222,8 @@ def step(st, launch, blocks, writes, view):
     how, q, soft = corr.find(st.corr, h, (key, name, sig, stab), moves_now)
     _count_match(c, how)
     s.soft = soft
+    ps = st.plan.s[0]
+    ps.exact_run = ps.exact_run + 1 if how == corr.M_MATCHED else 0
     if how == corr.M_NONE:
         s.has_p = False
         s.p = -1
