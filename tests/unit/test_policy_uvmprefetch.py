@@ -64,6 +64,32 @@ def test_learns_a_repeating_sequence_and_prefetches_the_next_launch():
     assert pol.report()["matched"] >= 3
 
 
+@pytest.mark.parametrize("boundary", [True, False])
+def test_the_last_launch_of_an_iteration_does_not_set_the_next_ones_first_positions(boundary):
+    # GIVEN a 4-launch loop whose last launch also touches the blocks its first launch reads (an optimizer step
+    # writing the parameters the forward reads next), committed only after ``on_iteration`` (its duration is known
+    # at the next launch)
+    seq = [np.array([0, 1]), np.array([2, 3]), np.array([4, 5]), np.array([6, 7, 0, 1])]
+    pol = UvmPrefetchPolicy(window=2, window_min=1, adaptive_window=False, advice=False,
+                            first_pos_boundary=boundary)
+    view = FakeView(16, 16)
+    pol.on_start(ctx(16, 16))
+    drive(pol, view, seq, 1)
+    drive(pol, view, seq, 1, start_index=4)
+    # WHEN the second iteration (positions 4-7) has run, its last launch still pending
+    h = pol.history
+    assert int(h.r["iter_start"]) == 8 and int(h.r["iters"]) == 2 and bool(h.r["pend"])
+    # THEN with first_pos_boundary each block's first position in it is its first use there: blocks 0 and 1 at
+    # the iteration's first launch, 6 and 7 at its last (not yet committed: still iteration 0's); without, the
+    # blocks of iteration 0's last launch take the position before the iteration's start, behind the pointer once
+    # the next iteration follows this one's record
+    if boundary:
+        assert h.first_pos[[0, 1, 2, 3, 4, 5]].tolist() == [4, 4, 5, 5, 6, 6]
+        assert (h.first_it[[0, 1, 2, 3, 4, 5]] == 1).all() and (h.first_it[[6, 7]] == 0).all()
+    else:
+        assert h.first_pos[[0, 1, 6, 7]].tolist() == [3, 3, 3, 3] and (h.first_it[[0, 1, 6, 7]] == 1).all()
+
+
 def test_never_evicts_a_block_needed_sooner_than_the_one_it_brings():
     # GIVEN capacity 4 blocks and the 4-launch loop (8 blocks) learned once
     pol = UvmPrefetchPolicy(window=3, adaptive_window=False, advice=False, pace=False)
@@ -1006,7 +1032,7 @@ def _lockstep(tr, spec, oversub, unknown=False, gpu="h100-pcie-lit", evict=None,
     ("gpt2-small", "uvmprefetch:pace=false", False), ("gpt2-small", "uvmprefetch:follow_cold=false", False),
     ("moe", "uvmprefetch:writeback_clock=false", False),
     ("gpt2-small", "uvmprefetch:follow_later=false,dead_births=false,dead_misses=0", False),
-    ("gpt2-small", "uvmprefetch:dead_misses=1", False)])
+    ("gpt2-small", "uvmprefetch:dead_misses=1", False), ("gpt2-small", "uvmprefetch:first_pos_boundary=false", False)])
 def test_the_policy_decides_as_the_reference(name, spec, unknown):
     # GIVEN traces whose launches repeat exactly, move their activations (the shipped trace: the allocator),
     # follow soft slots (MoE) or change pattern, short of memory; with and without known accesses; the default

@@ -211,8 +211,11 @@ class ReferencePolicy(UvmPrefetchPolicy):
         h.f_blk[fn:fn + k] = blocks
         if hr["phas_w"]:
             h.f_w[fn:fn + k] = h.wbuf[:k]
-        new = h.first_it[blocks] != self.it
-        h.first_it[blocks[new]] = self.it
+        it = self.it  # (with ``boundary``, the last launch of the iteration before keeps that iteration)
+        if self._get("history", "boundary") and r < self._get("history", "iter_start"):
+            it -= 1
+        new = h.first_it[blocks] != it
+        h.first_it[blocks[new]] = it
         h.first_pos[blocks[new]] = r
         prev = h.last_flat[blocks]
         linked = prev >= fbase

@@ -110,10 +110,10 @@ class UvmPrefetchPolicy(Policy):
         n = ctx.max_blocks
         t_blk = ctx.gpu.transfer_time(ctx.block_size)
         self.t_blk = t_blk
-        self.history = History(n, P.history_launches, P.scan_max)
-        # (follow_cold and follow_later only where frees are deaths the caller drops: without discards the jumps
-        # measured better)
+        # (follow_cold, follow_later and first_pos_boundary only where frees are deaths the caller drops: without
+        # discards the jumps measured better)
         follow = self.invalidating and discards
+        self.history = History(n, P.history_launches, P.scan_max, P.first_pos_boundary and follow)
         self.correlation = Correlation(P.table_entries, P.ngram, P.stable_sync, P.follow_cold and follow,
                                        P.follow_cold_visit, P.follow_later and follow)
         self.moves = Moves(n, P.track_moves, P.layer_stride, P.dead_births, P.dead_misses)

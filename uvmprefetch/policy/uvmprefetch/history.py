@@ -35,6 +35,7 @@ HISTORY = np.dtype([
     ("pend", np.bool_), ("pk", np.int64), ("phas_w", np.bool_), ("pkey", np.int64), ("pname", np.int64),
     ("psig", np.int64), ("pstab", np.int64), ("pngram", np.int64), ("pdur", np.float64),
     ("limit", np.int64), ("scan_max", np.int64),  # settings: history_launches, entries a rebuild reads
+    ("boundary", np.bool_),  # setting (``first_pos_boundary``): the pending last launch keeps its iteration
 ], align=True)
 
 FIELDS = ("s", "h_cum", "h_key", "h_name", "h_sig", "h_soft", "h_ptr", "f_blk", "f_w", "f_next", "nu", "last_flat",
@@ -44,8 +45,8 @@ FIELDS = ("s", "h_cum", "h_key", "h_name", "h_sig", "h_soft", "h_ptr", "f_blk", 
 class History(Part, fields=FIELDS):
     """The history part: see the module docstring. ``n_blocks`` is the number of block ids."""
 
-    def __init__(self, n_blocks: int, limit: int, scan_max: int) -> None:
-        self.record_of(HISTORY, limit=limit, scan_max=scan_max, p=-1)
+    def __init__(self, n_blocks: int, limit: int, scan_max: int, boundary: bool = False) -> None:
+        self.record_of(HISTORY, limit=limit, scan_max=scan_max, p=-1, boundary=boundary)
         h, f = 1024, 1 << 14  # initial room (positions, flat entries); doubled as needed
         self.h_cum = np.zeros(h, dtype=np.float64)
         self.h_key = np.zeros(h, dtype=np.int64)
@@ -208,10 +209,15 @@ def commit_pending(h):
         for i in range(k):
             h.f_w[fn + i] = h.wbuf[i]
     first_pos = h.first_pos
+    # the launch committed first in an iteration may be the last one of the iteration before (pending across
+    # ``on_iteration``): with ``boundary`` its blocks' first use in the new iteration is still to come (without,
+    # their ``first_pos`` is the position before ``iter_start``, behind the pointer once the next step follows
+    # this one's record)
+    it = s.iters - 1 if s.boundary and r < s.iter_start else s.iters
     for i in range(k):
         x = blocks[i]
-        if h.first_it[x] != s.iters:
-            h.first_it[x] = s.iters
+        if h.first_it[x] != it:
+            h.first_it[x] = it
             first_pos[x] = r
     last_flat = h.last_flat
     for i in range(k):
