@@ -312,22 +312,24 @@ def test_a_dead_address_about_to_be_reused_is_not_the_first_victim(dead_reuse):
     assert vict[1] == ref[1] == (1 if dead_reuse else 0)
 
 
-@pytest.mark.parametrize("grain", [1, 32])
-def test_far_victims_leave_as_one_run_of_blocks_at_the_victim_grain(grain):
+@pytest.mark.parametrize("grain, copy", [(1, True), (32, True), (32, False)])
+def test_far_victims_leave_as_one_run_of_blocks_at_the_victim_grain(grain, copy):
     # GIVEN eight resident live blocks of two far tensors interleaved two by two (an optimizer step's consecutive
-    # launches: blocks 0-1 and 4-5 used at 1000, 2-3 and 6-7 at 1001), the pointer at 10
+    # launches: blocks 0-1 and 4-5 used at 1000, 2-3 and 6-7 at 1001), the pointer at 10, a caller with the copy
+    # path (its per-call costs) or without
     pol = UvmPrefetchPolicy(advice=False, victim_grain=grain)
-    pol.on_start(ctx(8, 8))
+    pol.on_start(PolicyContext(block_size=BS, capacity_blocks=8, max_blocks=8, gpu=get_profile("h100-pcie"),
+                               copy_path=copy))
     view = FakeView(8, 8)
     view.resident[:] = True
     set_p(pol, 10)
     pol.history.nu[:] = [1000, 1000, 1001, 1001, 1000, 1000, 1001, 1001]
     # WHEN four victims are chosen (compiled and reference)
     (vict, _), (ref, _) = rank(pol, view, EMPTY_W, 4)
-    # THEN exactly (grain 1) the later use leaves first: two runs of two blocks; at a grain of 32 launches the two
-    # uses are equal and the highest blocks leave first: one run
+    # THEN exactly (grain 1, or no copy path) the later use leaves first: two runs of two blocks; at a grain of 32
+    # launches on the copy path the two uses are equal and the highest blocks leave first: one run
     assert vict.tolist() == ref.tolist()
-    assert sorted(vict.tolist()) == ([2, 3, 6, 7] if grain == 1 else [4, 5, 6, 7])
+    assert sorted(vict.tolist()) == ([4, 5, 6, 7] if grain == 32 and copy else [2, 3, 6, 7])
 
 
 def test_victim_grain_must_be_a_power_of_two():
@@ -570,7 +572,7 @@ def _random_state(rng, n=400, ties=True):
 def _rank_args(pol):
     bs = pol.blocks
     p = pol.history.p if pol.history.p is not None else -1
-    return (bs.dead, pol.history.nu, bs.dirty, bs.last_use, pol.params.dead_reuse, -pol.params.victim_grain), p
+    return (bs.dead, pol.history.nu, bs.dirty, bs.last_use, pol.params.dead_reuse, int(pol.victims.s[0]["gmask"])), p
 
 
 @pytest.mark.parametrize("ties", [True, False])
@@ -807,7 +809,7 @@ def test_no_block_outside_the_victim_pool_outranks_its_floor_while_moves_are_lea
                 # WHEN a full scan ranks every resident block outside the pool
                 bs = _pol.blocks
                 keys = (bs.dead, _pol.history.nu, bs.dirty, bs.last_use, _pol.params.dead_reuse,
-                        -_pol.params.victim_grain)
+                        int(_pol.victims.s[0]["gmask"]))
                 outside = state.resident & ~_pol.victims.in_pool[:state.resident.shape[0]]
                 best, _, _ = victims.rank(outside, EMPTY_W, keys, p, 1, _pol.victims.mark)
                 # THEN its best ranks at or below the floor (-1: the pool held every candidate)

@@ -33,7 +33,7 @@ def seq_key(row, last) -> int:
 
 def victims_ref(resident: np.ndarray, cur: np.ndarray, state: tuple, p: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Up to ``k`` resident blocks not in ``cur`` in eviction order, with their keys (larger = evict first).
-    ``state`` is ``(dead, nu, dirty, last_use, dead_reuse, gmask)``: far uses at a grain (``victims._grain``)."""
+    ``state`` is ``(dead, nu, dirty, last_use, dead_reuse, gmask)``: far uses at a grain (``victims._vkey``)."""
     dead_all, nu_all, dirty, last_use, dead_reuse, gmask = state
     mask = resident.copy()
     mask[cur] = False
@@ -632,7 +632,7 @@ class ReferencePolicy(UvmPrefetchPolicy):
                         k = kw
                 rest = k
             if rest:
-                keys = (bs.dead, h.nu, bs.dirty, bs.last_use, P.dead_reuse, -P.victim_grain)
+                keys = (bs.dead, h.nu, bs.dirty, bs.last_use, P.dead_reuse, int(self.victims.s[0]["gmask"]))
                 vict, vkey = victims_ref(res, cur, keys, pw, rest)
                 exact = np.where(vkey >= INF, vkey, h.nu[vict])  # (the need check: the exact next use)
                 ok = exact <= pos[placed:placed + vkey.shape[0]]
@@ -691,7 +691,7 @@ class ReferencePolicy(UvmPrefetchPolicy):
         bs = self.blocks
         p = self.p if self.p is not None else -1
         vict, vkey = victims_ref(res, cur, (bs.dead, self.history.nu, bs.dirty, bs.last_use, self.params.dead_reuse,
-                                  -self.params.victim_grain),
+                                  int(self.victims.s[0]["gmask"])),
                                  p, short)
         vict = vict[vkey > INF]  # only dead or unpredicted blocks go for the margin
         if not vict.size:
