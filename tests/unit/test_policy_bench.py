@@ -403,3 +403,42 @@ def test_profile_factors_names_a_bad_argument_in_one_line(small_trace, flag, val
     r = run(["bench/profile_factors.py", str(small_trace), flag, value])
     err = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(err) == 1 and err[0].startswith("error:") and says in err[0], r.stderr
+
+
+def test_stall_queue_puts_each_iterations_stall_on_its_launches_and_counts_the_copy_engines():
+    # GIVEN the shipped GPT-2 small trace at 1.7x (launches stall on late blocks) WHEN bench/stall_queue.py replays it
+    # under uvmprefetch THEN each iteration's time and stall are the replay's own (the stall from the compute stream's
+    # gaps, the replay's from its launches' waits: within 2 % and 0.05 ms), the listed launches are the longest waits
+    # (sorted, none above the stall), and the engine table's D2H blocks add up to no more than the blocks copied out
+    # or discarded in the whole run
+    from uvmprefetch.policy import make_policy
+    from uvmprefetch.sim.replay import replay
+    from uvmprefetch.trace.format import load
+    r = run(["bench/stall_queue.py", "traces/gpt2-small-b2s128.uvmt", "--oversub", "1.7", "--iterations", "1,2",
+             "--policies", "uvmprefetch", "--top", "3"])
+    assert r.returncode == 0, r.stderr
+    t = load("traces/gpt2-small-b2s128.uvmt")
+    u = replay(t, make_policy("uvmprefetch"), "h100-pcie", oversub=1.7, host="live", evict="auto")
+    lines = r.stdout.splitlines()
+    heads = [i for i, line in enumerate(lines) if line.startswith("iteration ")]
+    assert len(heads) == 2
+    d2h = 0
+    for it, i in zip((1, 2), heads):
+        ms, stall = lines[i].split(": ")[1].split(", stall ")
+        assert float(ms.split()[0]) == pytest.approx(u["iteration_times_s"][it] * 1e3, rel=0.01)
+        want = u["iteration_stall_s"][it] * 1e3
+        assert abs(float(stall.split()[0]) - want) <= 0.05 + 0.02 * want
+        waits = [float(line.split("|")[3]) for line in lines[i + 4:i + 7]]
+        assert waits == sorted(waits, reverse=True) and waits[0] <= float(stall.split()[0]) + 1e-3
+        body = [line for line in lines[i + 7:(heads[1] if it == 1 else len(lines))] if line.startswith("| ")
+                and line[2].isdigit()]
+        d2h += sum(int(line.split("|")[4]) for line in body)
+    assert u["stall_s"] > 0 and 0 < d2h <= u["copy_evictions"] + u["discard_only_evictions"]
+
+
+@pytest.mark.parametrize("flag, value, says", [("--policies", "nosuch", "nosuch"), ("--iterations", "9", "0..2"),
+                                              ("--top", "0", "--top"), ("--bucket", "0", "--bucket")])
+def test_stall_queue_names_a_bad_argument_in_one_line(small_trace, flag, value, says):
+    r = run(["bench/stall_queue.py", str(small_trace), flag, value])
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(err) == 1 and err[0].startswith("error:") and says in err[0], r.stderr

@@ -33,8 +33,8 @@ def seq_key(row, last) -> int:
 
 def victims_ref(resident: np.ndarray, cur: np.ndarray, state: tuple, p: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Up to ``k`` resident blocks not in ``cur`` in eviction order, with their keys (larger = evict first).
-    ``state`` is ``(dead, nu, dirty, last_use, dead_reuse)``."""
-    dead_all, nu_all, dirty, last_use, dead_reuse = state
+    ``state`` is ``(dead, nu, dirty, last_use, dead_reuse, gmask)``: far uses at a grain (``victims._vkey``)."""
+    dead_all, nu_all, dirty, last_use, dead_reuse, gmask = state
     mask = resident.copy()
     mask[cur] = False
     res = np.flatnonzero(mask)[::-1]  # (equal keys: the highest block leaves first; the sorts are stable)
@@ -52,7 +52,9 @@ def victims_ref(resident: np.ndarray, cur: np.ndarray, state: tuple, p: int, k: 
         return head[:k], np.full(k, K_DEAD, dtype=np.int64)
     live = res[~dead]
     u = unpred[~dead]
-    key = np.where(u, np.where(dirty[live], K_DIRTY, K_CLEAN) + (AGE - last_use[live]), nu[~dead])
+    v = nu[~dead]
+    v = np.where(v - p > -2 * gmask, v | ~gmask, v)  # (far uses: to the end of their ``victim_grain``)
+    key = np.where(u, np.where(dirty[live], K_DIRTY, K_CLEAN) + (AGE - last_use[live]), v)
     order = np.argsort(-key, kind="stable")[:k - nd]
     return (np.concatenate([head, live[order]]), np.concatenate([np.full(nd, K_DEAD, dtype=np.int64), key[order]]))
 
@@ -651,8 +653,10 @@ class ReferencePolicy(UvmPrefetchPolicy):
                         k = kw
                 rest = k
             if rest:
-                vict, vkey = victims_ref(res, cur, (bs.dead, h.nu, bs.dirty, bs.last_use, P.dead_reuse), pw, rest)
-                ok = vkey <= pos[placed:placed + vkey.shape[0]]
+                keys = (bs.dead, h.nu, bs.dirty, bs.last_use, P.dead_reuse, int(self.victims.s[0]["gmask"]))
+                vict, vkey = victims_ref(res, cur, keys, pw, rest)
+                exact = np.where(vkey >= INF, vkey, h.nu[vict])  # (the need check: the exact next use)
+                ok = exact <= pos[placed:placed + vkey.shape[0]]
                 k_ok = int(np.argmax(ok)) if ok.any() else vkey.shape[0]
                 if k_ok:
                     chosen = vict[:k_ok]
@@ -707,7 +711,8 @@ class ReferencePolicy(UvmPrefetchPolicy):
             return None
         bs = self.blocks
         p = self.p if self.p is not None else -1
-        vict, vkey = victims_ref(res, cur, (bs.dead, self.history.nu, bs.dirty, bs.last_use, self.params.dead_reuse),
+        vict, vkey = victims_ref(res, cur, (bs.dead, self.history.nu, bs.dirty, bs.last_use, self.params.dead_reuse,
+                                  int(self.victims.s[0]["gmask"])),
                                  p, short)
         vict = vict[vkey > INF]  # only dead or unpredicted blocks go for the margin
         if not vict.size:

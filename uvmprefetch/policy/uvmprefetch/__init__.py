@@ -125,7 +125,8 @@ class UvmPrefetchPolicy(Policy):
         # Kept up through learned moves only where frees are deaths: without discards a live block whose prediction
         # the pointer passes can rise outside it (measured on T5 base at 2x), so a full scan refills it after moves.
         self.victims = Victims(n, P.victim_pool if ctx.block_size >= 2 << 20 else 0, P.pool_launches, P.dead_reuse,
-                               through_moves=self.invalidating and discards)
+                               through_moves=self.invalidating and discards,
+                               grain=P.victim_grain if copy_call_s(ctx) > 0 else 1)  # (only on the copy path)
         self.plan = Plan(n, dict(margin=int(P.margin * ctx.capacity_blocks), t_blk=t_blk,
                                  lat=float(ctx.gpu.fault_batch_latency_s), lead_s=P.lead_s, prefetch=P.prefetch,
                                  pre_evict=P.pre_evict, pace=P.pace, stall_aware=P.stall_aware,

@@ -177,11 +177,12 @@ def count_le(pos, start, v):
 
 
 @nb.njit(cache=True, nogil=True)
-def first_not_above(vkey, pos, start):
+def first_not_above(vkey, pos, start, nu, vict):
     """The first ``i`` with ``vkey[i] <= pos[start + i]`` (``len(vkey)`` if none): victims are taken while their key
-    (next use) is later than the need of the block they make room for."""
+    (next use: ``nu`` itself where the rank compared it at ``victim_grain``) is later than the need of the block
+    they make room for."""
     for i in range(vkey.shape[0]):
-        if not vkey[i] > pos[start + i]:
+        if not (vkey[i] if vkey[i] >= INF else nu[vict[i]]) > pos[start + i]:
             return i
     return vkey.shape[0]
 
@@ -543,7 +544,7 @@ def plan(parts, cur, view, ctx):
             rest = k
         if rest:
             vict, vkey, pooled, refill = choose(vs, keys_of(vs, bs, nu), res, cur, p, rest, pool_k)
-            k_ok = first_not_above(vkey, pos, placed)
+            k_ok = first_not_above(vkey, pos, placed, nu, vict)
             if k_ok and ps.writeback_clock:
                 nd = 0
                 for i in range(k_ok):

@@ -1,12 +1,12 @@
 """Victim selection: which resident blocks leave first, and the victim pool that spares most decisions a full scan.
 
 Order (larger key first): dead blocks (discarded, no write-back), then live blocks with no predicted use ahead of
-the pointer (clean before dirty, least recently used first), then the farthest predicted use. With ``dead_reuse`` a
-dead block whose *address* is predicted to be used again ranks by that use like a live block (the caching allocator
-hands a freed address to the next tensor within a few launches: evicting it there only sends it back through the
-H2D queue); chosen, it is still discarded. Equal keys go to the highest block first: the caching allocator hands
-out free space best fit by (size, address), the dryrun runtime the lowest hole that fits, so of equal holes the
-lowest is taken first, and without discards a dead block that leaves and is taken again comes back over the link.
+the pointer (clean before dirty, least recently used first), then the farthest predicted use (far ones at a grain of
+``victim_grain`` launches). With ``dead_reuse`` a dead block whose *address* is predicted to be used again ranks by
+that use like a live one (the allocator hands a freed address to the next tensor within a few launches: evicting it
+only sends it back through the H2D queue); chosen, it is still discarded. Equal keys: the highest block first (the
+caching allocator hands out free space best fit by (size, address), the dryrun runtime the lowest hole that fits: of
+equal holes the lowest is taken first; without discards a dead block taken again comes back over the link).
 
 The *pool*: the top ``victim_pool`` blocks of the last full scan with the lowest of them (its key, dead ones above
 every live one, and block: ``min``, ``min_b``), plus every block whose key may have risen since (used, freed,
@@ -46,7 +46,7 @@ POOL = np.dtype([
     ("stale", np.int64),  # history position from which no prediction made through a move or stride lies ahead
     ("age", np.int64), ("min", np.int64),  # decisions since the last refill; the refill's lowest key (-1: all) ...
     ("min_b", np.int64),  # ... and its block: among equal keys the lower blocks rank below it
-    ("k", np.int64), ("launches", np.int64), ("dead_reuse", np.bool_),  # settings
+    ("k", np.int64), ("launches", np.int64), ("dead_reuse", np.bool_), ("gmask", np.int64),  # settings
     ("nd", np.int64), ("last_q", np.int64),  # the due heap's fill; the position the pointer last reached
     ("through_moves", np.bool_),  # kept up through learned moves (else a full scan refills it after them)
 ], align=True)
@@ -58,9 +58,9 @@ class Victims(Part, fields=FIELDS):
     """The victim part: see the module docstring. ``pool_k`` 0: no pool."""
 
     def __init__(self, n_blocks: int, pool_k: int, pool_launches: int, dead_reuse: bool,
-                 through_moves: bool = True) -> None:
+                 through_moves: bool = True, grain: int = 1) -> None:
         self.record_of(POOL, k=pool_k, launches=pool_launches, dead_reuse=dead_reuse, min=-1,
-                       through_moves=through_moves)
+                       through_moves=through_moves, gmask=-grain)  # (``grain``: a power of two)
         self.ids = np.zeros(n_blocks, dtype=np.int64)
         self.in_pool = np.zeros(n_blocks, dtype=bool)
         self.mark = np.zeros(n_blocks, dtype=np.uint8)  # zeroed scratch (left zeroed)
@@ -161,15 +161,16 @@ def _ranked(dead_b, live_b, live_k):
 
 @nb.njit(cache=True, nogil=True, inline="always")
 def _vkey(x, keys, p):
-    """Block ``x``'s rank as a victim: ``(dead, key)``. ``keys`` is ``(dead, nu, dirty, last_use, dead_reuse)``. A
+    """Block ``x``'s rank as a victim: ``(dead, key)``; ``keys``: ``(dead, nu, dirty, last_use, dead_reuse, gmask)``. A
     dead block (with ``dead_reuse``, one with no predicted use ahead of ``p``) ranks before every live one, among
     them by ``key`` (``INF``: no reuse predicted); a live one by its predicted next use, or above every prediction
     when it has none (clean above dirty, least recently used first). ``_chunk_keys`` computes the same rank."""
-    dead, nu, dirty, last_use, dead_reuse = keys
+    dead, nu, dirty, last_use, dead_reuse, gmask = keys
     v = nu[x]
     unpred = v >= INF or v <= p
     if dead[x] and (unpred or not dead_reuse):
         return True, (INF if unpred else v)
+    v = v | ~gmask if v - p > -2 * gmask else v  # (far: to its grain's end, a key that only falls as p nears)
     return False, (((K_DIRTY if dirty[x] else K_CLEAN) + (AGE - last_use[x])) if unpred else v)
 
 
@@ -210,7 +211,7 @@ def _chunk_keys(ck, lo, hi, resident, mark, keys, p):
     to check), so that it compiles to vector code: ~0.4 ns per block against ~1.5 ns per resident block through
     ``_vkey``'s branches. The vectorizer is easily lost: a slice per array, a signed index, a second reduction (a
     minimum) or a loop after this one each made it 4-20x slower; time a change against this version."""
-    dead, nu, dirty, last_use, dead_reuse = keys
+    dead, nu, dirty, last_use, dead_reuse, gmask = keys
     base = np.uint64(lo)
     m = np.uint64(hi - lo)
     anyr = False
@@ -226,7 +227,8 @@ def _chunk_keys(ck, lo, hi, resident, mark, keys, p):
         v = nu[x]
         unpred = (v >= INF) | (v <= p)
         dkey = K_DEAD + (INF if unpred else v)
-        lkey = ((K_DIRTY if dirty[x] else K_CLEAN) + (AGE - last_use[x])) if unpred else v
+        vg = v | ~gmask if v - p > -2 * gmask else v  # (``victim_grain``: as ``_vkey``)
+        lkey = ((K_DIRTY if dirty[x] else K_CLEAN) + (AGE - last_use[x])) if unpred else vg
         key = dkey if dead[x] & (unpred | live_dead) else lkey
         key = key if resident[x] & (mark[x] == 0) else np.int64(-1)
         ck[j] = key
@@ -403,7 +405,7 @@ def rank(resident, cur, keys, p, k, mark, ids=None, in_pool=None, floor=-1, floo
 @nb.njit(cache=True, nogil=True)
 def keys_of(vs, bs, nu):
     """The arrays a victim's rank reads (``_vkey``'s ``keys``)."""
-    return bs.dead, nu, bs.dirty, bs.last_use, vs.s[0].dead_reuse
+    return bs.dead, nu, bs.dirty, bs.last_use, vs.s[0].dead_reuse, vs.s[0].gmask
 
 
 @nb.njit(cache=True, nogil=True)
