@@ -24,6 +24,12 @@ def run(args):
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, cwd=ROOT)
 
 
+def assert_one_line_error(r, says: str) -> None:
+    """The script exited 2 with one line on stderr, ``error: ...``, naming ``says``."""
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(err) == 1 and err[0].startswith("error:") and says in err[0], r.stderr
+
+
 def _module(name):
     """``bench/<name>.py`` loaded as a module."""
     import importlib.util
@@ -230,8 +236,7 @@ def test_a_trace_file_that_does_not_load_is_one_line(script, tmp_path):
     bad = tmp_path / "bad.uvmt"
     bad.write_bytes(b"NOTTRACE")
     r = run([f"bench/{script}.py", "--traces", str(bad), "--out", str(tmp_path / "out")])
-    err = r.stderr.strip().splitlines()
-    assert r.returncode == 2 and len(err) == 1 and err[0].startswith("error:") and "bad.uvmt" in err[0], r.stderr
+    assert_one_line_error(r, "bad.uvmt")
     assert not (tmp_path / "out").exists()
 
 
@@ -301,8 +306,7 @@ def test_refetch_splits_each_iterations_h2d_bytes_by_why_they_crossed(small_trac
                                               ("--iterations", "a", "--iterations")])
 def test_refetch_names_a_bad_argument_in_one_line(small_trace, flag, value, says):
     r = run(["bench/refetch.py", str(small_trace), flag, value])
-    err = r.stderr.strip().splitlines()
-    assert r.returncode == 2 and len(err) == 1 and err[0].startswith("error:") and says in err[0], r.stderr
+    assert_one_line_error(r, says)
 
 
 def test_link_idle_splits_the_lost_link_time_by_cause_and_by_kind():
@@ -401,8 +405,7 @@ def test_profile_factors_prints_each_settings_ratio_and_the_steps_between():
                                               ("--policy", "demand", "only uvmprefetch")])
 def test_profile_factors_names_a_bad_argument_in_one_line(small_trace, flag, value, says):
     r = run(["bench/profile_factors.py", str(small_trace), flag, value])
-    err = r.stderr.strip().splitlines()
-    assert r.returncode == 2 and len(err) == 1 and err[0].startswith("error:") and says in err[0], r.stderr
+    assert_one_line_error(r, says)
 
 
 def test_stall_queue_puts_each_iterations_stall_on_its_launches_and_counts_the_copy_engines():
@@ -440,5 +443,4 @@ def test_stall_queue_puts_each_iterations_stall_on_its_launches_and_counts_the_c
                                               ("--top", "0", "--top"), ("--bucket", "0", "--bucket")])
 def test_stall_queue_names_a_bad_argument_in_one_line(small_trace, flag, value, says):
     r = run(["bench/stall_queue.py", str(small_trace), flag, value])
-    err = r.stderr.strip().splitlines()
-    assert r.returncode == 2 and len(err) == 1 and err[0].startswith("error:") and says in err[0], r.stderr
+    assert_one_line_error(r, says)

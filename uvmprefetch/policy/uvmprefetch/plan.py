@@ -479,7 +479,6 @@ def plan(parts, cur, view, ctx):
         until += max(0.0, q - now)
     budget = 0
     extra = -1
-    whole = False
     if paced:
         # evictions make room for at most the candidates up to the next launch and this many more (read only when
         # the candidates outnumber the free room): rounded up after an exact match, down after a soft one
@@ -491,7 +490,6 @@ def plan(parts, cur, view, ctx):
         if ps.batch > 1 and s.soft == 0 and budget > 0:
             budget = max(budget, ps.batch)  # (``batch_share``: see the module docstring)
         extra = free + budget + 1
-
     s_old = mv.s[0].s_old
     s_new = mv.s[0].s_new
     plain = remap_lim == 0 and not (shift_from < INF and (s_old != 0 or s_new != 0))
