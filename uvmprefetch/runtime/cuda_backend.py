@@ -35,8 +35,8 @@ The calls themselves, their streams and the mover thread are in ``mover.py``.
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import ctypes
+import dataclasses
 import sys
 import time
 

@@ -110,6 +110,7 @@ class UvmPrefetchPolicy(Policy):
         n = ctx.max_blocks
         t_blk = ctx.gpu.transfer_time(ctx.block_size)
         self.t_blk = t_blk
+        copy_calls = copy_call_s(ctx) > 0  # (the copy path, with a fixed cost per call)
         # (follow_cold, follow_later and first_pos_boundary only where frees are deaths the caller drops: without
         # discards the jumps measured better)
         follow = self.invalidating and discards
@@ -126,7 +127,7 @@ class UvmPrefetchPolicy(Policy):
         # the pointer passes can rise outside it (measured on T5 base at 2x), so a full scan refills it after moves.
         self.victims = Victims(n, P.victim_pool if ctx.block_size >= 2 << 20 else 0, P.pool_launches, P.dead_reuse,
                                through_moves=self.invalidating and discards,
-                               grain=P.victim_grain if copy_call_s(ctx) > 0 else 1)  # (only on the copy path)
+                               grain=P.victim_grain if copy_calls else 1)  # (only on the copy path)
         self.plan = Plan(n, dict(margin=int(P.margin * ctx.capacity_blocks), t_blk=t_blk,
                                  lat=float(ctx.gpu.fault_batch_latency_s), lead_s=P.lead_s, prefetch=P.prefetch,
                                  pre_evict=P.pre_evict, pace=P.pace, stall_aware=P.stall_aware,
@@ -135,7 +136,7 @@ class UvmPrefetchPolicy(Policy):
                                  first_writes_free=P.first_writes_free,
                                  writeback_clock=P.writeback_clock and self.invalidating and discards,
                                  batch=batch_for(ctx, t_blk, P.batch_share),
-                                 whole=P.whole_launches and (copy_call_s(ctx) > 0 or P.whole_launches_uvm),
+                                 whole=P.whole_launches and (copy_calls or P.whole_launches_uvm),
                                  driver_victims=P.driver_victims and not discards
                                  and not getattr(ctx, "copy_path", False) and not getattr(ctx, "sync_moves", False),
                                  dv_run=P.driver_victims_run))

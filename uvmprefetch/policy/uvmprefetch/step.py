@@ -213,16 +213,15 @@ def step(st, launch, blocks, writes, view):
     bs = st.blocks
     stab, ngram = corr.count(st.corr, key, known and st.corr.s[0].stable_sync, (blocks, writes, bs.w_iter, s.iters))
     # stamp: commit_step
+    ps = st.plan.s[0]
     if committed and s.n > s.limit:
         trim(h, s.n // 2)
-        ps = st.plan.s[0]
         ps.v_lo = 0
         ps.v_hi = -1
         ps.horizon = max(ps.horizon, s.base)
     how, q, soft = corr.find(st.corr, h, (key, name, sig, stab), moves_now)
     _count_match(c, how)
     s.soft = soft
-    ps = st.plan.s[0]
     ps.exact_run = ps.exact_run + 1 if how == corr.M_MATCHED else 0
     if how == corr.M_NONE:
         s.has_p = False
